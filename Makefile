@@ -1,0 +1,41 @@
+# One entry point for humans and CI. `make test` installs everything from nothing.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv lint typecheck test unit integration acceptance demo bench faults clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/python -m tests.services --ensure
+	$(BIN)/pytest tests
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+demo: $(STAMP)
+	$(BIN)/python -m relay.demo
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+faults: $(STAMP)
+	RELAY_FAULTS_FULL=1 $(BIN)/pytest tests/integration/faults -m slow
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

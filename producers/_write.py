@@ -1,0 +1,102 @@
+"""The one INSERT behind ``publish`` and ``apublish``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from relay.config import DEFAULT_TABLE, TableName
+
+_INSERT = (
+    "INSERT INTO {table} (topic, key, payload, headers, idempotency_key, deliver_at, priority)"
+    " VALUES (%(topic)s, %(key)s, %(payload)s, %(headers)s, %(idempotency_key)s,"
+    " coalesce(%(deliver_at)s::timestamptz, now()), %(priority)s)"
+    " ON CONFLICT (idempotency_key) DO NOTHING"
+)
+
+
+@cache
+def _insert_for(table: str) -> sql.Composed:
+    return sql.SQL(_INSERT).format(table=sql.Identifier(*TableName.parse(table).parts))
+
+
+def _params(
+    topic: str,
+    payload: Any,
+    key: str | None,
+    headers: Mapping[str, str] | None,
+    idempotency_key: str | None,
+    deliver_at: datetime | None,
+    priority: int,
+) -> dict[str, Any]:
+    if not isinstance(topic, str) or not topic:
+        raise ValueError("topic must be a non-empty string")
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"key must be a string or None, not {type(key).__name__}")
+    if headers is not None and not all(
+        isinstance(k, str) and k and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise TypeError("headers must map non-empty strings to strings")
+    if deliver_at is not None and deliver_at.tzinfo is None:
+        raise ValueError("deliver_at must be timezone-aware")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError("priority must be an int")
+    return {
+        "topic": topic,
+        "key": key,
+        "payload": Jsonb(payload),
+        "headers": Jsonb(dict(headers or {})),
+        "idempotency_key": idempotency_key or str(uuid.uuid4()),
+        "deliver_at": deliver_at,
+        "priority": priority,
+    }
+
+
+def publish(
+    conn: psycopg.Connection[Any],
+    topic: str,
+    payload: Any,
+    *,
+    key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
+    deliver_at: datetime | None = None,
+    priority: int = 0,
+    table: str = DEFAULT_TABLE,
+) -> str:
+    """Write one event in ``conn``'s current transaction and return its idempotency key.
+
+    ``payload`` is anything JSON-serialisable. With an ``idempotency_key`` that
+    the outbox already holds, nothing is written and the key is returned.
+    Events with the same ``key`` are delivered in the order they are written;
+    ``priority`` orders due events of different keys (higher first);
+    ``deliver_at`` holds an event back until that time.
+    """
+    params = _params(topic, payload, key, headers, idempotency_key, deliver_at, priority)
+    conn.execute(_insert_for(table), params)
+    return str(params["idempotency_key"])
+
+
+async def apublish(
+    conn: psycopg.AsyncConnection[Any],
+    topic: str,
+    payload: Any,
+    *,
+    key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
+    deliver_at: datetime | None = None,
+    priority: int = 0,
+    table: str = DEFAULT_TABLE,
+) -> str:
+    """The same as :func:`publish`, for a psycopg ``AsyncConnection``."""
+    params = _params(topic, payload, key, headers, idempotency_key, deliver_at, priority)
+    await conn.execute(_insert_for(table), params)
+    return str(params["idempotency_key"])

@@ -1,0 +1,101 @@
+"""The composition root: builds the store, sink and relay from configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+from relay.config import RelaySettings, SinkConfig, TableName, redact_url
+from relay.errors import RelayError
+from relay.health import HealthServer
+from relay.loop import Relay
+from relay.signals import stop_on_signals
+from relay.sinks import build_sink
+from relay.store.postgres import PostgresStore
+
+logger = logging.getLogger(__name__)
+
+
+def owner_id() -> str:
+    """Who holds a lease: host and process id, for operators reading the table."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """Everything ``outbox-relay run`` needs, validated."""
+
+    database_url: str
+    table: TableName
+    sink: SinkConfig
+    settings: RelaySettings
+    keep_sent: bool = False
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    startup_timeout_seconds: float = 0.0
+
+    def __repr__(self) -> str:
+        return (
+            f"RunConfig(database_url={redact_url(self.database_url)!r}, table={str(self.table)!r}, "
+            f"sink={self.sink!r}, settings={self.settings!r})"
+        )
+
+
+def build_relay(config: RunConfig) -> Relay:
+    """Wire a relay from ``config``."""
+    store = PostgresStore(
+        config.database_url,
+        config.table,
+        owner=owner_id(),
+        lease_seconds=config.settings.lease_seconds,
+        keep_sent=config.keep_sent,
+        listen=config.settings.listen,
+    )
+    sink = build_sink(config.sink, publish_timeout_seconds=config.settings.publish_timeout_seconds)
+    return Relay(store, sink, config.settings)
+
+
+async def start(relay: Relay, timeout: float) -> None:
+    """Connect the store and the sink, trying for up to ``timeout`` seconds.
+
+    Past start-up the relay rides out outages; at start-up an unreachable
+    server is more likely a configuration mistake, so it is reported.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            await relay.store.open()
+            await relay.sink.start()
+            return
+        except RelayError:
+            await relay.store.close()
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+            await asyncio.sleep(1.0)
+
+
+async def serve(config: RunConfig) -> None:
+    """Run a relay until SIGTERM or SIGINT; return once the batches in hand are settled."""
+    relay = build_relay(config)
+    stop = asyncio.Event()
+    with stop_on_signals(stop):
+        await start(relay, config.startup_timeout_seconds)
+        health = None
+        if config.metrics_port is not None:
+            health = HealthServer(relay, config.metrics_host, config.metrics_port)
+            await health.start()
+        logger.info(
+            "relaying %s to %s",
+            config.table,
+            type(config.sink).__name__.removesuffix("SinkConfig").lower(),
+            extra={"action": "start", "batch_size": config.settings.batch_size},
+        )
+        try:
+            await relay.run(stop)
+        finally:
+            if health is not None:
+                await health.close()
+    logger.info("stopped", extra={"action": "stopped"})

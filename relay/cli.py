@@ -1,0 +1,440 @@
+"""The ``outbox-relay`` command line.
+
+The environment is read here and nowhere else: every flag falls back to
+``RELAY_<FLAG>`` (and the database URL to ``DATABASE_URL``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from relay import __version__, config
+from relay.config import RelaySettings, TableName, check_database_url, parse_sink_url, redact_url
+from relay.errors import ConfigError, RelayError
+from relay.logs import configure as configure_logging
+from relay.store.base import RequeueFilter
+
+PROG = "outbox-relay"
+
+
+def _env(flag: str) -> str | None:
+    value = os.environ.get("RELAY_" + flag.lstrip("-").replace("-", "_").upper())
+    if value is None and flag == "--database-url":
+        value = os.environ.get("DATABASE_URL")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number")
+    return value
+
+
+def _flag(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    help: str,
+    type: Callable[[str], Any] = str,
+    default: Any = None,
+    metavar: str | None = None,
+) -> None:
+    """Add ``flag`` with its environment fallback named in the help."""
+    env_name = "RELAY_" + flag.lstrip("-").replace("-", "_").upper()
+    raw = _env(flag)
+    if raw is not None:
+        try:
+            default = type(raw)
+        except argparse.ArgumentTypeError as exc:
+            parser.exit(2, f"{PROG}: error: {env_name}: {exc}\n")
+    shown = "" if default is None or flag in ("--database-url", "--sink") else f" (default: {default})"
+    parser.add_argument(
+        flag, type=type, default=default, metavar=metavar, help=f"{help} [env {env_name}]{shown}"
+    )
+
+
+def _switch(parser: argparse.ArgumentParser, flag: str, *, help: str, default: bool) -> None:
+    raw = _env(flag)
+    if raw is not None:
+        default = raw.strip().lower() in ("1", "true", "yes", "on")
+    env_name = "RELAY_" + flag.lstrip("-").replace("-", "_").upper()
+    parser.add_argument(
+        flag, action=argparse.BooleanOptionalAction, default=default, help=f"{help} [env {env_name}]"
+    )
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    _flag(
+        parser,
+        "--database-url",
+        help="libpq URL of the database holding the outbox (or DATABASE_URL)",
+        metavar="URL",
+    )
+    _flag(parser, "--table", help="outbox table, optionally schema-qualified", default=config.DEFAULT_TABLE)
+    _flag(parser, "--log-level", help="DEBUG, INFO, WARNING or ERROR", default="INFO")
+    _flag(parser, "--log-format", help="text or json", default="text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line, for ``main`` and for the generated docs."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Deliver a PostgreSQL outbox table to Kafka or RabbitMQ, at least once, in key order.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    migrate = commands.add_parser(
+        "migrate",
+        help="create or upgrade the outbox table (idempotent)",
+        description="Create or upgrade the outbox table. Safe to run twice or at once.",
+    )
+    _common(migrate)
+    migrate.add_argument(
+        "--notify",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="switch the NOTIFY-on-insert trigger on or off (default: leave as is; on when created). "
+        "On wakes relays at once; off saves writers a global lock at commit and relays poll instead",
+    )
+
+    run = commands.add_parser(
+        "run",
+        help="relay events until SIGTERM/SIGINT",
+        description="Relay events until SIGTERM or SIGINT, then settle the batch in hand.",
+    )
+    _common(run)
+    _flag(
+        run,
+        "--sink",
+        help="kafka://host:port[,host:port][?option=value] or amqp://user:pass@host:port/vhost"
+        "[?exchange=NAME]",
+        metavar="URL",
+    )
+    _flag(
+        run, "--batch-size", type=_positive_int, default=config.BATCH_SIZE, help="most events claimed at once"
+    )
+    _flag(
+        run,
+        "--max-attempts",
+        type=_positive_int,
+        default=config.MAX_ATTEMPTS,
+        help="attempts before an event is dead-lettered",
+    )
+    _flag(
+        run,
+        "--backoff-initial",
+        type=_seconds,
+        default=config.BACKOFF_INITIAL_SECONDS,
+        help="seconds before the first retry; doubles each attempt, with jitter",
+    )
+    _flag(run, "--backoff-max", type=_seconds, default=config.BACKOFF_MAX_SECONDS, help="longest retry delay")
+    _flag(
+        run,
+        "--lease-seconds",
+        type=_seconds,
+        default=config.LEASE_SECONDS,
+        help="how long a claim lasts before another relay may take it over",
+    )
+    _flag(
+        run,
+        "--publish-timeout",
+        type=_seconds,
+        default=config.PUBLISH_TIMEOUT_SECONDS,
+        help="seconds to wait for the broker's acknowledgements of a batch",
+    )
+    _flag(
+        run,
+        "--poll-interval",
+        type=_seconds,
+        default=config.POLL_INTERVAL_SECONDS,
+        help="seconds between polls when idle (doubles up to --poll-interval-max)",
+    )
+    _flag(
+        run,
+        "--poll-interval-max",
+        type=_seconds,
+        default=config.POLL_INTERVAL_MAX_SECONDS,
+        help="longest wait between polls while idle",
+    )
+    _flag(
+        run,
+        "--pipeline-depth",
+        type=_positive_int,
+        default=config.PIPELINE_DEPTH,
+        help="batches published at the same time",
+    )
+    _switch(run, "--listen", default=True, help="wake on NOTIFY as well as polling")
+    _switch(
+        run, "--keep-sent", default=False, help="keep acknowledged events as 'sent' instead of deleting them"
+    )
+    _flag(
+        run,
+        "--metrics-port",
+        type=_port,
+        help="serve /metrics, /healthz and /readyz on this port",
+        metavar="N",
+    )
+    _flag(run, "--metrics-host", default="127.0.0.1", help="address for --metrics-port")
+    _flag(
+        run,
+        "--startup-timeout",
+        type=_seconds,
+        default=0.0,
+        help="seconds to keep trying to reach the database and broker at start-up",
+    )
+
+    status = commands.add_parser(
+        "status",
+        help="counts of pending, in-flight and dead-lettered events",
+        description="Counts of pending, in-flight and dead-lettered events.",
+    )
+    _common(status)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+
+    dead = commands.add_parser(
+        "dead", help="list dead-lettered events", description="List dead-lettered events."
+    )
+    _common(dead)
+    dead.add_argument("--json", action="store_true", help="print a JSON array")
+    dead.add_argument("--limit", type=_positive_int, default=1000, help="most events listed (default: 1000)")
+
+    requeue = commands.add_parser(
+        "requeue",
+        help="put dead-lettered events back, attempts reset",
+        description="Put dead-lettered events back to pending with attempts reset.",
+    )
+    _common(requeue)
+    which = requeue.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", type=_positive_int, help="one event by id")
+    which.add_argument("--topic", help="every dead-lettered event of a topic")
+    which.add_argument("--key", help="every dead-lettered event of a key")
+    which.add_argument("--all", action="store_true", help="every dead-lettered event")
+    requeue.add_argument("--json", action="store_true", help="print the requeued ids as JSON")
+
+    skip = commands.add_parser(
+        "skip",
+        help="give up on one event and release its key",
+        description="Mark a dead-lettered (or waiting) event skipped so the later events "
+        "of its key flow again.",
+    )
+    _common(skip)
+    skip.add_argument("--id", type=_positive_int, required=True, help="the event to skip")
+    return parser
+
+
+def _database(args: argparse.Namespace) -> tuple[str, TableName]:
+    return check_database_url(args.database_url or ""), TableName.parse(args.table)
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from relay.store.postgres import PostgresStore
+
+    dsn, table = _database(args)
+    return PostgresStore(dsn, table, owner="cli", lease_seconds=config.LEASE_SECONDS, listen=False)
+
+
+async def _with_store(args: argparse.Namespace, work: Callable[[Any], Any]) -> Any:
+    store = _store(args)
+    try:
+        await store.open()
+        return await work(store)
+    finally:
+        await store.close()
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """``outbox-relay migrate``."""
+    from relay.store.migrate import migrate
+
+    dsn, table = _database(args)
+    applied = migrate(dsn, table, notify=args.notify)
+    print(f"{table}: applied {', '.join(map(str, applied))}" if applied else f"{table}: up to date")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``outbox-relay run``."""
+    from relay.app import RunConfig, serve
+
+    dsn, table = _database(args)
+    settings = RelaySettings(
+        batch_size=args.batch_size,
+        max_attempts=args.max_attempts,
+        backoff_initial_seconds=args.backoff_initial,
+        backoff_max_seconds=args.backoff_max,
+        lease_seconds=args.lease_seconds,
+        publish_timeout_seconds=args.publish_timeout,
+        poll_interval_seconds=args.poll_interval,
+        poll_interval_max_seconds=max(args.poll_interval, args.poll_interval_max),
+        pipeline_depth=args.pipeline_depth,
+        listen=args.listen,
+    )
+    run_config = RunConfig(
+        database_url=dsn,
+        table=table,
+        sink=parse_sink_url(args.sink or ""),
+        settings=settings,
+        keep_sent=args.keep_sent,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        startup_timeout_seconds=args.startup_timeout,
+    )
+    asyncio.run(serve(run_config))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``outbox-relay status``."""
+
+    async def work(store: Any) -> Any:
+        return await store.status()
+
+    status = asyncio.run(_with_store(args, work))
+    if args.json:
+        print(json.dumps(status.as_dict()))
+    else:
+        print(
+            f"pending: {status.pending}\nin flight: {status.in_flight}\nfailed: {status.failed}\n"
+            f"parked keys: {status.parked_keys}\n"
+            f"oldest pending age: {status.oldest_pending_age_seconds:.1f}s"
+        )
+    return 0
+
+
+def cmd_dead(args: argparse.Namespace) -> int:
+    """``outbox-relay dead``."""
+
+    async def work(store: Any) -> Any:
+        return await store.dead(args.limit)
+
+    events = asyncio.run(_with_store(args, work))
+    if args.json:
+        print(json.dumps([e.as_dict() for e in events]))
+        return 0
+    if not events:
+        print("no dead-lettered events")
+    for e in events:
+        blocks = f" blocks key {e.key!r} ({e.blocked_events} waiting)" if e.blocked_events else ""
+        print(f"{e.id}\t{e.topic}\tkey={e.key}\tattempts={e.attempts}{blocks}\t{e.last_error}")
+    return 0
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    """``outbox-relay requeue``."""
+    selection = RequeueFilter(id=args.id, topic=args.topic, key=args.key, all=args.all)
+
+    async def work(store: Any) -> Any:
+        return await store.requeue(selection)
+
+    ids = asyncio.run(_with_store(args, work))
+    print(json.dumps({"requeued": ids}) if args.json else f"requeued {len(ids)} events")
+    return 0
+
+
+def cmd_skip(args: argparse.Namespace) -> int:
+    """``outbox-relay skip``."""
+
+    async def work(store: Any) -> Any:
+        return await store.skip(args.id)
+
+    if not asyncio.run(_with_store(args, work)):
+        print(
+            f"{PROG}: error: event {args.id} is not dead-lettered or waiting (or does not exist)",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"skipped event {args.id}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "migrate": cmd_migrate,
+    "run": cmd_run,
+    "status": cmd_status,
+    "dead": cmd_dead,
+    "requeue": cmd_requeue,
+    "skip": cmd_skip,
+}
+
+
+def _secrets(args: argparse.Namespace) -> list[str]:
+    from relay.store.postgres import password_of
+
+    found = [password_of(args.database_url or "") or ""]
+    sink = getattr(args, "sink", None)
+    if sink:
+        try:
+            parsed = parse_sink_url(sink)
+        except ConfigError:
+            parsed = None
+        if isinstance(parsed, config.KafkaSinkConfig):
+            found += [v for k, v in parsed.options.items() if "password" in k]
+        elif isinstance(parsed, config.AmqpSinkConfig):
+            from urllib.parse import urlsplit
+
+            found.append(urlsplit(parsed.url).password or "")
+    return [s for s in found if s]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``outbox-relay`` console script."""
+    args = build_parser().parse_args(argv)
+    secrets = _secrets(args)
+    if args.log_format not in ("text", "json"):
+        print(f"{PROG}: error: --log-format must be text or json", file=sys.stderr)
+        return 2
+    try:
+        configure_logging(args.log_level, args.log_format, secrets)
+    except ValueError:
+        print(f"{PROG}: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"{PROG}: error: {_scrub(str(exc), secrets)}", file=sys.stderr)
+        return 2
+    except RelayError as exc:
+        print(f"{PROG}: error: {_scrub(str(exc), secrets)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _scrub(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return " ".join(text.split())
+
+
+__all__ = ["build_parser", "main", "redact_url"]

@@ -1,0 +1,233 @@
+"""Configuration values, validated once at the edge.
+
+Nothing here reads the environment: the CLI does that and passes plain values
+in. Every parser raises :class:`ConfigError` with a one-line message that never
+contains a password.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+
+from relay.errors import ConfigError
+
+DEFAULT_TABLE = "outbox"
+BATCH_SIZE = 1000
+MAX_ATTEMPTS = 10
+BACKOFF_INITIAL_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 300.0
+LEASE_SECONDS = 60.0
+PUBLISH_TIMEOUT_SECONDS = 30.0
+POLL_INTERVAL_SECONDS = 0.5
+POLL_INTERVAL_MAX_SECONDS = 5.0
+CONNECT_TIMEOUT_SECONDS = 10.0
+PIPELINE_DEPTH = 2
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
+_TABLE_RE = re.compile(rf"^(?:({_IDENT})\.)?({_IDENT})$")
+
+
+@dataclass(frozen=True, slots=True)
+class TableName:
+    """A validated, optionally schema-qualified outbox table name.
+
+    Only plain identifiers are accepted (letters, digits, underscores), so the
+    name can be quoted with ``psycopg.sql.Identifier`` and never needs escaping.
+    """
+
+    schema: str | None
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> TableName:
+        """Validate ``schema.table`` or ``table``; raise ``ConfigError`` otherwise."""
+        match = _TABLE_RE.match(text)
+        if match is None or len(text) > 63 + 1 + 63:
+            raise ConfigError(
+                f"invalid table name {text[:80]!r}: use letters, digits and underscores, "
+                "optionally schema-qualified (e.g. events.outbox)"
+            )
+        return cls(schema=match.group(1), name=match.group(2))
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The identifier parts, for ``psycopg.sql.Identifier(*parts)``."""
+        return (self.schema, self.name) if self.schema else (self.name,)
+
+    def derived(self, suffix: str) -> str:
+        """A name for an object that belongs to this table (index, trigger, ...)."""
+        return f"{self.name}_{suffix}"[:63]
+
+    @property
+    def channel(self) -> str:
+        """The LISTEN/NOTIFY channel relays of this table wait on."""
+        return f"outbox_relay.{self}"[:63]
+
+    def __str__(self) -> str:
+        return ".".join(self.parts)
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***``.
+
+    Unparsable input is reduced to its scheme, so an error message can never
+    echo a secret back.
+    """
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+    except ValueError:
+        return "<unparsable URL>"
+    if "@" in netloc:
+        userinfo, _, hosts = netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{hosts}" if ":" in userinfo else f"{user}@{hosts}"
+    query = "&".join(f"{k}=***" if _is_secret_option(k) else f"{k}={v}" for k, v in parse_qsl(parts.query))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _is_secret_option(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in ("password", "secret", "token", "key.pem", "sslkey"))
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSinkConfig:
+    """Where and how to reach Kafka; ``options`` are extra librdkafka settings."""
+
+    bootstrap_servers: str
+    options: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __repr__(self) -> str:
+        shown = {k: ("***" if _is_secret_option(k) else v) for k, v in self.options.items()}
+        return f"KafkaSinkConfig(bootstrap_servers={self.bootstrap_servers!r}, options={shown!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class AmqpSinkConfig:
+    """Where and how to reach RabbitMQ. ``url`` is for pika and holds the password."""
+
+    url: str = field(repr=False)
+    exchange: str = ""
+
+    def __repr__(self) -> str:
+        return f"AmqpSinkConfig(url={redact_url(self.url)!r}, exchange={self.exchange!r})"
+
+
+SinkConfig = KafkaSinkConfig | AmqpSinkConfig
+
+
+def parse_sink_url(url: str) -> SinkConfig:
+    """Parse ``kafka://...`` or ``amqp(s)://...`` into a sink configuration."""
+    if not url:
+        raise ConfigError("no sink configured: set --sink or RELAY_SINK (kafka://... or amqp://...)")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - urlsplit checks the port lazily
+    except ValueError as exc:
+        raise ConfigError(f"invalid sink URL {redact_url(url)!r}: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme == "kafka":
+        return _parse_kafka(url)
+    if scheme in ("amqp", "amqps"):
+        return _parse_amqp(url)
+    raise ConfigError(
+        f"unknown sink scheme {scheme or '(none)'!r} in {redact_url(url)!r}: use kafka:// or amqp://"
+    )
+
+
+def _parse_kafka(url: str) -> KafkaSinkConfig:
+    # urlsplit cannot take a host list with ports, so split the netloc by hand.
+    rest = url.split("://", 1)[1]
+    netloc, _, query = rest.partition("?")
+    netloc = netloc.rstrip("/")
+    options: dict[str, str] = {}
+    if "@" in netloc:
+        userinfo, _, netloc = netloc.rpartition("@")
+        user, _, password = userinfo.partition(":")
+        options["sasl.username"] = unquote(user)
+        options["sasl.password"] = unquote(password)
+    hosts = [h for h in netloc.split(",") if h]
+    if not hosts:
+        raise ConfigError(f"kafka sink URL {redact_url(url)!r} names no broker (kafka://host:port)")
+    for host in hosts:
+        name, sep, port = host.rpartition(":")
+        if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"kafka broker {host!r} in {redact_url(url)!r} is not host:port")
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        options[key.replace("_", ".")] = value
+    return KafkaSinkConfig(bootstrap_servers=",".join(hosts), options=options)
+
+
+def _parse_amqp(url: str) -> AmqpSinkConfig:
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise ConfigError(
+            f"amqp sink URL {redact_url(url)!r} names no host (amqp://user:pass@host:port/vhost)"
+        )
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    exchange = ""
+    kept = []
+    for key, value in query:
+        if key == "exchange":
+            exchange = value
+        else:
+            kept.append(f"{key}={value}")
+    pika_url = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(kept), ""))
+    return AmqpSinkConfig(url=pika_url, exchange=exchange)
+
+
+def check_database_url(url: str) -> str:
+    """Return ``url`` if it looks like a libpq URL or keyword string."""
+    if not url:
+        raise ConfigError("no database configured: set --database-url, RELAY_DATABASE_URL or DATABASE_URL")
+    if "://" in url:
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - urlsplit checks the port lazily
+        except ValueError as exc:
+            raise ConfigError(f"invalid database URL {redact_url(url)!r}: {exc}") from None
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ConfigError(
+                f"unknown database URL scheme {parts.scheme!r} in {redact_url(url)!r}: use postgresql://"
+            )
+    return url
+
+
+@dataclass(frozen=True, slots=True)
+class RelaySettings:
+    """The tunables of the relay loop, each with its unit in the name."""
+
+    batch_size: int = BATCH_SIZE
+    max_attempts: int = MAX_ATTEMPTS
+    backoff_initial_seconds: float = BACKOFF_INITIAL_SECONDS
+    backoff_max_seconds: float = BACKOFF_MAX_SECONDS
+    lease_seconds: float = LEASE_SECONDS
+    publish_timeout_seconds: float = PUBLISH_TIMEOUT_SECONDS
+    poll_interval_seconds: float = POLL_INTERVAL_SECONDS
+    poll_interval_max_seconds: float = POLL_INTERVAL_MAX_SECONDS
+    pipeline_depth: int = PIPELINE_DEPTH
+    listen: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.batch_size >= 1, "--batch-size must be at least 1"),
+            (self.max_attempts >= 1, "--max-attempts must be at least 1"),
+            (self.backoff_initial_seconds > 0, "--backoff-initial must be positive"),
+            (
+                self.backoff_max_seconds >= self.backoff_initial_seconds,
+                "--backoff-max must be >= --backoff-initial",
+            ),
+            (self.publish_timeout_seconds > 0, "--publish-timeout must be positive"),
+            (
+                self.lease_seconds > self.publish_timeout_seconds,
+                "--lease-seconds must be longer than --publish-timeout",
+            ),
+            (self.poll_interval_seconds > 0, "--poll-interval must be positive"),
+            (self.pipeline_depth >= 1, "pipeline depth must be at least 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)

@@ -1,0 +1,39 @@
+"""The relay's own exception hierarchy.
+
+Driver exceptions (psycopg, confluent-kafka, pika) are translated into these at
+the adapter boundary, so the relay loop decides what to retry by looking only at
+this hierarchy.
+"""
+
+from __future__ import annotations
+
+
+class RelayError(Exception):
+    """Base class for every error the relay raises on purpose."""
+
+
+class ConfigError(RelayError):
+    """The configuration cannot work: bad URL, unknown scheme, invalid name.
+
+    The message is shown to the operator as one line and never holds a secret.
+    """
+
+
+class StoreError(RelayError):
+    """The database side failed."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached right now; retry after a backoff."""
+
+
+class SchemaError(StoreError):
+    """The outbox table is missing or older than this relay needs."""
+
+
+class SinkError(RelayError):
+    """The broker side failed."""
+
+
+class SinkUnavailable(SinkError):
+    """The broker cannot be reached right now; nothing in hand was delivered."""

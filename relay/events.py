@@ -1,0 +1,47 @@
+"""What flows between the store and the sinks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+IDEMPOTENCY_HEADER = "idempotency-key"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One claimed outbox row, ready to publish.
+
+    ``payload`` is the row's JSON already encoded as UTF-8, so sinks forward it
+    without parsing it again.
+    """
+
+    id: int
+    topic: str
+    key: str | None
+    payload: bytes
+    headers: dict[str, str]
+    idempotency_key: str
+    attempts: int
+    created_at: datetime
+
+    def message_headers(self) -> dict[str, str]:
+        """The headers a broker message carries: the row's plus the idempotency key."""
+        return {**self.headers, IDEMPOTENCY_HEADER: self.idempotency_key}
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a broker did not acknowledge an event.
+
+    ``permanent`` failures (message too large, unknown topic, not authorised,
+    unroutable with no chance of a queue appearing) are dead-lettered at once;
+    the others are retried with backoff until the attempts run out.
+    """
+
+    error: str
+    permanent: bool = False
+
+
+#: The outcome of publishing one event: ``None`` when the broker acknowledged it.
+Outcome = Failure | None

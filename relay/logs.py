@@ -1,0 +1,85 @@
+"""Logging set-up for the CLI: text or JSON lines, and secrets scrubbed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+
+# Attributes every LogRecord has; anything else came in through ``extra=``.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
+
+
+class ScrubSecrets(logging.Filter):
+    """Replaces known secrets in every record's final message with ``***``.
+
+    Adapters already keep passwords out of what they log; this is the second
+    line, for text that comes from libraries.
+    """
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = [s for s in secrets if s]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite the message in place; never drops a record."""
+        if not self.secrets:
+            return True
+        message = record.getMessage()
+        scrubbed = message
+        for secret in self.secrets:
+            scrubbed = scrubbed.replace(secret, "***")
+        if scrubbed != message or record.exc_info:
+            record.msg, record.args = scrubbed, None
+        if record.exc_info:
+            text = logging.Formatter().formatException(record.exc_info)
+            for secret in self.secrets:
+                text = text.replace(secret, "***")
+            record.exc_info, record.exc_text = None, text
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line with the ``extra=`` context as keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render ``record``."""
+        entry: dict[str, object] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            "action": getattr(record, "action", None),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and key not in entry:
+                entry[key] = value if isinstance(value, str | int | float | bool | None) else str(value)
+        if record.exc_text or record.exc_info:
+            entry["exception"] = record.exc_text or self.formatException(record.exc_info)  # type: ignore[arg-type]
+        return json.dumps(entry)
+
+
+class TextFormatter(logging.Formatter):
+    """``time level logger: message [action=...]``."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render ``record`` with its action, if any."""
+        text = super().format(record)
+        action = getattr(record, "action", None)
+        return f"{text} [action={action}]" if action else text
+
+
+def configure(level: str = "INFO", fmt: str = "text", secrets: list[str] | None = None) -> None:
+    """Send logs to stderr in ``fmt`` at ``level``, scrubbing ``secrets``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(ScrubSecrets(secrets or []))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # pika logs connection parameters at DEBUG; keep it quiet unless asked.
+    logging.getLogger("pika").setLevel(max(logging.WARNING, root.level))

@@ -1,0 +1,285 @@
+"""The relay loop: claim, publish, settle.
+
+One loop and one stop event. The loop claims a batch (a short lease, no
+transaction left open), hands it to a delivery task that publishes it and
+settles the outcome, and claims again at once while batches come back full;
+up to ``pipeline_depth`` batches are in flight so the database and the broker
+work at the same time. When the outbox runs dry it waits for a NOTIFY, a
+finished batch or the poll interval, whichever comes first: NOTIFY only
+speeds things up, polling is the safety net.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from relay.backoff import Backoff, OutageBackoff
+from relay.config import RelaySettings
+from relay.errors import SinkUnavailable, StoreUnavailable
+from relay.events import Event, Outcome
+from relay.metrics import Metrics
+from relay.sinks.base import Sink
+from relay.store.base import Claim, Dead, Retry, Settlement, Store
+
+logger = logging.getLogger(__name__)
+
+STATUS_INTERVAL_SECONDS = 5.0
+
+
+class Relay:
+    """Moves events from a store to a sink until stopped."""
+
+    def __init__(
+        self, store: Store, sink: Sink, settings: RelaySettings, *, metrics: Metrics | None = None
+    ) -> None:
+        self.store = store
+        self.sink = sink
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self._backoff = Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds)
+        self._store_outage = OutageBackoff()
+        self._sink_outage = OutageBackoff()
+        self._sink_down = False
+        self._wake = asyncio.Event()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._next_reap = 0.0
+        self._next_status = 0.0
+        #: Last time the loop went round; /healthz reads it.
+        self.heartbeat = time.monotonic()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Relay until ``stop`` is set, then finish the batches in hand."""
+        try:
+            await self._connect(stop)
+            idle = self.settings.poll_interval_seconds
+            while not stop.is_set():
+                self.heartbeat = time.monotonic()
+                if len(self._inflight) >= self.settings.pipeline_depth:
+                    await self._wait_for_delivery()
+                    continue
+                if self._sink_down and not await self._sink_recovered(stop):
+                    continue
+                claimed = await self._claim(stop)
+                if claimed is None:
+                    continue
+                if claimed == self.settings.batch_size:
+                    idle = self.settings.poll_interval_seconds
+                    continue
+                if claimed:
+                    idle = self.settings.poll_interval_seconds
+                await self._idle(stop, idle)
+                if not claimed:
+                    idle = min(idle * 2, self.settings.poll_interval_max_seconds)
+        finally:
+            await self._drain()
+
+    async def _connect(self, stop: asyncio.Event) -> None:
+        # A relay never exits on a transient outage, not even at start-up.
+        while not stop.is_set():
+            try:
+                await self.store.open()
+                await self.sink.start()
+                self._store_outage.reset()
+                return
+            except (StoreUnavailable, SinkUnavailable) as exc:
+                logger.warning("waiting for servers: %s", exc, extra={"action": "connect_retry"})
+                await self._store_outage.sleep(stop)
+
+    async def _claim(self, stop: asyncio.Event) -> int | None:
+        """Claim one batch and start delivering it; None when the database is away."""
+        now = time.monotonic()
+        try:
+            if now >= self._next_reap:
+                self._next_reap = now + self.settings.lease_seconds / 4
+                reaped = await self.store.reap(max_attempts=self.settings.max_attempts)
+                if reaped:
+                    self.metrics.dead_lettered.inc(reaped)
+                    logger.warning(
+                        "dead-lettered %d events whose relays kept dying",
+                        reaped,
+                        extra={"action": "reap_dead"},
+                    )
+            if now >= self._next_status:
+                self._next_status = now + STATUS_INTERVAL_SECONDS
+                self.metrics.observe_status(await self.store.status())
+            started = time.perf_counter()
+            claim = await self.store.claim(self.settings.batch_size, max_attempts=self.settings.max_attempts)
+        except StoreUnavailable as exc:
+            logger.warning("database unavailable: %s", exc, extra={"action": "store_retry"})
+            await self._store_outage.sleep(stop)
+            return None
+        self._store_outage.reset()
+        self.metrics.claims.inc()
+        self.metrics.claim_duration.observe(time.perf_counter() - started)
+        if not claim.events:
+            self.metrics.empty_claims.inc()
+            return 0
+        if claim.reaped:
+            self.metrics.reaped.inc(claim.reaped)
+            logger.warning("took over %d expired leases", claim.reaped, extra={"action": "reap"})
+        self.metrics.batch_size.observe(len(claim.events))
+        task = asyncio.create_task(self._deliver(claim), name=f"deliver-{claim.token}")
+        self._inflight.add(task)
+        task.add_done_callback(self._delivered)
+        return len(claim.events)
+
+    def _delivered(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._wake.set()
+
+    async def _wait_for_delivery(self) -> None:
+        done, _ = await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            # A delivery task that died of a bug stops the relay loudly.
+            task.result()
+
+    async def _idle(self, stop: asyncio.Event, timeout: float) -> None:
+        self._wake.clear()
+        waiters: list[asyncio.Task[Any]] = [
+            asyncio.create_task(stop.wait()),
+            asyncio.create_task(self._wake.wait()),
+        ]
+        if not self._sink_down:
+            waiters.append(asyncio.create_task(self._notified(timeout, stop)))
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+        for task in [t for t in self._inflight if t.done()]:
+            task.result()
+
+    async def _notified(self, timeout: float, stop: asyncio.Event) -> None:
+        try:
+            await self.store.wait(timeout)
+        except StoreUnavailable as exc:
+            logger.warning("lost the LISTEN connection: %s", exc, extra={"action": "listen_retry"})
+            await self._store_outage.sleep(stop)
+
+    async def _sink_recovered(self, stop: asyncio.Event) -> bool:
+        try:
+            await self.sink.check()
+        except SinkUnavailable as exc:
+            logger.warning("broker unavailable: %s", exc, extra={"action": "sink_retry"})
+            await self._sink_outage.sleep(stop)
+            return False
+        logger.info("broker reachable again", extra={"action": "sink_recovered"})
+        self._sink_down = False
+        self._sink_outage.reset()
+        return True
+
+    async def _deliver(self, claim: Claim) -> None:
+        try:
+            outcomes = await self.sink.publish(claim.events)
+        except SinkUnavailable as exc:
+            self._sink_down = True
+            logger.warning(
+                "broker unavailable, releasing %d events: %s",
+                len(claim.events),
+                exc,
+                extra={"action": "release", "batch_size": len(claim.events)},
+            )
+            await self._settle_until_lease_ends(claim, release=[e.id for e in claim.events])
+            return
+        sent, retry, dead = self._judge(claim.events, outcomes)
+        settlement = await self._settle_until_lease_ends(claim, sent=sent, retry=retry, dead=dead)
+        if settlement is not None and settlement.lost:
+            self.metrics.lost_leases.inc(settlement.lost)
+            logger.warning(
+                "%d events of a batch were taken over by another relay before settling",
+                settlement.lost,
+                extra={"action": "lease_lost", "batch_size": len(claim.events)},
+            )
+
+    def _judge(
+        self, events: Sequence[Event], outcomes: Sequence[Outcome]
+    ) -> tuple[list[int], list[Retry], list[Dead]]:
+        if len(outcomes) != len(events):
+            raise RuntimeError(f"sink returned {len(outcomes)} outcomes for {len(events)} events")
+        sent: list[int] = []
+        retry: list[Retry] = []
+        dead: list[Dead] = []
+        now = datetime.now(UTC)
+        for event, outcome in zip(events, outcomes, strict=True):
+            if outcome is None:
+                sent.append(event.id)
+                self.metrics.published.labels(event.topic).inc()
+                self.metrics.publish_latency.observe(max(0.0, (now - event.created_at).total_seconds()))
+                continue
+            self.metrics.failed_attempts.inc()
+            if outcome.permanent or event.attempts >= self.settings.max_attempts:
+                reason = (
+                    outcome.error
+                    if outcome.permanent
+                    else f"{outcome.error} (after {event.attempts} attempts)"
+                )
+                dead.append(Dead(event.id, reason))
+                self.metrics.dead_lettered.inc()
+                logger.warning(
+                    "dead-lettered event %d: %s",
+                    event.id,
+                    reason,
+                    extra={"action": "dead_letter", "event_id": event.id, "topic": event.topic},
+                )
+            else:
+                retry.append(Retry(event.id, self._backoff.delay(event.attempts), outcome.error))
+                logger.info(
+                    "event %d failed, will retry: %s",
+                    event.id,
+                    outcome.error,
+                    extra={"action": "retry", "event_id": event.id, "attempts": event.attempts},
+                )
+        return sent, retry, dead
+
+    async def _settle_until_lease_ends(
+        self,
+        claim: Claim,
+        *,
+        sent: Sequence[int] = (),
+        retry: Sequence[Retry] = (),
+        dead: Sequence[Dead] = (),
+        release: Sequence[int] = (),
+    ) -> Settlement | None:
+        # The broker has the events; keep trying to record that while the lease
+        # lasts. Past it another relay may re-claim them: a duplicate, not a loss.
+        deadline = time.monotonic() + self.settings.lease_seconds
+        outage = OutageBackoff()
+        never = asyncio.Event()
+        while True:
+            try:
+                if release:
+                    await self.store.release(claim, release)
+                    return None
+                return await self.store.settle(claim, sent=sent, retry=retry, dead=dead)
+            except StoreUnavailable as exc:
+                if time.monotonic() > deadline:
+                    logger.error(
+                        "could not settle a batch before its lease ended: %s",
+                        exc,
+                        extra={"action": "settle_abandoned", "batch_size": len(claim.events)},
+                    )
+                    return None
+                logger.warning("settle failed, retrying: %s", exc, extra={"action": "settle_retry"})
+                await outage.sleep(never)
+
+    async def _drain(self) -> None:
+        """Let the batches in hand finish publishing and settle (each is bounded)."""
+        if self._inflight:
+            logger.info(
+                "stopping: finishing %d batches in hand", len(self._inflight), extra={"action": "drain"}
+            )
+            results = await asyncio.gather(*self._inflight, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                    logger.error("a batch failed while stopping: %r", result, extra={"action": "drain_error"})
+        with contextlib.suppress(Exception):
+            await self.sink.close()
+        with contextlib.suppress(Exception):
+            await self.store.close()

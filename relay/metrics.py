@@ -1,0 +1,75 @@
+"""Prometheus series of one relay process, in a registry of its own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from relay.store.base import Status
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+
+
+class Metrics:
+    """Counters, gauges and histograms the relay loop updates as it works."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.published = Counter(
+            "outbox_relay_published", "Events acknowledged by the broker.", ["topic"], registry=r
+        )
+        self.failed_attempts = Counter(
+            "outbox_relay_failed_attempts", "Publish attempts the broker did not acknowledge.", registry=r
+        )
+        self.dead_lettered = Counter("outbox_relay_dead_lettered", "Events dead-lettered.", registry=r)
+        self.reaped = Counter(
+            "outbox_relay_reaped_leases",
+            "Expired leases taken over (their relay died or stalled).",
+            registry=r,
+        )
+        self.lost_leases = Counter(
+            "outbox_relay_lost_leases",
+            "Settles that found the lease taken over by another relay.",
+            registry=r,
+        )
+        self.claims = Counter("outbox_relay_claims", "Claim queries run.", registry=r)
+        self.empty_claims = Counter(
+            "outbox_relay_empty_claims", "Claim queries that found nothing.", registry=r
+        )
+        self.pending = Gauge("outbox_relay_pending", "Events waiting to be published.", registry=r)
+        self.in_flight = Gauge("outbox_relay_in_flight", "Events leased and not yet settled.", registry=r)
+        self.failed = Gauge("outbox_relay_failed", "Dead-lettered events in the table.", registry=r)
+        self.parked_keys = Gauge(
+            "outbox_relay_parked_keys", "Keys held back by a dead-lettered event.", registry=r
+        )
+        self.oldest_pending_age = Gauge(
+            "outbox_relay_oldest_pending_age_seconds", "Age of the oldest due, unpublished event.", registry=r
+        )
+        self.publish_latency = Histogram(
+            "outbox_relay_publish_latency_seconds",
+            "From the event's insert to the broker's acknowledgement.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "outbox_relay_batch_size", "Events per claimed batch.", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.claim_duration = Histogram(
+            "outbox_relay_claim_duration_seconds",
+            "Time the claim query took.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def observe_status(self, status: Status) -> None:
+        """Copy a ``status`` reading into the gauges."""
+        self.pending.set(status.pending)
+        self.in_flight.set(status.in_flight)
+        self.failed.set(status.failed)
+        self.parked_keys.set(status.parked_keys)
+        self.oldest_pending_age.set(status.oldest_pending_age_seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)

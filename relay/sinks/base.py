@@ -1,0 +1,36 @@
+"""The sink port: where claimed events are published."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from relay.events import Event, Outcome
+
+
+class Sink(Protocol):
+    """A broker adapter.
+
+    ``publish`` sends a whole batch without waiting between messages, then waits
+    for every acknowledgement (or the publish timeout) and returns one outcome
+    per event, in the order given. Events of one key appear in the batch in
+    write order and must reach the broker in that order.
+
+    ``publish`` raises :class:`relay.errors.SinkUnavailable` when the broker
+    cannot be reached at all and no event of the batch was acknowledged; the
+    relay then releases the batch without counting an attempt and backs off.
+    """
+
+    name: str
+
+    async def start(self) -> None:
+        """Connect; raise ``SinkUnavailable`` if the broker cannot be reached."""
+
+    async def publish(self, events: Sequence[Event]) -> list[Outcome]:
+        """Publish ``events`` and return one outcome per event."""
+
+    async def check(self) -> None:
+        """Raise ``SinkUnavailable`` unless the broker is reachable now."""
+
+    async def close(self) -> None:
+        """Flush what can be flushed and disconnect. Safe to call twice."""

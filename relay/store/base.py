@@ -1,0 +1,142 @@
+"""The store port: the database side of the relay."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+from uuid import UUID
+
+from relay.events import Event
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A leased batch. Settling it needs ``token``; a relay whose lease was
+    taken over holds a token that no longer matches, so its settle does nothing."""
+
+    token: UUID
+    events: list[Event]
+    reaped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """An event to try again after ``delay_seconds``."""
+
+    id: int
+    delay_seconds: float
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dead:
+    """An event to dead-letter with ``error``."""
+
+    id: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What one settle did; ``lost`` counts events whose lease was no longer ours."""
+
+    sent: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Counts an operator looks at first."""
+
+    pending: int
+    in_flight: int
+    failed: int
+    oldest_pending_age_seconds: float
+    parked_keys: int = 0
+
+    def as_dict(self) -> dict[str, int | float]:
+        """The ``status --json`` object."""
+        return {
+            "pending": self.pending,
+            "in_flight": self.in_flight,
+            "failed": self.failed,
+            "oldest_pending_age_seconds": round(self.oldest_pending_age_seconds, 3),
+            "parked_keys": self.parked_keys,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeadEvent:
+    """A dead-lettered event as ``outbox-relay dead`` lists it."""
+
+    id: int
+    topic: str
+    key: str | None
+    idempotency_key: str
+    attempts: int
+    last_error: str | None
+    created_at: datetime
+    failed_at: datetime | None
+    blocked_events: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        """A JSON-ready mapping."""
+        return {
+            "id": self.id,
+            "topic": self.topic,
+            "key": self.key,
+            "idempotency_key": self.idempotency_key,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+            "created_at": self.created_at.isoformat(),
+            "failed_at": self.failed_at.isoformat() if self.failed_at else None,
+            "blocks_key": self.key if self.blocked_events else None,
+            "blocked_events": self.blocked_events,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueFilter:
+    """Which dead-lettered events to put back; all ``None`` with ``all`` set means every one."""
+
+    id: int | None = None
+    topic: str | None = None
+    key: str | None = None
+    all: bool = field(default=False)
+
+
+class Store(Protocol):
+    """The relay's view of the outbox table."""
+
+    async def open(self) -> None:
+        """Connect and check the table exists; raise ``StoreUnavailable`` or ``SchemaError``."""
+
+    async def close(self) -> None:
+        """Disconnect. Safe to call twice."""
+
+    async def claim(self, limit: int, *, max_attempts: int) -> Claim:
+        """Lease up to ``limit`` due events, honouring per-key order."""
+
+    async def settle(
+        self, claim: Claim, *, sent: Sequence[int], retry: Sequence[Retry], dead: Sequence[Dead]
+    ) -> Settlement:
+        """Record the outcome of a published batch, only where the lease is still ours."""
+
+    async def release(self, claim: Claim, ids: Sequence[int]) -> None:
+        """Give events back unpublished, without counting the attempt."""
+
+    async def reap(self, *, max_attempts: int) -> int:
+        """Dead-letter events whose lease expired with no attempts left."""
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a new-event notification; True if one came."""
+
+    async def status(self) -> Status:
+        """Pending, in-flight and dead-lettered counts."""
+
+    async def check(self) -> None:
+        """Raise ``StoreUnavailable`` unless the database answers now."""

@@ -1,0 +1,272 @@
+"""An in-memory store for unit tests, with the PostgreSQL store's semantics.
+
+The conformance suite (tests/conformance) runs the same checks against both,
+so the relay loop can be unit-tested here and trusted on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+from relay.errors import StoreUnavailable
+from relay.events import Event
+from relay.store.base import Claim, Dead, DeadEvent, RequeueFilter, Retry, Settlement, Status
+
+
+@dataclass(slots=True)
+class Row:
+    """One outbox row."""
+
+    id: int
+    topic: str
+    key: str | None
+    payload: Any
+    headers: dict[str, str]
+    idempotency_key: str
+    deliver_at: datetime
+    priority: int = 0
+    state: str = "pending"
+    attempts: int = 0
+    last_error: str | None = None
+    claim_token: UUID | None = None
+    lease_expires_at: datetime | None = None
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    failed_at: datetime | None = None
+
+
+class MemoryStore:
+    """Rows in a dict; ``now`` can be moved forward to expire leases."""
+
+    def __init__(self, *, lease_seconds: float = 60.0, keep_sent: bool = False) -> None:
+        self.rows: dict[int, Row] = {}
+        self.lease_seconds = lease_seconds
+        self.keep_sent = keep_sent
+        self.available = True
+        self.offset = timedelta(0)
+        self._next_id = 1
+        self._notify = asyncio.Event()
+
+    def now(self) -> datetime:
+        """The store's clock (real time plus ``offset``)."""
+        return datetime.now(UTC) + self.offset
+
+    def insert(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
+        deliver_at: datetime | None = None,
+        priority: int = 0,
+    ) -> int:
+        """Add a committed event; returns its id (0 when the key already exists)."""
+        idem = idempotency_key or str(uuid4())
+        if any(r.idempotency_key == idem for r in self.rows.values()):
+            return 0
+        row = Row(
+            self._next_id, topic, key, payload, dict(headers or {}), idem, deliver_at or self.now(), priority
+        )
+        self.rows[row.id] = row
+        self._next_id += 1
+        self._notify.set()
+        return row.id
+
+    def _check(self) -> None:
+        if not self.available:
+            raise StoreUnavailable("memory store switched off")
+
+    async def open(self) -> None:
+        """Fail while unavailable."""
+        self._check()
+
+    async def close(self) -> None:
+        """Nothing to close."""
+
+    def _claimable(self, row: Row, max_attempts: int, now: datetime) -> bool:
+        if row.state != "pending" or row.deliver_at > now:
+            return False
+        if row.lease_expires_at is not None and (row.lease_expires_at >= now or row.attempts >= max_attempts):
+            return False
+        return row.key is None or not any(
+            r.key == row.key and r.id < row.id and r.state in ("pending", "failed")
+            for r in self.rows.values()
+        )
+
+    async def claim(self, limit: int, *, max_attempts: int) -> Claim:
+        """Lease up to ``limit`` due events, one per key."""
+        self._check()
+        now = self.now()
+        token = uuid4()
+        chosen = sorted(
+            (r for r in self.rows.values() if self._claimable(r, max_attempts, now)),
+            key=lambda r: (-r.priority, r.id),
+        )[:limit]
+        reaped = 0
+        events = []
+        for row in chosen:
+            reaped += row.lease_expires_at is not None
+            row.claim_token = token
+            row.lease_expires_at = now + timedelta(seconds=self.lease_seconds)
+            row.attempts += 1
+            events.append(
+                Event(
+                    id=row.id,
+                    topic=row.topic,
+                    key=row.key,
+                    payload=json.dumps(row.payload).encode(),
+                    headers=dict(row.headers),
+                    idempotency_key=row.idempotency_key,
+                    attempts=row.attempts,
+                    created_at=row.created_at,
+                )
+            )
+        return Claim(token=token, events=events, reaped=reaped)
+
+    def _owned(self, claim: Claim, ids: Sequence[int]) -> list[Row]:
+        return [r for i in ids if (r := self.rows.get(i)) is not None and r.claim_token == claim.token]
+
+    async def settle(
+        self, claim: Claim, *, sent: Sequence[int], retry: Sequence[Retry], dead: Sequence[Dead]
+    ) -> Settlement:
+        """Apply the outcomes where the lease is still ours."""
+        self._check()
+        now = self.now()
+        done = self._owned(claim, sent)
+        for row in done:
+            if self.keep_sent:
+                row.state, row.lease_expires_at = "sent", None
+            else:
+                del self.rows[row.id]
+        retried = 0
+        for item in retry:
+            for row in self._owned(claim, [item.id]):
+                row.claim_token = row.lease_expires_at = None
+                row.deliver_at = now + timedelta(seconds=item.delay_seconds)
+                row.last_error = item.error
+                retried += 1
+        buried = 0
+        for grave in dead:
+            for row in self._owned(claim, [grave.id]):
+                row.claim_token = row.lease_expires_at = None
+                row.state, row.last_error, row.failed_at = "failed", grave.error, now
+                buried += 1
+        lost = len(sent) + len(retry) + len(dead) - len(done) - retried - buried
+        return Settlement(sent=len(done), retried=retried, dead=buried, lost=lost)
+
+    async def release(self, claim: Claim, ids: Sequence[int]) -> None:
+        """Give events back without counting the attempt."""
+        self._check()
+        for row in self._owned(claim, ids):
+            row.claim_token = row.lease_expires_at = None
+            row.attempts = max(0, row.attempts - 1)
+
+    async def reap(self, *, max_attempts: int) -> int:
+        """Dead-letter expired leases with no attempts left."""
+        self._check()
+        now = self.now()
+        count = 0
+        for row in self.rows.values():
+            if (
+                row.state == "pending"
+                and row.lease_expires_at is not None
+                and row.lease_expires_at < now
+                and row.attempts >= max_attempts
+            ):
+                row.state, row.failed_at, row.claim_token, row.lease_expires_at = "failed", now, None, None
+                row.last_error = (
+                    f"lease expired on attempt {row.attempts}: the relay holding it crashed or stalled"
+                )
+                count += 1
+        return count
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait for an insert."""
+        self._notify.clear()
+        try:
+            await asyncio.wait_for(self._notify.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def status(self) -> Status:
+        """The same counts as the PostgreSQL store."""
+        self._check()
+        now = self.now()
+        rows = list(self.rows.values())
+        live = [
+            r
+            for r in rows
+            if r.state == "pending" and r.lease_expires_at is not None and r.lease_expires_at >= now
+        ]
+        pending = [r for r in rows if r.state == "pending" and r not in live]
+        due = [r.created_at for r in rows if r.state == "pending" and r.deliver_at <= now]
+        failed = [r for r in rows if r.state == "failed"]
+        return Status(
+            pending=len(pending),
+            in_flight=len(live),
+            failed=len(failed),
+            oldest_pending_age_seconds=max(0.0, (now - min(due)).total_seconds()) if due else 0.0,
+            parked_keys=len({r.key for r in failed if r.key is not None}),
+        )
+
+    async def check(self) -> None:
+        """Fail while unavailable."""
+        self._check()
+
+    async def dead(self, limit: int = 1000) -> list[DeadEvent]:
+        """Dead-lettered events, oldest first."""
+        rows = sorted((r for r in self.rows.values() if r.state == "failed"), key=lambda r: r.id)[:limit]
+        return [
+            DeadEvent(
+                r.id,
+                r.topic,
+                r.key,
+                r.idempotency_key,
+                r.attempts,
+                r.last_error,
+                r.created_at,
+                r.failed_at,
+                sum(
+                    1
+                    for o in self.rows.values()
+                    if r.key is not None and o.key == r.key and o.id > r.id and o.state == "pending"
+                ),
+            )
+            for r in rows
+        ]
+
+    async def requeue(self, selection: RequeueFilter) -> list[int]:
+        """Put matching dead-lettered events back with attempts reset."""
+        ids = []
+        for row in self.rows.values():
+            if row.state != "failed":
+                continue
+            if selection.id is not None and row.id != selection.id:
+                continue
+            if selection.topic is not None and row.topic != selection.topic:
+                continue
+            if selection.key is not None and row.key != selection.key:
+                continue
+            row.state, row.attempts, row.failed_at, row.deliver_at = "pending", 0, None, self.now()
+            ids.append(row.id)
+        return ids
+
+    async def skip(self, event_id: int) -> bool:
+        """Mark one dead-lettered or waiting event skipped."""
+        row = self.rows.get(event_id)
+        now = self.now()
+        if row is None or not (
+            row.state == "failed"
+            or (row.state == "pending" and (row.lease_expires_at is None or row.lease_expires_at < now))
+        ):
+            return False
+        row.state, row.claim_token, row.lease_expires_at = "skipped", None, None
+        return True

@@ -1,0 +1,71 @@
+"""``outbox-relay migrate``: create or upgrade an outbox table.
+
+All steps run in one transaction behind an advisory lock keyed on the table
+name, so two migrations started at once apply each step exactly once, and a
+failed step leaves nothing half-done.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+from psycopg import sql
+
+from relay.config import TableName
+from relay.store import sql as named
+from relay.store.postgres import connect_kwargs, translate_errors
+
+logger = logging.getLogger(__name__)
+
+_LOCK_NAMESPACE = "outbox-relay migrate "
+
+
+def migrate(dsn: str, table: TableName, *, notify: bool | None = None) -> list[int]:
+    """Apply the migrations ``table`` lacks; return the versions applied.
+
+    ``notify`` switches the NOTIFY-on-insert trigger on or off (``None`` leaves
+    it as it is): the trigger wakes relays at once but makes every inserting
+    commit take a global lock.
+    """
+    ids = named.identifiers(table)
+    with translate_errors(dsn, table), psycopg.connect(dsn, **connect_kwargs()) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [_LOCK_NAMESPACE + str(table)])
+        if table.schema:
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(table.schema)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {version_table} ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(**ids)
+        )
+        done = {row[0] for row in conn.execute(sql.SQL("SELECT version FROM {version_table}").format(**ids))}
+        applied = []
+        for step in named.migrations():
+            if step.version in done:
+                continue
+            conn.execute(named.render(step.template, table))
+            conn.execute(
+                sql.SQL("INSERT INTO {version_table} (version, name) VALUES (%s, %s)").format(**ids),
+                [step.version, step.name],
+            )
+            applied.append(step.version)
+            logger.info(
+                "applied migration %04d_%s",
+                step.version,
+                step.name,
+                extra={"action": "migrate", "table": str(table)},
+            )
+        if notify is not None:
+            switch = sql.SQL("ENABLE") if notify else sql.SQL("DISABLE")
+            conn.execute(sql.SQL("ALTER TABLE {table} {} TRIGGER {notify_trigger}").format(switch, **ids))
+    return applied
+
+
+def schema_version(dsn: str, table: TableName) -> int:
+    """The newest migration applied to ``table`` (0 when none)."""
+    ids = named.identifiers(table)
+    with translate_errors(dsn, table), psycopg.connect(dsn, **connect_kwargs()) as conn:
+        row = conn.execute(sql.SQL("SELECT max(version) FROM {version_table}").format(**ids)).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0

@@ -1,0 +1,291 @@
+"""The PostgreSQL store: claim, settle and inspect the outbox with psycopg 3."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+from uuid import uuid4
+
+import psycopg
+from psycopg import sql
+
+from relay.config import CONNECT_TIMEOUT_SECONDS, TableName, redact_url
+from relay.errors import SchemaError, StoreError, StoreUnavailable
+from relay.events import Event
+from relay.store import sql as named
+from relay.store.base import Claim, Dead, DeadEvent, RequeueFilter, Retry, Settlement, Status
+
+logger = logging.getLogger(__name__)
+
+STATEMENT_TIMEOUT_SECONDS = 30.0
+# A relay never sits in an open transaction; if one is left open (a stalled
+# process), the server ends it instead of holding back vacuum.
+IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = 60.0
+TCP_USER_TIMEOUT_SECONDS = 30.0
+
+
+def connect_kwargs(
+    *, connect_timeout: float = CONNECT_TIMEOUT_SECONDS, statement_timeout: float = STATEMENT_TIMEOUT_SECONDS
+) -> dict[str, Any]:
+    """Connection settings every relay connection uses: bounded waits everywhere."""
+    return {
+        "autocommit": True,
+        "connect_timeout": max(1, round(connect_timeout)),
+        "application_name": "outbox-relay",
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "tcp_user_timeout": int(TCP_USER_TIMEOUT_SECONDS * 1000),
+        "options": (
+            f"-c statement_timeout={int(statement_timeout * 1000)}"
+            f" -c idle_in_transaction_session_timeout={int(IDLE_IN_TRANSACTION_TIMEOUT_SECONDS * 1000)}"
+        ),
+    }
+
+
+def password_of(dsn: str) -> str | None:
+    """The password in ``dsn``, so that error messages can be scrubbed of it."""
+    try:
+        value = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
+    except psycopg.Error:
+        return None
+    return str(value) if value else None
+
+
+@contextlib.contextmanager
+def translate_errors(dsn: str, table: TableName) -> Iterator[None]:
+    """Turn psycopg exceptions into the relay's hierarchy, without secrets."""
+    try:
+        yield
+    except psycopg.errors.UndefinedTable:
+        raise SchemaError(f"table {table} does not exist: run `outbox-relay migrate` first") from None
+    except psycopg.errors.UndefinedColumn as exc:
+        raise SchemaError(
+            f"table {table} is not an outbox table or is out of date ({exc.diag.message_primary})"
+        ) from None
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(describe(exc, dsn)) from exc
+    except psycopg.Error as exc:
+        raise StoreError(describe(exc, dsn)) from exc
+
+
+def describe(exc: BaseException, dsn: str) -> str:
+    """A one-line description of a database error with any password removed."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    secret = password_of(dsn)
+    if secret:
+        text = text.replace(secret, "***")
+    return text.replace(dsn, redact_url(dsn))
+
+
+class PostgresStore:
+    """The outbox table in PostgreSQL, reached through one connection for
+    claims and settles and one for LISTEN."""
+
+    def __init__(
+        self,
+        dsn: str,
+        table: TableName,
+        *,
+        owner: str,
+        lease_seconds: float,
+        keep_sent: bool = False,
+        listen: bool = True,
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+    ) -> None:
+        self._dsn = dsn
+        self._table = table
+        self._owner = owner
+        self._lease_seconds = lease_seconds
+        self._keep_sent = keep_sent
+        self._listen_enabled = listen
+        self._connect_timeout = connect_timeout
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._listen_conn: psycopg.AsyncConnection[Any] | None = None
+        self._queries = {name: named.render(text, table) for name, text in named.queries().items()}
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({redact_url(self._dsn)!r}, table={str(self._table)!r})"
+
+    @property
+    def table(self) -> TableName:
+        """The outbox table this store works on."""
+        return self._table
+
+    async def open(self) -> None:
+        """Connect, check the table, and LISTEN if enabled."""
+        await self._connection()
+        if self._listen_enabled:
+            await self._listener()
+
+    async def close(self) -> None:
+        """Close both connections. Safe to call twice."""
+        for conn in (self._conn, self._listen_conn):
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
+        self._conn = self._listen_conn = None
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            with translate_errors(self._dsn, self._table):
+                yield
+        except StoreUnavailable:
+            self._drop_broken()
+            raise
+
+    def _drop_broken(self) -> None:
+        # A broken connection is replaced on the next call; one that only saw
+        # a statement timeout is still good and is kept.
+        if self._conn is not None and (self._conn.closed or self._conn.broken):
+            self._conn = None
+        if self._listen_conn is not None and (self._listen_conn.closed or self._listen_conn.broken):
+            self._listen_conn = None
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        with self._errors():
+            return await psycopg.AsyncConnection.connect(
+                self._dsn, **connect_kwargs(connect_timeout=self._connect_timeout)
+            )
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None:
+            conn = await self._connect()
+            try:
+                with self._errors():
+                    await conn.execute(self._queries["check_table"])
+            except BaseException:
+                await conn.close()
+                raise
+            self._conn = conn
+            logger.info(
+                "connected to the database", extra={"action": "db_connected", "table": str(self._table)}
+            )
+        return self._conn
+
+    async def _listener(self) -> psycopg.AsyncConnection[Any]:
+        if self._listen_conn is None:
+            conn = await self._connect()
+            with self._errors():
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._table.channel)))
+            self._listen_conn = conn
+        return self._listen_conn
+
+    async def _fetch(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        conn = await self._connection()
+        with self._errors():
+            cur = await conn.execute(self._queries[name], params)
+            return await cur.fetchall() if cur.description else []
+
+    async def _run(self, name: str, params: dict[str, Any]) -> int:
+        conn = await self._connection()
+        with self._errors():
+            cur = await conn.execute(self._queries[name], params)
+            return cur.rowcount
+
+    async def claim(self, limit: int, *, max_attempts: int) -> Claim:
+        """Lease up to ``limit`` due events (one per key), ordered by priority then id."""
+        token = uuid4()
+        rows = await self._fetch(
+            "claim",
+            {
+                "limit": limit,
+                "max_attempts": max_attempts,
+                "token": token,
+                "owner": self._owner,
+                "lease_seconds": self._lease_seconds,
+            },
+        )
+        rows.sort(key=lambda r: (-r[8], r[0]))
+        events = [
+            Event(
+                id=r[0],
+                topic=r[1],
+                key=r[2],
+                payload=r[3].encode(),
+                headers=r[4],
+                idempotency_key=r[5],
+                attempts=r[6],
+                created_at=r[7],
+            )
+            for r in rows
+        ]
+        return Claim(token=token, events=events, reaped=sum(1 for r in rows if r[9]))
+
+    async def settle(
+        self, claim: Claim, *, sent: Sequence[int], retry: Sequence[Retry], dead: Sequence[Dead]
+    ) -> Settlement:
+        """Delete (or mark sent) the acknowledged events, reschedule or dead-letter the rest."""
+        done = retried = buried = 0
+        if sent:
+            done = await self._run(
+                "ack_keep" if self._keep_sent else "ack_delete", {"ids": list(sent), "token": claim.token}
+            )
+        if retry:
+            retried = await self._run(
+                "retry",
+                {
+                    "ids": [r.id for r in retry],
+                    "delays": [r.delay_seconds for r in retry],
+                    "errors": [r.error for r in retry],
+                    "token": claim.token,
+                },
+            )
+        if dead:
+            buried = await self._run(
+                "dead_letter",
+                {"ids": [d.id for d in dead], "errors": [d.error for d in dead], "token": claim.token},
+            )
+        lost = len(sent) + len(retry) + len(dead) - done - retried - buried
+        return Settlement(sent=done, retried=retried, dead=buried, lost=lost)
+
+    async def release(self, claim: Claim, ids: Sequence[int]) -> None:
+        """Give unpublished events back without counting the attempt."""
+        if ids:
+            await self._run("release", {"ids": list(ids), "token": claim.token})
+
+    async def reap(self, *, max_attempts: int) -> int:
+        """Dead-letter events whose expired lease used their last attempt."""
+        return len(await self._fetch("reap_exhausted", {"max_attempts": max_attempts}))
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait for a NOTIFY on the table's channel, at most ``timeout`` seconds."""
+        if not self._listen_enabled:
+            return False
+        conn = await self._listener()
+        with self._errors():
+            async for _ in conn.notifies(timeout=timeout, stop_after=1):
+                return True
+        return False
+
+    async def status(self) -> Status:
+        """Counts of pending, in-flight and dead-lettered events."""
+        row = (await self._fetch("status", {}))[0]
+        return Status(
+            pending=row[0],
+            in_flight=row[1],
+            failed=row[2],
+            oldest_pending_age_seconds=row[3],
+            parked_keys=row[4],
+        )
+
+    async def check(self) -> None:
+        """Raise ``StoreUnavailable`` unless the database answers."""
+        await self._fetch("check_table", {})
+
+    async def dead(self, limit: int = 1000) -> list[DeadEvent]:
+        """Dead-lettered events, oldest first."""
+        return [DeadEvent(*row) for row in await self._fetch("dead", {"limit": limit})]
+
+    async def requeue(self, selection: RequeueFilter) -> list[int]:
+        """Put matching dead-lettered events back to pending with their attempts reset."""
+        params = {"id": selection.id, "topic": selection.topic, "key": selection.key}
+        return [row[0] for row in await self._fetch("requeue", params)]
+
+    async def skip(self, event_id: int) -> bool:
+        """Mark one dead-lettered or waiting event skipped, releasing its key."""
+        return bool(await self._fetch("skip", {"id": event_id}))

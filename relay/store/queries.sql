@@ -1,0 +1,124 @@
+-- Named queries of the PostgreSQL store. "-- name: X" starts query X.
+-- {table} and friends are identifiers filled in by psycopg.sql; %(x)s are
+-- parameters sent separately.
+
+-- name: claim
+-- Lease a batch of due events: at most one per key (the oldest unsent one of
+-- that key, and only while no earlier event of the key is pending, in flight
+-- or dead-lettered), any number without a key. attempts counts claims, so a
+-- lease that expires because its relay died still counts as an attempt.
+WITH candidates AS (
+    SELECT o.id, o.lease_expires_at AS old_lease
+    FROM {table} AS o
+    WHERE o.state = 'pending'
+      AND o.deliver_at <= now()
+      AND (o.lease_expires_at IS NULL
+           OR (o.lease_expires_at < now() AND o.attempts < %(max_attempts)s))
+      AND (o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {table} AS earlier
+            WHERE earlier.key = o.key
+              AND earlier.id < o.id
+              AND earlier.state IN ('pending', 'failed')))
+    ORDER BY o.priority DESC, o.id
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE {table} AS o
+SET claim_token = %(token)s,
+    lease_owner = %(owner)s,
+    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    attempts = o.attempts + 1
+FROM candidates AS c
+WHERE o.id = c.id
+RETURNING o.id, o.topic, o.key, o.payload::text, o.headers, o.idempotency_key,
+          o.attempts, o.created_at, o.priority, c.old_lease IS NOT NULL AS reaped;
+
+-- name: reap_exhausted
+-- Dead-letter events whose lease expired with no attempts left: the relays
+-- holding them died or stalled every time, so another try would loop.
+UPDATE {table}
+SET state = 'failed', failed_at = now(), lease_expires_at = NULL, claim_token = NULL,
+    last_error = 'lease expired on attempt ' || attempts || ': the relay holding it crashed or stalled'
+WHERE state = 'pending'
+  AND lease_expires_at < now()
+  AND attempts >= %(max_attempts)s
+RETURNING id;
+
+-- name: ack_delete
+DELETE FROM {table}
+WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s;
+
+-- name: ack_keep
+UPDATE {table}
+SET state = 'sent', published_at = now(), lease_expires_at = NULL
+WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s;
+
+-- name: retry
+UPDATE {table} AS o
+SET lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL,
+    deliver_at = now() + make_interval(secs => r.delay), last_error = r.error
+FROM unnest(%(ids)s::bigint[], %(delays)s::float8[], %(errors)s::text[]) AS r(id, delay, error)
+WHERE o.id = r.id AND o.claim_token = %(token)s;
+
+-- name: dead_letter
+UPDATE {table} AS o
+SET state = 'failed', failed_at = now(), lease_expires_at = NULL, claim_token = NULL,
+    last_error = r.error
+FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS r(id, error)
+WHERE o.id = r.id AND o.claim_token = %(token)s;
+
+-- name: release
+-- Give back events that were claimed but not published (graceful stop, broker
+-- down): the claim does not count as an attempt.
+UPDATE {table}
+SET lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL,
+    attempts = greatest(attempts - 1, 0)
+WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s;
+
+-- name: status
+SELECT
+    count(*) FILTER (WHERE state = 'pending'
+                       AND (lease_expires_at IS NULL OR lease_expires_at < now())) AS pending,
+    count(*) FILTER (WHERE state = 'pending' AND lease_expires_at >= now()) AS in_flight,
+    count(*) FILTER (WHERE state = 'failed') AS failed,
+    coalesce(extract(epoch FROM now() - min(created_at)
+             FILTER (WHERE state = 'pending' AND deliver_at <= now())), 0)::float8
+        AS oldest_pending_age_seconds,
+    count(DISTINCT key) FILTER (WHERE state = 'failed') AS parked_keys
+FROM {table}
+WHERE state IN ('pending', 'failed');
+
+-- name: dead
+SELECT o.id, o.topic, o.key, o.idempotency_key, o.attempts, o.last_error,
+       o.created_at, o.failed_at,
+       (SELECT count(*) FROM {table} AS later
+         WHERE o.key IS NOT NULL AND later.key = o.key AND later.id > o.id
+           AND later.state = 'pending') AS blocked_events
+FROM {table} AS o
+WHERE o.state = 'failed'
+ORDER BY o.id
+LIMIT %(limit)s;
+
+-- name: requeue
+UPDATE {table}
+SET state = 'pending', attempts = 0, failed_at = NULL, deliver_at = now(),
+    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+WHERE state = 'failed'
+  AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+  AND (%(key)s::text IS NULL OR key = %(key)s::text)
+RETURNING id;
+
+-- name: skip
+-- Give up on one dead-lettered (or waiting, not in flight) event so the
+-- later events of its key can flow.
+UPDATE {table}
+SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL,
+    last_error = coalesce(last_error, '') || ' [skipped by operator]'
+WHERE id = %(id)s
+  AND (state = 'failed'
+       OR (state = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at < now())))
+RETURNING id;
+
+-- name: check_table
+SELECT 1 FROM {table} LIMIT 0;

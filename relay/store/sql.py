@@ -1,0 +1,93 @@
+"""Named SQL, loaded from the ``.sql`` files beside this module.
+
+Queries are ``LiteralString`` templates. The only things filled in are
+identifiers derived from a validated :class:`relay.config.TableName`, through
+``psycopg.sql``; values always travel as parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import LiteralString, cast
+
+from psycopg import sql
+
+from relay.config import TableName
+
+_NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_MIGRATION_RE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+
+
+def _read(path: str) -> LiteralString:
+    # The files ship inside the package: their text is as trusted as the code.
+    text: LiteralString = resources.files("relay.store").joinpath(path).read_text("utf-8")  # type: ignore[assignment,unused-ignore]
+    return text
+
+
+@cache
+def queries() -> dict[str, LiteralString]:
+    """Every named query of ``queries.sql``."""
+    text = _read("queries.sql")
+    pieces = _NAME_RE.split(text)
+    # split gives [preamble, name1, body1, name2, body2, ...]
+    return {
+        name: cast(LiteralString, body.strip().rstrip(";"))
+        for name, body in zip(pieces[1::2], pieces[2::2], strict=True)
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One numbered schema step."""
+
+    version: int
+    name: str
+    template: LiteralString
+
+
+@cache
+def migrations() -> tuple[Migration, ...]:
+    """The numbered migrations, oldest first."""
+    found = []
+    for entry in resources.files("relay.store").joinpath("migrations").iterdir():
+        match = _MIGRATION_RE.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), _read(f"migrations/{entry.name}")))
+    return tuple(sorted(found, key=lambda m: m.version))
+
+
+def schema_template() -> LiteralString:
+    """The full current schema, as one script."""
+    return _read("schema.sql")
+
+
+def identifiers(table: TableName) -> dict[str, sql.Composable]:
+    """The placeholders every template may use, all derived from ``table``."""
+
+    def same_schema(name: str) -> sql.Identifier:
+        return sql.Identifier(table.schema, name) if table.schema else sql.Identifier(name)
+
+    return {
+        "table": sql.Identifier(*table.parts),
+        "version_table": same_schema(table.derived("schema_version")),
+        "headers_valid": same_schema(table.derived("headers_valid")),
+        "notify_func": same_schema(table.derived("notify")),
+        "notify_trigger": sql.Identifier(table.derived("notify")),
+        "claim_idx": sql.Identifier(table.derived("claim_idx")),
+        "key_idx": sql.Identifier(table.derived("key_idx")),
+        "topic_check": sql.Identifier(table.derived("topic_check")),
+        "idempotency_key_check": sql.Identifier(table.derived("idempotency_key_check")),
+        "headers_check": sql.Identifier(table.derived("headers_check")),
+        "state_check": sql.Identifier(table.derived("state_check")),
+        "idempotency_key_unique": sql.Identifier(table.derived("idempotency_key_key")),
+        "channel": sql.Literal(table.channel),
+        "schema": sql.Identifier(table.schema) if table.schema else sql.SQL("public"),
+    }
+
+
+def render(template: LiteralString, table: TableName) -> sql.Composed:
+    """Fill a template's identifiers for ``table``."""
+    return sql.SQL(template).format(**identifiers(table))

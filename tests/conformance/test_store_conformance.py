@@ -1,0 +1,223 @@
+"""One suite, every store: the in-memory store must behave like PostgreSQL.
+
+Each test runs against ``MemoryStore`` and against ``PostgresStore`` on a real
+database, so unit tests of the relay loop on the memory store say something
+true about production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol, TypeVar
+
+import psycopg
+import pytest
+
+import producers
+from relay.config import TableName
+from relay.store.base import Dead, RequeueFilter, Retry
+from relay.store.memory import MemoryStore
+from relay.store.postgres import PostgresStore
+
+T = TypeVar("T")
+MAX = 3
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+class Harness(Protocol):
+    store: Any
+
+    def insert(self, topic: str, payload: Any, **kw: Any) -> None: ...
+    def expire_leases(self) -> None: ...
+    def state_of(self, idem: str) -> str | None: ...
+
+
+class MemoryHarness:
+    def __init__(self) -> None:
+        self.store = MemoryStore(lease_seconds=30)
+
+    def insert(self, topic: str, payload: Any, **kw: Any) -> None:
+        self.store.insert(topic, payload, **kw)
+
+    def expire_leases(self) -> None:
+        for row in self.store.rows.values():
+            if row.lease_expires_at is not None:
+                row.lease_expires_at = self.store.now() - timedelta(seconds=1)
+
+    def state_of(self, idem: str) -> str | None:
+        return next((r.state for r in self.store.rows.values() if r.idempotency_key == idem), None)
+
+
+class PostgresHarness:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.store = PostgresStore(url, TableName.parse("outbox"), owner="test", lease_seconds=30, listen=False)
+
+    def insert(self, topic: str, payload: Any, **kw: Any) -> None:
+        with psycopg.connect(self.url) as conn:
+            producers.publish(conn, topic, payload, **kw)
+
+    def expire_leases(self) -> None:
+        with psycopg.connect(self.url) as conn:
+            conn.execute(
+                "UPDATE outbox SET lease_expires_at = now() - interval '1 second' WHERE lease_expires_at IS NOT NULL"
+            )
+
+    def state_of(self, idem: str) -> str | None:
+        with psycopg.connect(self.url) as conn:
+            row = conn.execute("SELECT state FROM outbox WHERE idempotency_key = %s", [idem]).fetchone()
+            return row[0] if row else None
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def h(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    harness: Harness
+    if request.param == "memory":
+        harness = MemoryHarness()
+    else:
+        harness = PostgresHarness(request.getfixturevalue("database_url"))
+    run(harness.store.open())
+    yield harness
+    run(harness.store.close())
+
+
+def test_claims_due_events_by_priority_then_id_up_to_the_limit(h: Harness) -> None:
+    for i in range(5):
+        h.insert("t", {"i": i}, idempotency_key=f"e{i}", priority=1 if i == 3 else 0)
+    claim = run(h.store.claim(3, max_attempts=MAX))
+    assert [e.idempotency_key for e in claim.events] == ["e3", "e0", "e1"]
+    assert all(e.attempts == 1 for e in claim.events)
+    rest = run(h.store.claim(10, max_attempts=MAX))
+    assert [e.idempotency_key for e in rest.events] == ["e2", "e4"]
+
+
+def test_future_deliver_at_is_not_claimed(h: Harness) -> None:
+    h.insert("t", {}, idempotency_key="later", deliver_at=datetime.now(UTC) + timedelta(hours=1))
+    h.insert("t", {}, idempotency_key="now")
+    assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events] == ["now"]
+
+
+def test_one_event_per_key_in_flight_and_the_next_only_after_the_first_is_sent(h: Harness) -> None:
+    for i in range(3):
+        h.insert("t", {"i": i}, key="order-1", idempotency_key=f"k{i}")
+    h.insert("t", {}, idempotency_key="free-1")
+    h.insert("t", {}, idempotency_key="free-2")
+    first = run(h.store.claim(10, max_attempts=MAX))
+    assert sorted(e.idempotency_key for e in first.events) == ["free-1", "free-2", "k0"]
+    assert run(h.store.claim(10, max_attempts=MAX)).events == []
+    k0 = next(e for e in first.events if e.key)
+    run(h.store.settle(first, sent=[e.id for e in first.events], retry=[], dead=[]))
+    second = run(h.store.claim(10, max_attempts=MAX))
+    assert [e.idempotency_key for e in second.events] == ["k1"]
+    assert second.events[0].id > k0.id
+
+
+def test_two_claims_never_share_an_event(h: Harness) -> None:
+    for i in range(20):
+        h.insert("t", {"i": i}, key=f"k{i % 7}" if i % 2 else None)
+    a = run(h.store.claim(10, max_attempts=MAX))
+    b = run(h.store.claim(10, max_attempts=MAX))
+    assert a.events and b.events
+    assert not {e.id for e in a.events} & {e.id for e in b.events}
+
+
+def test_settle_with_a_stale_token_changes_nothing(h: Harness) -> None:
+    h.insert("t", {}, idempotency_key="x")
+    old = run(h.store.claim(10, max_attempts=MAX))
+    h.expire_leases()
+    new = run(h.store.claim(10, max_attempts=MAX))
+    assert new.reaped == 1 and new.events[0].attempts == 2
+    result = run(h.store.settle(old, sent=[old.events[0].id], retry=[], dead=[]))
+    assert result.sent == 0 and result.lost == 1
+    assert h.state_of("x") == "pending"
+    assert run(h.store.settle(new, sent=[new.events[0].id], retry=[], dead=[])).sent == 1
+    assert h.state_of("x") is None
+
+
+def test_a_lease_that_expires_on_its_last_attempt_is_dead_lettered_and_parks_its_key(h: Harness) -> None:
+    h.insert("t", {}, key="k", idempotency_key="poison")
+    h.insert("t", {}, key="k", idempotency_key="after")
+    for _ in range(MAX):
+        assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events] == ["poison"]
+        h.expire_leases()
+    assert run(h.store.claim(10, max_attempts=MAX)).events == []
+    assert run(h.store.reap(max_attempts=MAX)) == 1
+    assert h.state_of("poison") == "failed"
+    dead = run(h.store.dead())
+    assert [(d.key, d.blocked_events) for d in dead] == [("k", 1)]
+    assert "crashed or stalled" in (dead[0].last_error or "")
+    assert run(h.store.claim(10, max_attempts=MAX)).events == []
+    assert run(h.store.status()).parked_keys == 1
+
+
+def test_retry_waits_and_holds_back_later_events_of_its_key(h: Harness) -> None:
+    h.insert("t", {}, key="k", idempotency_key="first")
+    h.insert("t", {}, key="k", idempotency_key="second")
+    claim = run(h.store.claim(10, max_attempts=MAX))
+    run(h.store.settle(claim, sent=[], retry=[Retry(claim.events[0].id, 3600, "boom")], dead=[]))
+    assert run(h.store.claim(10, max_attempts=MAX)).events == []
+    assert h.state_of("first") == "pending"
+
+
+def test_retry_with_no_delay_is_claimed_again_with_the_attempt_counted(h: Harness) -> None:
+    h.insert("t", {}, idempotency_key="again")
+    claim = run(h.store.claim(10, max_attempts=MAX))
+    run(h.store.settle(claim, sent=[], retry=[Retry(claim.events[0].id, 0, "boom")], dead=[]))
+    again = run(h.store.claim(10, max_attempts=MAX))
+    assert [(e.idempotency_key, e.attempts) for e in again.events] == [("again", 2)]
+    assert again.reaped == 0
+
+
+def test_dead_letter_then_skip_releases_the_key(h: Harness) -> None:
+    h.insert("t", {}, key="k", idempotency_key="bad")
+    h.insert("t", {}, key="k", idempotency_key="good")
+    claim = run(h.store.claim(10, max_attempts=MAX))
+    run(h.store.settle(claim, sent=[], retry=[], dead=[Dead(claim.events[0].id, "too large")]))
+    assert run(h.store.claim(10, max_attempts=MAX)).events == []
+    assert run(h.store.skip(claim.events[0].id)) is True
+    assert h.state_of("bad") == "skipped"
+    assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events] == ["good"]
+
+
+def test_requeue_resets_attempts_and_delivers_in_key_order(h: Harness) -> None:
+    h.insert("t", {}, key="k", idempotency_key="bad")
+    h.insert("t", {}, key="k", idempotency_key="good")
+    claim = run(h.store.claim(10, max_attempts=MAX))
+    run(h.store.settle(claim, sent=[], retry=[], dead=[Dead(claim.events[0].id, "unroutable")]))
+    assert run(h.store.requeue(RequeueFilter(key="k"))) == [claim.events[0].id]
+    again = run(h.store.claim(10, max_attempts=MAX))
+    assert [(e.idempotency_key, e.attempts) for e in again.events] == [("bad", 1)]
+
+
+def test_release_gives_events_back_without_an_attempt(h: Harness) -> None:
+    h.insert("t", {}, idempotency_key="r")
+    claim = run(h.store.claim(10, max_attempts=MAX))
+    run(h.store.release(claim, [claim.events[0].id]))
+    again = run(h.store.claim(10, max_attempts=MAX))
+    assert [(e.idempotency_key, e.attempts) for e in again.events] == [("r", 1)]
+
+
+def test_status_counts_pending_in_flight_and_failed(h: Harness) -> None:
+    for i in range(4):
+        h.insert("t", {}, idempotency_key=f"s{i}")
+    claim = run(h.store.claim(2, max_attempts=MAX))
+    run(h.store.settle(claim, sent=[], retry=[], dead=[Dead(claim.events[0].id, "x")]))
+    status = run(h.store.status())
+    assert (status.pending, status.in_flight, status.failed) == (2, 1, 1)
+    assert status.oldest_pending_age_seconds >= 0
+    assert run(h.store.claim(10, max_attempts=MAX)).events
+
+
+def test_payload_and_headers_survive_the_round_trip(h: Harness) -> None:
+    h.insert("t", {"a": [1, "é"], "b": None}, headers={"h": "v"}, idempotency_key="p")
+    event = run(h.store.claim(1, max_attempts=MAX)).events[0]
+    import json
+
+    assert json.loads(event.payload) == {"a": [1, "é"], "b": None}
+    assert event.headers == {"h": "v"}
+    assert event.message_headers() == {"h": "v", "idempotency-key": "p"}
