@@ -40,9 +40,7 @@ def _params(
         raise ValueError("topic must be a non-empty string")
     if key is not None and not isinstance(key, str):
         raise TypeError(f"key must be a string or None, not {type(key).__name__}")
-    if headers is not None and not all(
-        isinstance(k, str) and k and isinstance(v, str) for k, v in headers.items()
-    ):
+    if headers is not None and not all(isinstance(k, str) and k and isinstance(v, str) for k, v in headers.items()):
         raise TypeError("headers must map non-empty strings to strings")
     if deliver_at is not None and deliver_at.tzinfo is None:
         raise ValueError("deliver_at must be timezone-aware")

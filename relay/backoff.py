@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from tenacity import RetryCallState, wait_exponential_jitter
+from tenacity import RetryCallState, wait_exponential, wait_random
 from tenacity.wait import wait_base
 
 OUTAGE_BACKOFF_INITIAL_SECONDS = 0.2
@@ -21,8 +21,9 @@ class Backoff:
     """
 
     def __init__(self, initial_seconds: float, max_seconds: float) -> None:
-        self._strategy: wait_base = wait_exponential_jitter(
-            initial=initial_seconds, max=max_seconds, jitter=initial_seconds
+        # initial * 2**(n-1), plus up to one initial delay of jitter, capped.
+        self._strategy: wait_base = wait_exponential(multiplier=initial_seconds, max=max_seconds) + wait_random(
+            0, initial_seconds
         )
         self._max = max_seconds
 

@@ -78,9 +78,7 @@ def _flag(
         except argparse.ArgumentTypeError as exc:
             parser.exit(2, f"{PROG}: error: {env_name}: {exc}\n")
     shown = "" if default is None or flag in ("--database-url", "--sink") else f" (default: {default})"
-    parser.add_argument(
-        flag, type=type, default=default, metavar=metavar, help=f"{help} [env {env_name}]{shown}"
-    )
+    parser.add_argument(flag, type=type, default=default, metavar=metavar, help=f"{help} [env {env_name}]{shown}")
 
 
 def _switch(parser: argparse.ArgumentParser, flag: str, *, help: str, default: bool) -> None:
@@ -88,9 +86,7 @@ def _switch(parser: argparse.ArgumentParser, flag: str, *, help: str, default: b
     if raw is not None:
         default = raw.strip().lower() in ("1", "true", "yes", "on")
     env_name = "RELAY_" + flag.lstrip("-").replace("-", "_").upper()
-    parser.add_argument(
-        flag, action=argparse.BooleanOptionalAction, default=default, help=f"{help} [env {env_name}]"
-    )
+    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=f"{help} [env {env_name}]")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -137,13 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(
         run,
         "--sink",
-        help="kafka://host:port[,host:port][?option=value] or amqp://user:pass@host:port/vhost"
-        "[?exchange=NAME]",
+        help="kafka://host:port[,host:port][?option=value] or amqp://user:pass@host:port/vhost[?exchange=NAME]",
         metavar="URL",
     )
-    _flag(
-        run, "--batch-size", type=_positive_int, default=config.BATCH_SIZE, help="most events claimed at once"
-    )
+    _flag(run, "--batch-size", type=_positive_int, default=config.BATCH_SIZE, help="most events claimed at once")
     _flag(
         run,
         "--max-attempts",
@@ -195,9 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="batches published at the same time",
     )
     _switch(run, "--listen", default=True, help="wake on NOTIFY as well as polling")
-    _switch(
-        run, "--keep-sent", default=False, help="keep acknowledged events as 'sent' instead of deleting them"
-    )
+    _switch(run, "--keep-sent", default=False, help="keep acknowledged events as 'sent' instead of deleting them")
     _flag(
         run,
         "--metrics-port",
@@ -222,9 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(status)
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
-    dead = commands.add_parser(
-        "dead", help="list dead-lettered events", description="List dead-lettered events."
-    )
+    dead = commands.add_parser("dead", help="list dead-lettered events", description="List dead-lettered events.")
     _common(dead)
     dead.add_argument("--json", action="store_true", help="print a JSON array")
     dead.add_argument("--limit", type=_positive_int, default=1000, help="most events listed (default: 1000)")
@@ -245,8 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     skip = commands.add_parser(
         "skip",
         help="give up on one event and release its key",
-        description="Mark a dead-lettered (or waiting) event skipped so the later events "
-        "of its key flow again.",
+        description="Mark a dead-lettered (or waiting) event skipped so the later events of its key flow again.",
     )
     _common(skip)
     skip.add_argument("--id", type=_positive_int, required=True, help="the event to skip")

@@ -123,19 +123,12 @@ def parse_sink_url(url: str) -> SinkConfig:
     """Parse ``kafka://...`` or ``amqp(s)://...`` into a sink configuration."""
     if not url:
         raise ConfigError("no sink configured: set --sink or RELAY_SINK (kafka://... or amqp://...)")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - urlsplit checks the port lazily
-    except ValueError as exc:
-        raise ConfigError(f"invalid sink URL {redact_url(url)!r}: {exc}") from None
-    scheme = parts.scheme.lower()
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme == "kafka":
         return _parse_kafka(url)
     if scheme in ("amqp", "amqps"):
         return _parse_amqp(url)
-    raise ConfigError(
-        f"unknown sink scheme {scheme or '(none)'!r} in {redact_url(url)!r}: use kafka:// or amqp://"
-    )
+    raise ConfigError(f"unknown sink scheme {scheme or '(none)'!r} in {redact_url(url)!r}: use kafka:// or amqp://")
 
 
 def _parse_kafka(url: str) -> KafkaSinkConfig:
@@ -162,11 +155,13 @@ def _parse_kafka(url: str) -> KafkaSinkConfig:
 
 
 def _parse_amqp(url: str) -> AmqpSinkConfig:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - urlsplit checks the port lazily
+    except ValueError as exc:
+        raise ConfigError(f"invalid sink URL {redact_url(url)!r}: {exc}") from None
     if not parts.hostname:
-        raise ConfigError(
-            f"amqp sink URL {redact_url(url)!r} names no host (amqp://user:pass@host:port/vhost)"
-        )
+        raise ConfigError(f"amqp sink URL {redact_url(url)!r} names no host (amqp://user:pass@host:port/vhost)")
     query = parse_qsl(parts.query, keep_blank_values=True)
     exchange = ""
     kept = []
@@ -190,9 +185,7 @@ def check_database_url(url: str) -> str:
         except ValueError as exc:
             raise ConfigError(f"invalid database URL {redact_url(url)!r}: {exc}") from None
         if parts.scheme not in ("postgresql", "postgres"):
-            raise ConfigError(
-                f"unknown database URL scheme {parts.scheme!r} in {redact_url(url)!r}: use postgresql://"
-            )
+            raise ConfigError(f"unknown database URL scheme {parts.scheme!r} in {redact_url(url)!r}: use postgresql://")
     return url
 
 

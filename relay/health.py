@@ -84,8 +84,4 @@ class HealthServer:
             ok = await self.ready()
         else:
             return "404 Not Found", "text/plain", b"not found\n"
-        return (
-            ("200 OK", "text/plain", b"ok\n")
-            if ok
-            else ("503 Service Unavailable", "text/plain", b"unavailable\n")
-        )
+        return ("200 OK", "text/plain", b"ok\n") if ok else ("503 Service Unavailable", "text/plain", b"unavailable\n")

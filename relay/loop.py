@@ -35,9 +35,7 @@ STATUS_INTERVAL_SECONDS = 5.0
 class Relay:
     """Moves events from a store to a sink until stopped."""
 
-    def __init__(
-        self, store: Store, sink: Sink, settings: RelaySettings, *, metrics: Metrics | None = None
-    ) -> None:
+    def __init__(self, store: Store, sink: Sink, settings: RelaySettings, *, metrics: Metrics | None = None) -> None:
         self.store = store
         self.sink = sink
         self.settings = settings
@@ -48,6 +46,7 @@ class Relay:
         self._sink_down = False
         self._wake = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
+        self._crash: BaseException | None = None
         self._next_reap = 0.0
         self._next_status = 0.0
         #: Last time the loop went round; /healthz reads it.
@@ -59,6 +58,9 @@ class Relay:
             await self._connect(stop)
             idle = self.settings.poll_interval_seconds
             while not stop.is_set():
+                if self._crash is not None:
+                    # A delivery task that died of a bug stops the relay loudly.
+                    raise self._crash
                 self.heartbeat = time.monotonic()
                 if len(self._inflight) >= self.settings.pipeline_depth:
                     await self._wait_for_delivery()
@@ -131,12 +133,13 @@ class Relay:
 
     def _delivered(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._crash is None:
+            self._crash = task.exception()
         self._wake.set()
 
     async def _wait_for_delivery(self) -> None:
         done, _ = await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            # A delivery task that died of a bug stops the relay loudly.
             task.result()
 
     async def _idle(self, stop: asyncio.Event, timeout: float) -> None:
@@ -153,8 +156,6 @@ class Relay:
             for waiter in waiters:
                 waiter.cancel()
             await asyncio.gather(*waiters, return_exceptions=True)
-        for task in [t for t in self._inflight if t.done()]:
-            task.result()
 
     async def _notified(self, timeout: float, stop: asyncio.Event) -> None:
         try:
@@ -198,9 +199,7 @@ class Relay:
                 extra={"action": "lease_lost", "batch_size": len(claim.events)},
             )
 
-    def _judge(
-        self, events: Sequence[Event], outcomes: Sequence[Outcome]
-    ) -> tuple[list[int], list[Retry], list[Dead]]:
+    def _judge(self, events: Sequence[Event], outcomes: Sequence[Outcome]) -> tuple[list[int], list[Retry], list[Dead]]:
         if len(outcomes) != len(events):
             raise RuntimeError(f"sink returned {len(outcomes)} outcomes for {len(events)} events")
         sent: list[int] = []
@@ -215,11 +214,7 @@ class Relay:
                 continue
             self.metrics.failed_attempts.inc()
             if outcome.permanent or event.attempts >= self.settings.max_attempts:
-                reason = (
-                    outcome.error
-                    if outcome.permanent
-                    else f"{outcome.error} (after {event.attempts} attempts)"
-                )
+                reason = outcome.error if outcome.permanent else f"{outcome.error} (after {event.attempts} attempts)"
                 dead.append(Dead(event.id, reason))
                 self.metrics.dead_lettered.inc()
                 logger.warning(
@@ -272,9 +267,7 @@ class Relay:
     async def _drain(self) -> None:
         """Let the batches in hand finish publishing and settle (each is bounded)."""
         if self._inflight:
-            logger.info(
-                "stopping: finishing %d batches in hand", len(self._inflight), extra={"action": "drain"}
-            )
+            logger.info("stopping: finishing %d batches in hand", len(self._inflight), extra={"action": "drain"})
             results = await asyncio.gather(*self._inflight, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):

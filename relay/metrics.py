@@ -16,9 +16,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.published = Counter(
-            "outbox_relay_published", "Events acknowledged by the broker.", ["topic"], registry=r
-        )
+        self.published = Counter("outbox_relay_published", "Events acknowledged by the broker.", ["topic"], registry=r)
         self.failed_attempts = Counter(
             "outbox_relay_failed_attempts", "Publish attempts the broker did not acknowledge.", registry=r
         )
@@ -34,15 +32,11 @@ class Metrics:
             registry=r,
         )
         self.claims = Counter("outbox_relay_claims", "Claim queries run.", registry=r)
-        self.empty_claims = Counter(
-            "outbox_relay_empty_claims", "Claim queries that found nothing.", registry=r
-        )
+        self.empty_claims = Counter("outbox_relay_empty_claims", "Claim queries that found nothing.", registry=r)
         self.pending = Gauge("outbox_relay_pending", "Events waiting to be published.", registry=r)
         self.in_flight = Gauge("outbox_relay_in_flight", "Events leased and not yet settled.", registry=r)
         self.failed = Gauge("outbox_relay_failed", "Dead-lettered events in the table.", registry=r)
-        self.parked_keys = Gauge(
-            "outbox_relay_parked_keys", "Keys held back by a dead-lettered event.", registry=r
-        )
+        self.parked_keys = Gauge("outbox_relay_parked_keys", "Keys held back by a dead-lettered event.", registry=r)
         self.oldest_pending_age = Gauge(
             "outbox_relay_oldest_pending_age_seconds", "Age of the oldest due, unpublished event.", registry=r
         )

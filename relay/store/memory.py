@@ -71,9 +71,7 @@ class MemoryStore:
         idem = idempotency_key or str(uuid4())
         if any(r.idempotency_key == idem for r in self.rows.values()):
             return 0
-        row = Row(
-            self._next_id, topic, key, payload, dict(headers or {}), idem, deliver_at or self.now(), priority
-        )
+        row = Row(self._next_id, topic, key, payload, dict(headers or {}), idem, deliver_at or self.now(), priority)
         self.rows[row.id] = row
         self._next_id += 1
         self._notify.set()
@@ -96,8 +94,7 @@ class MemoryStore:
         if row.lease_expires_at is not None and (row.lease_expires_at >= now or row.attempts >= max_attempts):
             return False
         return row.key is None or not any(
-            r.key == row.key and r.id < row.id and r.state in ("pending", "failed")
-            for r in self.rows.values()
+            r.key == row.key and r.id < row.id and r.state in ("pending", "failed") for r in self.rows.values()
         )
 
     async def claim(self, limit: int, *, max_attempts: int) -> Claim:
@@ -181,9 +178,7 @@ class MemoryStore:
                 and row.attempts >= max_attempts
             ):
                 row.state, row.failed_at, row.claim_token, row.lease_expires_at = "failed", now, None, None
-                row.last_error = (
-                    f"lease expired on attempt {row.attempts}: the relay holding it crashed or stalled"
-                )
+                row.last_error = f"lease expired on attempt {row.attempts}: the relay holding it crashed or stalled"
                 count += 1
         return count
 
@@ -202,9 +197,7 @@ class MemoryStore:
         now = self.now()
         rows = list(self.rows.values())
         live = [
-            r
-            for r in rows
-            if r.state == "pending" and r.lease_expires_at is not None and r.lease_expires_at >= now
+            r for r in rows if r.state == "pending" and r.lease_expires_at is not None and r.lease_expires_at >= now
         ]
         pending = [r for r in rows if r.state == "pending" and r not in live]
         due = [r.created_at for r in rows if r.state == "pending" and r.deliver_at <= now]

@@ -162,9 +162,7 @@ class PostgresStore:
                 await conn.close()
                 raise
             self._conn = conn
-            logger.info(
-                "connected to the database", extra={"action": "db_connected", "table": str(self._table)}
-            )
+            logger.info("connected to the database", extra={"action": "db_connected", "table": str(self._table)})
         return self._conn
 
     async def _listener(self) -> psycopg.AsyncConnection[Any]:

@@ -1,0 +1,143 @@
+"""Schema, migrations and the claim query's plan, on real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from relay.config import TableName
+from relay.errors import SchemaError
+from relay.store import sql as named
+from relay.store.migrate import migrate, schema_version
+
+CATALOG = {
+    "columns": """
+        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+               pg_get_expr(d.adbin, d.adrelid), a.attidentity
+        FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        WHERE n.nspname = 'public' AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+        ORDER BY 1, 2""",
+    "constraints": """
+        SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint
+        WHERE connamespace = 'public'::regnamespace ORDER BY 1""",
+    "indexes": "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY 1",
+    "triggers": "SELECT tgname, pg_get_triggerdef(oid), tgenabled FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1",
+    "functions": """
+        SELECT proname, pg_get_functiondef(oid) FROM pg_proc
+        WHERE pronamespace = 'public'::regnamespace ORDER BY 1""",
+    "options": "SELECT relname, reloptions FROM pg_class WHERE relnamespace = 'public'::regnamespace ORDER BY 1",
+}
+
+
+def catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    with psycopg.connect(url) as conn:
+        return {name: conn.execute(query).fetchall() for name, query in CATALOG.items()}
+
+
+def test_migrations_and_schema_sql_build_the_same_schema(database_url: str, empty_database: str) -> None:
+    table = TableName.parse("outbox")
+    with psycopg.connect(empty_database, autocommit=True) as conn:
+        conn.execute(named.render(named.schema_template(), table))
+    assert catalog(database_url) == catalog(empty_database)
+    assert schema_version(empty_database, table) == schema_version(database_url, table) == len(named.migrations())
+
+
+def test_migrate_is_idempotent_and_safe_when_two_run_at_once(empty_database: str) -> None:
+    table = TableName.parse("events.outbox")
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            results.append(migrate(empty_database, table))
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(results, key=len) == [[], [], [1]]
+    assert migrate(empty_database, table) == []
+    with psycopg.connect(empty_database) as conn:
+        conn.execute("INSERT INTO events.outbox (topic, payload) VALUES ('t', '{}')")
+        assert conn.execute("SELECT count(*) FROM events.outbox").fetchone() == (1,)
+
+
+def test_notify_trigger_can_be_switched_off_and_on(database_url: str) -> None:
+    table = TableName.parse("outbox")
+
+    def enabled() -> str:
+        with psycopg.connect(database_url) as conn:
+            row = conn.execute("SELECT tgenabled FROM pg_trigger WHERE tgname = 'outbox_notify'").fetchone()
+            assert row is not None
+            return str(row[0])
+
+    assert enabled() == "O"
+    migrate(database_url, table, notify=False)
+    assert enabled() == "D"
+    migrate(database_url, table, notify=True)
+    assert enabled() == "O"
+
+
+def test_the_schema_rejects_what_it_must(database_url: str) -> None:
+    bad = [
+        "INSERT INTO outbox (topic, payload) VALUES (NULL, '{}')",
+        "INSERT INTO outbox (topic, payload) VALUES ('', '{}')",
+        "INSERT INTO outbox (topic, payload) VALUES ('t', NULL)",
+        "INSERT INTO outbox (topic, payload, headers) VALUES ('t', '{}', '[1]')",
+        "INSERT INTO outbox (topic, payload, headers) VALUES ('t', '{}', '{\"a\": 1}')",
+        "INSERT INTO outbox (topic, payload, headers) VALUES ('t', '{}', NULL)",
+        "INSERT INTO outbox (topic, payload) VALUES ('t', 'not json')",
+        "INSERT INTO outbox (topic, payload, state) VALUES ('t', '{}', 'bogus')",
+        "INSERT INTO outbox (topic, payload, idempotency_key) VALUES ('t', '{}', '')",
+    ]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for statement in bad:
+            with pytest.raises(psycopg.Error):
+                conn.execute(statement)
+        assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+
+
+def test_a_plain_insert_fills_every_default(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        conn.execute("INSERT INTO outbox (topic, key, payload) VALUES ('orders', 'o-1', '{\"n\": 1}')")
+        row = conn.execute(
+            "SELECT headers, length(idempotency_key), deliver_at <= now(), priority, state, attempts FROM outbox"
+        ).fetchone()
+    assert row == ({}, 36, True, 0, "pending", 0)
+
+
+def test_store_on_a_missing_table_says_to_migrate(empty_database: str) -> None:
+    import asyncio
+
+    from relay.store.postgres import PostgresStore
+
+    store = PostgresStore(empty_database, TableName.parse("outbox"), owner="t", lease_seconds=30, listen=False)
+    with pytest.raises(SchemaError, match="outbox-relay migrate"):
+        asyncio.run(store.open())
+
+
+def test_the_claim_query_uses_its_index(database_url: str) -> None:
+    claim = named.render(named.queries()["claim"], TableName.parse("outbox"))
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            """INSERT INTO outbox (topic, key, payload, state)
+               SELECT 't', CASE WHEN g % 3 = 0 THEN NULL ELSE 'k' || (g % 500) END, '{}',
+                      CASE WHEN g % 10 = 0 THEN 'pending' ELSE 'sent' END
+               FROM generate_series(1, 20000) g"""
+        )
+        conn.execute("ANALYZE outbox")
+        params = {"limit": 100, "max_attempts": 5, "token": None, "owner": "x", "lease_seconds": 30.0}
+        plan = "\n".join(r[0] for r in conn.execute(psycopg.sql.SQL("EXPLAIN ") + claim, params).fetchall())
+        conn.rollback()
+    assert "outbox_claim_idx" in plan, plan
+    assert "outbox_key_idx" in plan, plan
+    assert "Seq Scan" not in plan, plan

@@ -1,0 +1,111 @@
+"""Configuration parsing: clear errors, no secrets."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from relay.backoff import Backoff
+from relay.config import (
+    AmqpSinkConfig,
+    KafkaSinkConfig,
+    RelaySettings,
+    TableName,
+    check_database_url,
+    parse_sink_url,
+    redact_url,
+)
+from relay.errors import ConfigError
+from relay.logs import ScrubSecrets
+
+
+@pytest.mark.parametrize("text", ["outbox", "events.outbox", "_o1", "A.b_2"])
+def test_valid_table_names(text: str) -> None:
+    assert str(TableName.parse(text)) == text
+
+
+@pytest.mark.parametrize(
+    "text", ['outbox"; drop table t;--', "a.b.c", "1abc", "", "out box", "x" * 64, "a-b", "outbox;"]
+)
+def test_invalid_table_names_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="invalid table name"):
+        TableName.parse(text)
+
+
+def test_kafka_url_with_hosts_and_options() -> None:
+    cfg = parse_sink_url("kafka://u:s3cret@a:9092,b:9093?security_protocol=SASL_SSL&sasl.mechanism=PLAIN")
+    assert isinstance(cfg, KafkaSinkConfig)
+    assert cfg.bootstrap_servers == "a:9092,b:9093"
+    assert cfg.options["security.protocol"] == "SASL_SSL"
+    assert cfg.options["sasl.password"] == "s3cret"
+    assert "s3cret" not in repr(cfg)
+
+
+def test_amqp_url_takes_the_exchange_out_and_hides_the_password() -> None:
+    cfg = parse_sink_url("amqp://guest:s3cret@h:5672/%2F?exchange=events&heartbeat=10")
+    assert isinstance(cfg, AmqpSinkConfig)
+    assert cfg.exchange == "events"
+    assert "exchange" not in cfg.url and "heartbeat=10" in cfg.url
+    assert "s3cret" not in repr(cfg)
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("", "no sink configured"),
+        ("redis://h:1", "unknown sink scheme"),
+        ("kafka://", "names no broker"),
+        ("kafka://host", "is not host:port"),
+        ("kafka://h:99999", "is not host:port"),
+        ("amqp://:s3cret@/", "names no host"),
+        ("amqp://u:s3cret@h:notaport/", "invalid sink URL"),
+    ],
+)
+def test_bad_sink_urls(url: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle) as info:
+        parse_sink_url(url)
+    assert "s3cret" not in str(info.value)
+
+
+def test_database_url_checks() -> None:
+    assert check_database_url("postgresql://a@h/db")
+    with pytest.raises(ConfigError, match="no database"):
+        check_database_url("")
+    with pytest.raises(ConfigError, match="unknown database URL scheme") as info:
+        check_database_url("mysql://u:s3cret@h/db")
+    assert "s3cret" not in str(info.value)
+
+
+def test_redact_url() -> None:
+    assert redact_url("postgresql://app:pw@h:5432/db?sslpassword=x") == "postgresql://app:***@h:5432/db?sslpassword=***"
+    assert redact_url("amqp://guest@h/") == "amqp://guest@h/"
+
+
+def test_settings_validation() -> None:
+    with pytest.raises(ConfigError, match="lease"):
+        RelaySettings(lease_seconds=5, publish_timeout_seconds=10)
+    with pytest.raises(ConfigError, match="backoff-max"):
+        RelaySettings(backoff_initial_seconds=5, backoff_max_seconds=1)
+
+
+def test_backoff_grows_with_jitter_and_is_capped() -> None:
+    backoff = Backoff(1.0, 60.0)
+    delays = [backoff.delay(n) for n in range(1, 10)]
+    assert 1.0 <= delays[0] <= 2.0
+    assert 8.0 <= delays[3] <= 9.0
+    assert max(delays) == 60.0
+    assert len({Backoff(1.0, 60.0).delay(3) for _ in range(20)}) > 1
+
+
+def test_log_scrubbing_removes_secrets_from_messages_and_tracebacks() -> None:
+    record = logging.LogRecord("x", logging.INFO, "", 0, "connecting to %s", ("amqp://u:hunter2@h",), None)
+    try:
+        raise ValueError("bad hunter2")
+    except ValueError:
+        import sys
+
+        record.exc_info = sys.exc_info()
+    ScrubSecrets(["hunter2"]).filter(record)
+    assert "hunter2" not in record.getMessage()
+    assert record.exc_text and "hunter2" not in record.exc_text and "***" in record.exc_text
