@@ -1,0 +1,121 @@
+"""Bad configuration: one line naming the problem, non-zero exit, no traceback, no password."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from relay.cli import build_parser
+from relay.devservices import free_port
+from tests.acceptance.cli import CANARY, cli
+
+
+def assert_one_line_error(result: object, needle: str) -> None:
+    import subprocess
+
+    assert isinstance(result, subprocess.CompletedProcess)
+    assert result.returncode != 0, result
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("outbox-relay: error:")]
+    assert len(errors) == 1, result.stderr
+    assert needle in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert CANARY not in result.stderr + result.stdout
+
+
+def test_help_documents_every_command_and_flag() -> None:
+    result = cli("--help")
+    assert result.returncode == 0
+    for command in ("migrate", "run", "status", "dead", "requeue", "skip"):
+        assert command in result.stdout
+        sub = cli(command, "--help")
+        assert sub.returncode == 0, sub.stderr
+        assert "--database-url" in sub.stdout and "RELAY_DATABASE_URL" in sub.stdout
+    run_help = cli("run", "--help").stdout
+    for flag in ("--sink", "--batch-size", "--max-attempts", "--backoff-initial", "--backoff-max", "--metrics-port"):
+        assert flag in run_help
+
+
+def test_every_flag_has_an_environment_fallback() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, command in sub.choices.items():  # type: ignore[union-attr]
+        for action in command._actions:
+            long = [o for o in action.option_strings if o.startswith("--")]
+            if not long or long[0] in ("--help", "--json", "--id", "--topic", "--key", "--all", "--limit", "--notify"):
+                continue
+            assert "[env RELAY_" in (action.help or ""), (name, long[0])
+
+
+def test_no_database_url() -> None:
+    assert_one_line_error(cli("status"), "no database configured")
+
+
+def test_unknown_database_scheme_hides_the_password() -> None:
+    assert_one_line_error(cli("status", "--database-url", f"mysql://u:{CANARY}@h/db"), "unknown database URL scheme")
+
+
+def test_unreachable_database_at_start_up() -> None:
+    url = f"postgresql://app:{CANARY}@127.0.0.1:{free_port()}/db"
+    for command in (["status"], ["migrate"], ["run", "--sink", "kafka://127.0.0.1:9"]):
+        assert_one_line_error(cli(*command, "--database-url", url), "failed")
+
+
+def test_env_fallbacks_are_read(database_url: str) -> None:
+    result = cli("status", "--json", DATABASE_URL=database_url)
+    assert result.returncode == 0, result.stderr
+    result = cli("status", "--json", RELAY_DATABASE_URL=database_url, DATABASE_URL="postgresql://nobody@h:1/x")
+    assert result.returncode == 0, result.stderr
+    assert_one_line_error(cli("status", RELAY_DATABASE_URL=database_url, RELAY_TABLE="nope"), "does not exist")
+
+
+@pytest.mark.parametrize("table", ['outbox"; drop table t;--', "a.b.c", "x y"])
+def test_invalid_table_name_is_refused_before_any_sql(database_url: str, table: str) -> None:
+    assert_one_line_error(cli("migrate", "--database-url", database_url, "--table", table), "invalid table name")
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_tables WHERE tablename = 't' OR tablename LIKE 'x%'").fetchone() == (
+            0,
+        )
+
+
+@pytest.mark.parametrize(
+    ("sink", "needle"),
+    [
+        ("", "no sink configured"),
+        (f"redis://u:{CANARY}@h:1", "unknown sink scheme"),
+        ("kafka://nohostport", "is not host:port"),
+        (f"amqp://u:{CANARY}@h:notaport/", "invalid sink URL"),
+    ],
+)
+def test_bad_sink_url(database_url: str, sink: str, needle: str) -> None:
+    assert_one_line_error(cli("run", "--database-url", database_url, "--sink", sink), needle)
+
+
+def test_bad_numbers_in_flags_and_env(database_url: str) -> None:
+    result = cli("run", "--database-url", database_url, "--sink", "kafka://h:1", "--batch-size", "0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "--batch-size" in result.stderr
+    result = cli("run", "--database-url", database_url, "--sink", "kafka://h:1", RELAY_MAX_ATTEMPTS="many")
+    assert result.returncode == 2 and "RELAY_MAX_ATTEMPTS" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unreachable_brokers_at_start_up(database_url: str) -> None:
+    port = free_port()
+    for sink in (f"kafka://127.0.0.1:{port}", f"amqp://guest:{CANARY}@127.0.0.1:{port}/%2F"):
+        result = cli("run", "--database-url", database_url, "--sink", sink, timeout=90)
+        assert_one_line_error(result, str(port))
+
+
+def test_migrate_twice_and_status_json(empty_database: str) -> None:
+    first = cli("migrate", "--database-url", empty_database)
+    assert first.returncode == 0 and "applied 1" in first.stdout, first.stderr
+    second = cli("migrate", "--database-url", empty_database)
+    assert second.returncode == 0 and "up to date" in second.stdout
+    with psycopg.connect(empty_database) as conn:
+        conn.execute("INSERT INTO outbox (topic, payload, created_at) VALUES ('t', '{}', now() - interval '5 seconds')")
+    status = json.loads(cli("status", "--json", "--database-url", empty_database).stdout)
+    assert status["pending"] == 1 and status["in_flight"] == 0 and status["failed"] == 0
+    assert status["oldest_pending_age_seconds"] >= 5
+    text = cli("status", "--database-url", empty_database).stdout
+    assert "pending: 1" in text
