@@ -126,7 +126,7 @@ class Relay:
             self.metrics.reaped.inc(claim.reaped)
             logger.warning("took over %d expired leases", claim.reaped, extra={"action": "reap"})
         self.metrics.batch_size.observe(len(claim.events))
-        task = asyncio.create_task(self._deliver(claim), name=f"deliver-{claim.token}")
+        task = asyncio.create_task(self._deliver(claim, time.monotonic()), name=f"deliver-{claim.token}")
         self._inflight.add(task)
         task.add_done_callback(self._delivered)
         return len(claim.events)
@@ -176,7 +176,18 @@ class Relay:
         self._sink_outage.reset()
         return True
 
-    async def _deliver(self, claim: Claim) -> None:
+    async def _deliver(self, claim: Claim, claimed_at: float) -> None:
+        # A batch that waited (a stalled process, a slow pipeline) until its
+        # lease could end mid-publish goes back instead: publishing it now could
+        # race the relay that takes it over.
+        if time.monotonic() - claimed_at > self.settings.lease_seconds - self.settings.publish_timeout_seconds:
+            logger.warning(
+                "lease nearly over before publishing, releasing %d events",
+                len(claim.events),
+                extra={"action": "release_stale", "batch_size": len(claim.events)},
+            )
+            await self._settle_until_lease_ends(claim, release=[e.id for e in claim.events])
+            return
         try:
             outcomes = await self.sink.publish(claim.events)
         except SinkUnavailable as exc:

@@ -1,0 +1,532 @@
+"""The compose stack and the Dockerfile, checked without a Docker engine.
+
+Nothing here starts a container. The files are parsed and held against the
+command line (every ``RELAY_*`` variable must be a flag of the command its
+service runs, with a value the CLI accepts) and against each other (images,
+dependencies, health checks, ports, the Kafka listeners).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from relay.cli import build_parser
+from relay.config import AmqpSinkConfig, KafkaSinkConfig, TableName, check_database_url, parse_sink_url
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_DIR = ROOT / "compose"
+COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+PYPROJECT = ROOT / "pyproject.toml"
+
+PROG = "outbox-relay"
+#: Read by every command (or by the relay as a whole), whatever its flags.
+ALWAYS_ALLOWED = frozenset({"RELAY_DATABASE_URL", "RELAY_SINK"})
+EXPECTED_SERVICES = frozenset({"postgres", "kafka", "rabbitmq", "migrate", "relay", "relay-rabbitmq"})
+ONE_SHOT_COMMANDS = frozenset({"migrate"})
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def load_compose() -> dict[str, Any]:
+    """The compose file as plain data."""
+    data = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
+    assert isinstance(data, dict), f"{COMPOSE_FILE} is not a YAML mapping"
+    return data
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, dict[str, Any]]:
+    """The ``services`` section, each service a mapping."""
+    found = load_compose().get("services")
+    assert isinstance(found, dict) and found, "compose file has no services"
+    for name, service in found.items():
+        assert isinstance(service, dict), f"service {name!r} is not a mapping"
+    return found
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment, from either the mapping or the ``KEY=VALUE`` list form."""
+    raw = service.get("environment") or {}
+    if isinstance(raw, list):
+        pairs = (item.split("=", 1) for item in raw)
+        return {key: value for key, value in pairs}
+    return {str(key): "" if value is None else str(value) for key, value in raw.items()}
+
+
+def dependencies(service: dict[str, Any]) -> dict[str, str]:
+    """``depends_on`` as target -> condition (the short list form means ``service_started``)."""
+    raw = service.get("depends_on") or {}
+    if isinstance(raw, list):
+        return {str(target): "service_started" for target in raw}
+    return {str(target): str((spec or {}).get("condition", "service_started")) for target, spec in raw.items()}
+
+
+def profiles(service: dict[str, Any]) -> set[str]:
+    """The profiles a service belongs to (none: it always starts)."""
+    return set(service.get("profiles") or [])
+
+
+def healthcheck_test(service: dict[str, Any]) -> list[str]:
+    """The health check command as a list of words, empty when there is none or it is disabled."""
+    check = service.get("healthcheck") or {}
+    if check.get("disable"):
+        return []
+    test = check.get("test") or []
+    if isinstance(test, str):
+        return ["CMD-SHELL", test]
+    return [str(word) for word in test if str(word) != "NONE"]
+
+
+def is_relay(service: dict[str, Any]) -> bool:
+    """True for services that run this project's image."""
+    return "build" in service or str(service.get("image", "")).startswith(PROG)
+
+
+def relay_command(service: dict[str, Any]) -> str:
+    """The ``outbox-relay`` subcommand a relay service runs (the image's CMD when unset)."""
+    command = service.get("command")
+    if command is None:
+        return dockerfile_exec_form("CMD")[0]
+    words = command.split() if isinstance(command, str) else [str(word) for word in command]
+    assert words, "empty command"
+    return words[0]
+
+
+def is_one_shot(service: dict[str, Any]) -> bool:
+    """A service that is meant to run to completion rather than stay up."""
+    return is_relay(service) and relay_command(service) in ONE_SHOT_COMMANDS
+
+
+def subcommand_flags() -> dict[str, set[str]]:
+    """Every long option of every ``outbox-relay`` subcommand, from the real parser."""
+    parser = build_parser()
+    flags: dict[str, set[str]] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():
+                flags[name] = {
+                    option
+                    for sub_action in subparser._actions
+                    for option in sub_action.option_strings
+                    if option.startswith("--")
+                }
+    assert flags, "build_parser() has no subcommands"
+    return flags
+
+
+def env_name(flag: str) -> str:
+    """``--foo-bar`` -> ``RELAY_FOO_BAR``, as ``relay.cli`` reads it."""
+    return "RELAY_" + flag.removeprefix("--").replace("-", "_").upper()
+
+
+def env_names_for(command: str) -> set[str]:
+    """The ``RELAY_*`` variables ``outbox-relay COMMAND`` reads."""
+    return {env_name(flag) for flag in subcommand_flags()[command]}
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for line in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        text = pending + stripped
+        pending = ""
+        keyword, _, rest = text.partition(" ")
+        instructions.append((keyword.upper(), rest.strip()))
+    assert not pending, "Dockerfile ends in a line continuation"
+    return instructions
+
+
+def dockerfile_values(keyword: str) -> list[str]:
+    """The arguments of every ``keyword`` instruction, in order."""
+    return [rest for kw, rest in dockerfile_instructions() if kw == keyword]
+
+
+def dockerfile_exec_form(keyword: str) -> list[str]:
+    """The JSON (exec) form of the last ``keyword`` instruction."""
+    values = dockerfile_values(keyword)
+    assert values, f"Dockerfile has no {keyword}"
+    parsed = json.loads(values[-1])
+    assert isinstance(parsed, list) and all(isinstance(word, str) for word in parsed), (
+        f"{keyword} is not in exec form: {values[-1]}"
+    )
+    return parsed
+
+
+def dockerfile_env() -> dict[str, str]:
+    """Variables set by ``ENV KEY=VALUE`` instructions."""
+    env: dict[str, str] = {}
+    for rest in dockerfile_values("ENV"):
+        for item in rest.split():
+            key, sep, value = item.partition("=")
+            assert sep, f"ENV {rest!r}: use the KEY=VALUE form"
+            env[key] = value
+    return env
+
+
+def port_pairs(service: dict[str, Any]) -> Iterator[tuple[object, object]]:
+    """(published, target) for each port entry, in both compose syntaxes."""
+    for entry in service.get("ports") or []:
+        if isinstance(entry, dict):
+            yield entry.get("published"), entry.get("target")
+            continue
+        parts = str(entry).split("/", 1)[0].split(":")
+        if len(parts) == 1:
+            yield None, parts[0]
+        else:
+            yield parts[-2], parts[-1]
+
+
+def as_port(value: object) -> int | None:
+    """``value`` as a TCP port number, or None if it is not one."""
+    text = str(value)
+    if not text.isdigit():
+        return None
+    number = int(text)
+    return number if 0 < number < 65536 else None
+
+
+# -- the helpers themselves ----------------------------------------------------
+
+
+def test_flag_mapping_knows_real_flags_and_rejects_made_up_ones() -> None:
+    run = env_names_for("run")
+    assert {"RELAY_BATCH_SIZE", "RELAY_METRICS_PORT", "RELAY_TABLE", "RELAY_LISTEN"} <= run
+    assert "RELAY_NO_SUCH_SETTING" not in run
+    assert "RELAY_METRICS_PORT" not in env_names_for("migrate")
+    assert "RELAY_TABLE" in env_names_for("migrate")
+
+
+# -- compose -------------------------------------------------------------------
+
+
+def test_compose_has_the_stack(services: dict[str, dict[str, Any]]) -> None:
+    missing = EXPECTED_SERVICES - services.keys()
+    assert not missing, f"compose file lacks services {sorted(missing)}"
+    assert profiles(services["rabbitmq"]) == {"rabbitmq"}
+    assert profiles(services["relay-rabbitmq"]) == {"rabbitmq"}
+    assert not profiles(services["relay"]), "the Kafka relay should start without a profile"
+
+
+def test_every_image_is_pinned_and_every_build_exists(services: dict[str, dict[str, Any]]) -> None:
+    problems = []
+    for name, service in services.items():
+        if "build" not in service and "image" not in service:
+            problems.append(f"{name}: neither image nor build")
+        build = service.get("build")
+        if build is not None:
+            context = build if isinstance(build, str) else build.get("context", ".")
+            dockerfile = "Dockerfile" if isinstance(build, str) else build.get("dockerfile", "Dockerfile")
+            context_dir = (COMPOSE_DIR / context).resolve()
+            if not context_dir.is_dir():
+                problems.append(f"{name}: build context {context} does not exist")
+            elif not (context_dir / dockerfile).is_file():
+                problems.append(f"{name}: no {dockerfile} in {context_dir}")
+        image = service.get("image")
+        if image is not None:
+            repository, sep, tag = str(image).rpartition(":")
+            if not sep or "/" in tag or not repository:
+                problems.append(f"{name}: image {image!r} has no tag")
+            elif tag == "latest":
+                problems.append(f"{name}: image {image!r} is not pinned")
+    assert not problems, "\n".join(problems)
+
+
+def test_relay_services_build_this_repository(services: dict[str, dict[str, Any]]) -> None:
+    relays = [name for name, service in services.items() if is_relay(service)]
+    assert {"migrate", "relay", "relay-rabbitmq"} <= set(relays)
+    for name in relays:
+        build = services[name].get("build")
+        assert build is not None, f"{name}: runs the relay image but does not build it"
+        context = build if isinstance(build, str) else build["context"]
+        assert (COMPOSE_DIR / context).resolve() == ROOT, f"{name}: builds {context}, not the repository root"
+
+
+def test_relay_env_vars_are_flags_of_the_command_run(services: dict[str, dict[str, Any]]) -> None:
+    flags = subcommand_flags()
+    problems = []
+    for name, service in services.items():
+        if not is_relay(service):
+            continue
+        command = relay_command(service)
+        if command not in flags:
+            problems.append(f"{name}: {command!r} is not an {PROG} command ({sorted(flags)})")
+            continue
+        known = env_names_for(command) | ALWAYS_ALLOWED
+        for variable in environment(service):
+            if variable.startswith("RELAY_") and variable not in known:
+                problems.append(f"{name}: {variable} is not a flag of `{PROG} {command}`")
+        if "RELAY_DATABASE_URL" not in environment(service):
+            problems.append(f"{name}: no RELAY_DATABASE_URL")
+    assert not problems, "\n".join(problems)
+
+
+def test_relay_env_values_are_accepted_by_the_cli(
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, service in services.items():
+        if not is_relay(service):
+            continue
+        with monkeypatch.context() as patch:
+            for variable in list(os.environ):
+                if variable.startswith("RELAY_") or variable == "DATABASE_URL":
+                    patch.delenv(variable)
+            for variable, value in {**dockerfile_env(), **environment(service)}.items():
+                patch.setenv(variable, value)
+            command = relay_command(service)
+            try:
+                args = build_parser().parse_args([command])
+            except SystemExit as exc:
+                pytest.fail(f"{name}: `{PROG} {command}` rejects its environment (exit {exc.code})")
+            check_database_url(args.database_url or "")
+            TableName.parse(args.table)
+            if command == "run":
+                parse_sink_url(args.sink or "")
+                assert args.metrics_port is not None, f"{name}: no metrics port, so no health check"
+                assert args.metrics_host == "0.0.0.0", f"{name}: metrics only on loopback in a container"
+
+
+def test_relays_publish_and_probe_their_metrics_port(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        if not is_relay(service) or relay_command(service) != "run":
+            continue
+        port = as_port({**dockerfile_env(), **environment(service)}.get("RELAY_METRICS_PORT"))
+        assert port is not None, f"{name}: RELAY_METRICS_PORT is not a port"
+        targets = [as_port(target) for _, target in port_pairs(service)]
+        assert port in targets, f"{name}: metrics port {port} is not published ({targets})"
+        test = " ".join(healthcheck_test(service))
+        assert f":{port}/healthz" in test, f"{name}: health check does not probe /healthz on {port}"
+
+
+def test_relays_reach_servers_they_wait_for(services: dict[str, dict[str, Any]]) -> None:
+    problems = []
+    for name, service in services.items():
+        if not is_relay(service):
+            continue
+        env = environment(service)
+        waits_for = {target for target, cond in dependencies(service).items() if cond == "service_healthy"}
+        hosts = {urlsplit(env["RELAY_DATABASE_URL"]).hostname}
+        if relay_command(service) == "run":
+            sink = parse_sink_url(env["RELAY_SINK"])
+            if isinstance(sink, KafkaSinkConfig):
+                hosts |= {server.rpartition(":")[0] for server in sink.bootstrap_servers.split(",")}
+            elif isinstance(sink, AmqpSinkConfig):
+                hosts.add(urlsplit(sink.url).hostname)
+        for host in hosts:
+            if host not in services:
+                problems.append(f"{name}: connects to {host!r}, which is not a service")
+            elif host not in waits_for:
+                problems.append(f"{name}: connects to {host!r} without waiting for it to be healthy")
+    assert not problems, "\n".join(problems)
+
+
+def test_runs_wait_for_their_migration(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        if not is_relay(service) or relay_command(service) != "run":
+            continue
+        env = environment(service)
+        migrations = [
+            target
+            for target, condition in dependencies(service).items()
+            if condition == "service_completed_successfully"
+            and is_relay(services[target])
+            and relay_command(services[target]) == "migrate"
+        ]
+        assert migrations, f"{name}: does not wait for a migrate service"
+        table = env.get("RELAY_TABLE", "outbox")
+        migrated = {environment(services[target]).get("RELAY_TABLE", "outbox") for target in migrations}
+        assert table in migrated, f"{name}: relays table {table!r} but waits for migrations of {migrated}"
+
+
+def test_relays_with_different_sinks_use_different_tables(services: dict[str, dict[str, Any]]) -> None:
+    sinks_by_table: dict[str, set[str]] = {}
+    for service in services.values():
+        if is_relay(service) and relay_command(service) == "run":
+            env = environment(service)
+            scheme = env["RELAY_SINK"].split("://", 1)[0]
+            sinks_by_table.setdefault(env.get("RELAY_TABLE", "outbox"), set()).add(scheme)
+    shared = {table: sinks for table, sinks in sinks_by_table.items() if len(sinks) > 1}
+    assert not shared, f"one table relayed to several brokers would split its events: {shared}"
+
+
+def test_depends_on_conditions_can_be_met(services: dict[str, dict[str, Any]]) -> None:
+    problems = []
+    for name, service in services.items():
+        for target, condition in dependencies(service).items():
+            if target not in services:
+                problems.append(f"{name}: depends on unknown service {target!r}")
+                continue
+            other = services[target]
+            if profiles(other) and not profiles(other) & profiles(service):
+                problems.append(f"{name}: depends on {target!r}, which only starts with {profiles(other)}")
+            if condition == "service_healthy" and not healthcheck_test(other):
+                problems.append(f"{name}: waits for {target!r} to be healthy, but it has no health check")
+            elif condition == "service_completed_successfully" and not is_one_shot(other):
+                problems.append(f"{name}: waits for {target!r} to complete, but it does not run to completion")
+            elif condition not in {"service_healthy", "service_completed_successfully", "service_started"}:
+                problems.append(f"{name}: unknown condition {condition!r} on {target!r}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_server_has_a_health_check_and_one_shots_do_not_restart(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    problems = []
+    for name, service in services.items():
+        if is_one_shot(service):
+            if service.get("restart", "no") != "no":
+                problems.append(f"{name}: a one-shot service must not restart")
+        elif not healthcheck_test(service):
+            problems.append(f"{name}: no health check")
+        elif healthcheck_test(service)[0] not in {"CMD", "CMD-SHELL"}:
+            problems.append(f"{name}: health check test must start with CMD or CMD-SHELL")
+    assert not problems, "\n".join(problems)
+
+
+def test_ports_are_numbers_and_host_ports_do_not_collide(services: dict[str, dict[str, Any]]) -> None:
+    problems = []
+    published: dict[int, str] = {}
+    for name, service in services.items():
+        for host, target in port_pairs(service):
+            if as_port(target) is None:
+                problems.append(f"{name}: container port {target!r} is not a port number")
+            if host is None:
+                continue
+            host_port = as_port(host)
+            if host_port is None:
+                problems.append(f"{name}: host port {host!r} is not a port number")
+            elif host_port in published:
+                problems.append(f"{name}: host port {host_port} is also published by {published[host_port]}")
+            else:
+                published[host_port] = name
+    assert published, "no service publishes a port"
+    assert not problems, "\n".join(problems)
+
+
+def test_kafka_is_one_kraft_node_reachable_at_kafka_9092(services: dict[str, dict[str, Any]]) -> None:
+    kafka = services["kafka"]
+    assert str(kafka["image"]).startswith("apache/kafka:")
+    env = environment(kafka)
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    node_id = env["KAFKA_NODE_ID"]
+    voters = env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")
+    assert voters == [f"{node_id}@kafka:9093"], voters
+
+    def names(listeners: str) -> dict[str, str]:
+        found = {}
+        for listener in listeners.split(","):
+            name, sep, address = listener.partition("://")
+            assert sep, f"listener {listener!r} is not NAME://host:port"
+            found[name] = address
+        return found
+
+    listeners = names(env["KAFKA_LISTENERS"])
+    advertised = names(env["KAFKA_ADVERTISED_LISTENERS"])
+    protocols = dict(item.split(":", 1) for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert advertised.get("PLAINTEXT") == "kafka:9092", advertised
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] in listeners
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] not in advertised
+    for name in advertised:
+        assert name in listeners, f"{name} is advertised but not listened on"
+    for name in listeners:
+        assert name in protocols, f"listener {name} has no security protocol"
+    for name, address in advertised.items():
+        if address.startswith("localhost:"):
+            host_port = int(address.rpartition(":")[2])
+            assert (str(host_port), listeners[name].rpartition(":")[2]) in {
+                (str(host), str(target)) for host, target in port_pairs(kafka)
+            }, f"{name} advertises {address} but that port is not published"
+    cluster_id = env["CLUSTER_ID"]
+    assert len(cluster_id) == 22
+    assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16, "CLUSTER_ID is not a base64 UUID"
+
+
+def test_rabbitmq_relay_uses_the_management_image_and_default_vhost(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    assert "management" in str(services["rabbitmq"]["image"])
+    sink = environment(services["relay-rabbitmq"])["RELAY_SINK"]
+    assert sink == "amqp://guest:guest@rabbitmq:5672/%2F"
+
+
+# -- Dockerfile ----------------------------------------------------------------
+
+
+def test_dockerfile_base_is_slim_python_311() -> None:
+    bases = dockerfile_values("FROM")
+    assert bases, "Dockerfile has no FROM"
+    assert bases[-1].split()[0].startswith("python:3.11-slim"), bases[-1]
+
+
+def test_dockerfile_installs_the_package_then_drops_root() -> None:
+    instructions = dockerfile_instructions()
+    installs = [i for i, (kw, rest) in enumerate(instructions) if kw == "RUN" and "pip install" in rest]
+    users = [(i, rest) for i, (kw, rest) in enumerate(instructions) if kw == "USER"]
+    assert installs, "Dockerfile never runs pip install"
+    assert users, "Dockerfile has no USER: the relay would run as root"
+    last_index, last_user = users[-1]
+    assert last_index > installs[-1], "USER comes before the install, which then has no rights"
+    name, _, group = last_user.partition(":")
+    assert name not in {"root", "0"} and group not in {"root", "0"}, f"USER {last_user} is root"
+    for index, (kw, rest) in enumerate(instructions):
+        if kw == "COPY" and index < installs[-1]:
+            for source in rest.split()[:-1]:
+                if not source.startswith("--"):
+                    assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
+
+
+def test_dockerfile_entrypoint_is_the_console_script() -> None:
+    scripts = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["scripts"]
+    assert PROG in scripts, f"pyproject.toml declares no {PROG} script"
+    entrypoint = dockerfile_exec_form("ENTRYPOINT")
+    assert entrypoint == [PROG], f"ENTRYPOINT is {entrypoint}, not the {PROG} console script"
+    command = dockerfile_exec_form("CMD")
+    assert command == ["run"], f"CMD is {command}, not run"
+
+
+def test_dockerfile_health_check_probes_healthz_on_the_metrics_port() -> None:
+    checks = dockerfile_values("HEALTHCHECK")
+    assert len(checks) == 1, f"expected one HEALTHCHECK, found {checks}"
+    check = checks[0]
+    assert " CMD " in f" {check} ", check
+    assert "/healthz" in check and "RELAY_METRICS_PORT" in check, check
+    assert "curl" not in check and "wget" not in check, "slim images have neither curl nor wget"
+    env = dockerfile_env()
+    port = env.get("RELAY_METRICS_PORT")
+    assert as_port(port) is not None, "the image sets no default RELAY_METRICS_PORT for its health check"
+    exposed = {word.split("/")[0] for rest in dockerfile_values("EXPOSE") for word in rest.split()}
+    assert port in exposed, f"metrics port {port} is not EXPOSEd ({exposed})"
+    assert env.get("RELAY_METRICS_HOST") == "0.0.0.0"
+
+
+def test_dockerignore_keeps_the_context_small_but_complete() -> None:
+    patterns = {
+        line.strip().rstrip("/")
+        for line in DOCKERIGNORE.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv"} <= patterns, patterns
+    for needed in ("pyproject.toml", "README.md", "relay", "producers"):
+        assert needed not in patterns, f".dockerignore drops {needed}, which the image needs"
