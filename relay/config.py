@@ -84,11 +84,11 @@ def redact_url(url: str) -> str:
         userinfo, _, hosts = netloc.rpartition("@")
         user = userinfo.split(":", 1)[0]
         netloc = f"{user}:***@{hosts}" if ":" in userinfo else f"{user}@{hosts}"
-    query = "&".join(f"{k}=***" if _is_secret_option(k) else f"{k}={v}" for k, v in parse_qsl(parts.query))
+    query = "&".join(f"{k}=***" if is_secret_option(k) else f"{k}={v}" for k, v in parse_qsl(parts.query))
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
-def _is_secret_option(name: str) -> bool:
+def is_secret_option(name: str) -> bool:
     lowered = name.lower()
     return any(word in lowered for word in ("password", "secret", "token", "key.pem", "sslkey"))
 
@@ -101,7 +101,7 @@ class KafkaSinkConfig:
     options: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
-        shown = {k: ("***" if _is_secret_option(k) else v) for k, v in self.options.items()}
+        shown = {k: ("***" if is_secret_option(k) else v) for k, v in self.options.items()}
         return f"KafkaSinkConfig(bootstrap_servers={self.bootstrap_servers!r}, options={shown!r})"
 
 

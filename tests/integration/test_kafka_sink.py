@@ -1,0 +1,293 @@
+"""The Kafka sink against a real Kafka-protocol broker (Tansu)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+
+import pytest
+from confluent_kafka import KafkaError
+
+from relay.config import KafkaSinkConfig
+from relay.devservices import Tansu, free_port
+from relay.errors import SinkError, SinkUnavailable
+from relay.events import IDEMPOTENCY_HEADER, Event, Outcome
+from relay.sinks.kafka import KafkaSink
+from tests.integration.kafka_support import (
+    consume,
+    make_event,
+    murmur2_partition,
+    partition_count,
+    running_tansu,
+    unique_topic,
+)
+
+PUBLISH_TIMEOUT_SECONDS = 3.0
+PASSWORD = "hunter2-do-not-log"
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def make_sink(bootstrap: str, **options: str) -> KafkaSink:
+    return KafkaSink(
+        KafkaSinkConfig(bootstrap_servers=bootstrap, options=options),
+        publish_timeout_seconds=PUBLISH_TIMEOUT_SECONDS,
+        connect_timeout_seconds=3.0,
+    )
+
+
+async def publish_once(sink: KafkaSink, *batches: list[Event]) -> list[list[Outcome]]:
+    """Start, publish the batches concurrently (pipelined), close."""
+    await sink.start()
+    try:
+        return list(await asyncio.gather(*(sink.publish(batch) for batch in batches)))
+    finally:
+        await sink.close()
+
+
+def test_messages_carry_the_contract_shape(kafka_bootstrap: str) -> None:
+    topic = unique_topic()
+    events = [
+        make_event(topic, key="order-1", headers={"trace-id": "t-1", "source": "shop"}),
+        make_event(topic, key="order-2"),
+        make_event(topic, key=None, headers={"only": "header"}),
+        make_event(topic, key="order-1", payload='{"name": "Zoë ✓"}'.encode()),
+        make_event(topic, key="ключ-3"),
+        make_event(topic, key="order-2", headers={"trace-id": "t-2"}),
+        make_event(topic, key=None),
+        make_event(topic, key="order-1"),
+    ]
+
+    [outcomes] = asyncio.run(publish_once(make_sink(kafka_bootstrap), events))
+
+    assert outcomes == [None] * len(events)
+    received = consume(kafka_bootstrap, topic, count=len(events))
+    assert len(received) == len(events)
+    by_idempotency_key = {m.headers[IDEMPOTENCY_HEADER].decode(): m for m in received}
+    for event in events:
+        message = by_idempotency_key[event.idempotency_key]
+        assert message.topic == event.topic
+        assert message.key == (None if event.key is None else event.key.encode())
+        assert message.value == event.payload
+        expected = {k: v.encode() for k, v in event.headers.items()}
+        expected[IDEMPOTENCY_HEADER] = event.idempotency_key.encode()
+        assert message.headers == expected
+
+
+def test_keys_keep_their_order_and_java_partition(kafka_bootstrap: str) -> None:
+    topic = unique_topic()
+    keys = [f"aggregate-{n}" for n in range(7)]
+    first = [make_event(topic, key=keys[n % len(keys)]) for n in range(300)]
+    second = [make_event(topic, key=keys[n % len(keys)]) for n in range(300)]
+
+    results = asyncio.run(publish_once(make_sink(kafka_bootstrap), first, second))
+
+    assert results == [[None] * 300, [None] * 300]
+    received = consume(kafka_bootstrap, topic, count=600)
+    assert len(received) == 600
+    sent_order = {e.idempotency_key: n for n, e in enumerate(first + second)}
+    by_key: dict[bytes | None, list[tuple[int, int, int]]] = defaultdict(list)
+    for m in received:
+        by_key[m.key].append((m.partition, m.offset, sent_order[m.headers[IDEMPOTENCY_HEADER].decode()]))
+    for key, placed in by_key.items():
+        assert key is not None
+        assert len({partition for partition, _, _ in placed}) == 1, f"{key!r} spread over partitions"
+        in_log_order = [sent for _, _, sent in sorted(placed)]
+        assert in_log_order == sorted(in_log_order), f"{key!r} reordered"
+    # Same key, same partition as a Java client: check against Kafka's own murmur2.
+    partitions = partition_count(kafka_bootstrap, topic)
+    for key, placed in by_key.items():
+        assert key is not None
+        assert placed[0][0] == murmur2_partition(key, partitions)
+
+
+def test_oversized_event_fails_alone_and_permanently(kafka_bootstrap: str) -> None:
+    topic = unique_topic()
+    events = [make_event(topic, key="k") for _ in range(2)]
+    events.append(make_event(topic, key="k", payload=b'"' + b"x" * 5000 + b'"'))
+    events += [make_event(topic, key="k") for _ in range(2)]
+
+    [outcomes] = asyncio.run(publish_once(make_sink(kafka_bootstrap, **{"message.max.bytes": "2000"}), events))
+
+    assert outcomes[:2] == [None, None]
+    assert outcomes[3:] == [None, None]
+    failure = outcomes[2]
+    assert failure is not None
+    assert failure.permanent
+    assert "MSG_SIZE_TOO_LARGE" in failure.error
+    assert "xxxx" not in failure.error
+    received = consume(kafka_bootstrap, topic, count=4)
+    assert sorted(m.value for m in received) == sorted(e.payload for e in events if len(e.payload) < 100)
+
+
+def test_invalid_topic_fails_that_event_permanently(kafka_bootstrap: str) -> None:
+    topic = unique_topic()
+    events = [make_event(topic), make_event("not a valid topic!"), make_event(topic)]
+
+    [outcomes] = asyncio.run(publish_once(make_sink(kafka_bootstrap), events))
+
+    assert outcomes[0] is None
+    assert outcomes[2] is None
+    failure = outcomes[1]
+    assert failure is not None
+    assert failure.permanent
+    assert len(failure.error) <= 200
+    assert len(consume(kafka_bootstrap, topic, count=2)) == 2
+
+
+def test_unreachable_broker_fails_start_quickly_without_leaking_the_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="relay")
+    bootstrap = f"127.0.0.1:{free_port()}"
+    sink = make_sink(
+        bootstrap,
+        **{
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "relay",
+            "sasl.password": PASSWORD,
+        },
+    )
+    began = time.monotonic()
+
+    with pytest.raises(SinkUnavailable) as raised:
+        asyncio.run(sink.start())
+
+    assert time.monotonic() - began < 10
+    assert bootstrap in str(raised.value)
+    assert PASSWORD not in str(raised.value)
+    assert all(PASSWORD not in record.getMessage() for record in caplog.records)
+    asyncio.run(sink.close())
+    asyncio.run(sink.close())
+
+
+def test_broker_going_away_makes_publish_and_check_unavailable(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="relay")
+    topic = unique_topic()
+
+    async def scenario(tansu: Tansu) -> None:
+        sink = make_sink(tansu.bootstrap)
+        await sink.start()
+        try:
+            assert await sink.publish([make_event(topic, key="k")]) == [None]
+            tansu.stop()
+            began = time.monotonic()
+            with pytest.raises(SinkUnavailable) as raised:
+                await sink.publish([make_event(topic, key="k"), make_event(topic)])
+            assert time.monotonic() - began < PUBLISH_TIMEOUT_SECONDS + 6
+            assert tansu.bootstrap in str(raised.value)
+            with pytest.raises(SinkUnavailable):
+                await sink.check()
+        finally:
+            await sink.close()
+
+    with running_tansu() as tansu:
+        asyncio.run(scenario(tansu))
+    actions = {getattr(record, "action", None) for record in caplog.records}
+    assert "kafka_connected" in actions
+    assert "kafka_client_error" in actions
+
+
+def test_check_passes_while_the_broker_answers(kafka_bootstrap: str) -> None:
+    async def scenario() -> None:
+        sink = make_sink(kafka_bootstrap)
+        await sink.start()
+        try:
+            await sink.check()
+        finally:
+            await sink.close()
+
+    asyncio.run(scenario())
+
+
+def test_close_is_idempotent_and_final(kafka_bootstrap: str) -> None:
+    async def scenario() -> None:
+        never_started = make_sink(kafka_bootstrap)
+        await never_started.close()
+        await never_started.close()
+        sink = make_sink(kafka_bootstrap)
+        await sink.start()
+        await sink.close()
+        await sink.close()
+        with pytest.raises(SinkError):
+            await sink.publish([make_event(unique_topic())])
+        with pytest.raises(SinkUnavailable):
+            await sink.check()
+
+    asyncio.run(scenario())
+
+
+def test_empty_batch_publishes_nothing(kafka_bootstrap: str) -> None:
+    async def scenario() -> None:
+        sink = make_sink(kafka_bootstrap)
+        await sink.start()
+        try:
+            assert await sink.publish([]) == []
+        finally:
+            await sink.close()
+
+    asyncio.run(scenario())
+
+
+def fatal_error() -> KafkaError:
+    return KafkaError(KafkaError._FATAL, "injected by the test", fatal=True)
+
+
+def test_fatal_error_fails_pending_events_transiently() -> None:
+    async def scenario(tansu: Tansu) -> None:
+        sink = make_sink(tansu.bootstrap)
+        await sink.start()
+        try:
+            tansu.stop()  # keeps the batch waiting for acknowledgements
+            client = sink._client
+            assert client is not None
+
+            async def inject() -> float:
+                await asyncio.sleep(0.3)
+                client._on_error(fatal_error())
+                return time.monotonic()
+
+            outcomes, injected_at = await asyncio.gather(
+                sink.publish([make_event(unique_topic()) for _ in range(3)]), inject()
+            )
+            assert time.monotonic() - injected_at < 1.0
+            assert all(o is not None and not o.permanent and "_FATAL" in o.error for o in outcomes)
+        finally:
+            await sink.close()
+
+    with running_tansu() as tansu:
+        asyncio.run(scenario(tansu))
+
+
+def test_fatal_error_rebuilds_the_producer(kafka_bootstrap: str) -> None:
+    topic = unique_topic()
+
+    async def scenario() -> None:
+        sink = make_sink(kafka_bootstrap)
+        await sink.start()
+        try:
+            assert await sink.publish([make_event(topic)]) == [None]
+            broken = sink._client
+            assert broken is not None
+            broken._on_error(fatal_error())
+            assert await sink.publish([make_event(topic), make_event(topic)]) == [None, None]
+            assert sink._client is not broken
+        finally:
+            await sink.close()
+
+    asyncio.run(scenario())
+    assert len(consume(kafka_bootstrap, topic, count=3)) == 3
+
+
+def test_a_full_local_queue_slows_publishing_but_loses_nothing(kafka_bootstrap: str) -> None:
+    topic = unique_topic()
+    events = [make_event(topic, key=f"k{n % 3}") for n in range(2000)]
+    sink = make_sink(kafka_bootstrap, **{"queue.buffering.max.messages": "50"})
+
+    [outcomes] = asyncio.run(publish_once(sink, events))
+
+    assert outcomes == [None] * len(events)
+    assert len(consume(kafka_bootstrap, topic, count=len(events))) == len(events)
