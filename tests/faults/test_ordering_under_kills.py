@@ -15,12 +15,13 @@ import time
 import pytest
 
 from tests.faults.checker import KafkaCollector, Writers, verdict
+from tests.faults.conftest import Recorder
 from tests.integration.kafka_support import unique_topic
 from tests.relay_support import outbox_counts, relay_process, stop_process, wait_until
 
 FULL = os.environ.get("RELAY_FAULTS_FULL") == "1"
 EVENTS = 20_000 if FULL else 4_000
-KILLS = 20 if FULL else 4
+KILLS = 50 if FULL else 4
 RELAYS = 3
 BATCH = 200
 LEASE = "4"
@@ -34,7 +35,9 @@ def start_relay(database_url: str, bootstrap: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.timeout(900 if FULL else 300)
-def test_three_relays_with_random_sigkills_keep_every_key_in_order(database_url: str, kafka_bootstrap: str) -> None:
+def test_three_relays_with_random_sigkills_keep_every_key_in_order(
+    database_url: str, kafka_bootstrap: str, record: Recorder
+) -> None:
     topic = unique_topic("order")
     rng = random.Random(11)
     relays = [start_relay(database_url, kafka_bootstrap) for _ in range(RELAYS)]
@@ -57,6 +60,7 @@ def test_three_relays_with_random_sigkills_keep_every_key_in_order(database_url:
             codes = [stop_process(r) for r in relays]
         result = verdict(writers.ledger, collector.deliveries)
     print(f"ordering under {kills} kills: {result}")
+    record(f"1/ordering: SIGKILL x{kills}, {RELAYS} relays, 8 writers, 200 keys", result, runs=kills)
     assert codes == [0] * RELAYS
     assert result.committed > EVENTS * 0.6
     assert result.rolled_back > 0
