@@ -8,6 +8,7 @@ Tansu (the Kafka-protocol broker) is started by the test session itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import socket
@@ -38,10 +39,8 @@ def _wait(host: str, port: int, seconds: float) -> bool:
 
 
 def _start(command: list[str]) -> None:
-    try:
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         subprocess.run(command, check=False, timeout=120, capture_output=True)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
 
 
 def ensure_postgres() -> str | None:

@@ -75,9 +75,9 @@ def test_env_fallbacks_are_read(database_url: str) -> None:
 def test_invalid_table_name_is_refused_before_any_sql(database_url: str, table: str) -> None:
     assert_one_line_error(cli("migrate", "--database-url", database_url, "--table", table), "invalid table name")
     with psycopg.connect(database_url) as conn:
-        assert conn.execute("SELECT count(*) FROM pg_tables WHERE tablename = 't' OR tablename LIKE 'x%'").fetchone() == (
-            0,
-        )
+        assert conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE tablename = 't' OR tablename LIKE 'x%'"
+        ).fetchone() == (0,)
 
 
 @pytest.mark.parametrize(
