@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -217,11 +218,13 @@ class Relay:
         retry: list[Retry] = []
         dead: list[Dead] = []
         now = datetime.now(UTC)
+        per_topic: Counter[str] = Counter()
+        observe = self.metrics.publish_latency.observe
         for event, outcome in zip(events, outcomes, strict=True):
             if outcome is None:
                 sent.append(event.id)
-                self.metrics.published.labels(event.topic).inc()
-                self.metrics.publish_latency.observe(max(0.0, (now - event.created_at).total_seconds()))
+                per_topic[event.topic] += 1
+                observe(max(0.0, (now - event.created_at).total_seconds()))
                 continue
             self.metrics.failed_attempts.inc()
             if outcome.permanent or event.attempts >= self.settings.max_attempts:
@@ -242,6 +245,8 @@ class Relay:
                     outcome.error,
                     extra={"action": "retry", "event_id": event.id, "attempts": event.attempts},
                 )
+        for topic, count in per_topic.items():
+            self.metrics.published.labels(topic).inc(count)
         return sent, retry, dead
 
     async def _settle_until_lease_ends(
