@@ -1,0 +1,1 @@
+"""Consumer-side helpers: process each outbox event once (the inbox pattern)."""
