@@ -12,6 +12,7 @@ from relay.config import RelaySettings, SinkConfig, TableName, redact_url
 from relay.errors import RelayError
 from relay.health import HealthServer
 from relay.loop import Relay
+from relay.retention import purge_forever
 from relay.signals import stop_on_signals
 from relay.sinks import build_sink
 from relay.store.postgres import PostgresStore
@@ -33,6 +34,7 @@ class RunConfig:
     sink: SinkConfig
     settings: RelaySettings
     keep_sent: bool = False
+    retention_seconds: float | None = None
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     startup_timeout_seconds: float = 0.0
@@ -93,9 +95,20 @@ async def serve(config: RunConfig) -> None:
             type(config.sink).__name__.removesuffix("SinkConfig").lower(),
             extra={"action": "start", "batch_size": config.settings.batch_size},
         )
+        side_tasks = []
+        if config.keep_sent and config.retention_seconds is not None and isinstance(relay.store, PostgresStore):
+            side_tasks.append(
+                asyncio.create_task(purge_forever(relay.store, config.retention_seconds, stop), name="retention")
+            )
+        for task in side_tasks:
+            # A side task that dies of a bug stops the relay loudly.
+            task.add_done_callback(lambda t: stop.set() if not t.cancelled() and t.exception() else None)
         try:
             await relay.run(stop)
         finally:
+            stop.set()
             if health is not None:
                 await health.close()
+            for task in side_tasks:
+                await task
     logger.info("stopped", extra={"action": "stopped"})

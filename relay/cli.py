@@ -12,10 +12,11 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from relay import __version__, config
-from relay.config import RelaySettings, TableName, check_database_url, parse_sink_url, redact_url
+from relay.config import RelaySettings, TableName, check_database_url, parse_duration, parse_sink_url, redact_url
 from relay.errors import ConfigError, RelayError
 from relay.logs import configure as configure_logging
 from relay.store.base import RequeueFilter
@@ -123,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="switch the NOTIFY-on-insert trigger on or off (default: leave as is; on when created). "
         "On wakes relays at once; off saves writers a global lock at commit and relays poll instead",
     )
+    migrate.add_argument(
+        "--create-roles",
+        action="store_true",
+        help="also create NOLOGIN roles with least privilege: one for relays, one for writers",
+    )
+    _flag(migrate, "--relay-role", default="outbox_relay", help="name of the relay role for --create-roles")
+    _flag(migrate, "--writer-role", default="outbox_writer", help="name of the writer role for --create-roles")
 
     run = commands.add_parser(
         "run",
@@ -191,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     _switch(run, "--keep-sent", default=False, help="keep acknowledged events as 'sent' instead of deleting them")
     _flag(
         run,
+        "--retention",
+        help="with --keep-sent: purge sent events older than this (e.g. 7d, 12h) in small batches every minute",
+        metavar="DURATION",
+    )
+    _flag(
+        run,
         "--metrics-port",
         type=_port,
         help="serve /metrics, /healthz and /readyz on this port",
@@ -238,7 +252,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(skip)
     skip.add_argument("--id", type=_positive_int, required=True, help="the event to skip")
+
+    inspect = commands.add_parser("inspect", help="show one event", description="Show every column of one event.")
+    _common(inspect)
+    inspect.add_argument("id", type=_positive_int, help="the event id")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+
+    purge = commands.add_parser(
+        "purge",
+        help="delete kept sent events older than a duration",
+        description="Delete sent and skipped events older than --older-than, in small batches. "
+        "Unsent events (pending, in flight, dead-lettered) are never deleted.",
+    )
+    _common(purge)
+    purge.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 7d, 12h, 30m, 90s")
+    purge.add_argument("--json", action="store_true", help="print the count as JSON")
+
+    replay = commands.add_parser(
+        "replay",
+        help="send kept events again, keeping their idempotency keys",
+        description="Put already-sent events that retention kept (run --keep-sent) back to pending. "
+        "They keep their idempotency keys, so consumers that have them drop the copies.",
+    )
+    _common(replay)
+    replay.add_argument("--since", type=_timestamp, help="sent at or after this ISO-8601 time")
+    replay.add_argument("--until", type=_timestamp, help="sent before this ISO-8601 time")
+    replay.add_argument("--key", help="only this key")
+    replay.add_argument("--topic", help="only this topic")
+    replay.add_argument("--all", action="store_true", help="every kept event (required when no filter is given)")
+    replay.add_argument("--json", action="store_true", help="print the replayed ids as JSON")
     return parser
+
+
+def _timestamp(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 time") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _database(args: argparse.Namespace) -> tuple[str, TableName]:
@@ -268,6 +319,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     dsn, table = _database(args)
     applied = migrate(dsn, table, notify=args.notify)
     print(f"{table}: applied {', '.join(map(str, applied))}" if applied else f"{table}: up to date")
+    if args.create_roles:
+        from relay.store.migrate import create_roles
+
+        create_roles(dsn, table, relay_role=args.relay_role, writer_role=args.writer_role)
+        print(f"{table}: roles {args.relay_role} (relay) and {args.writer_role} (writer) granted")
     return 0
 
 
@@ -294,6 +350,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sink=parse_sink_url(args.sink or ""),
         settings=settings,
         keep_sent=args.keep_sent,
+        retention_seconds=parse_duration(args.retention) if args.retention else None,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         startup_timeout_seconds=args.startup_timeout,
@@ -366,6 +423,49 @@ def cmd_skip(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """``outbox-relay inspect``."""
+
+    async def work(store: Any) -> Any:
+        return await store.inspect(args.id)
+
+    row = asyncio.run(_with_store(args, work))
+    if row is None:
+        print(f"{PROG}: error: no event {args.id}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(row, default=str))
+    else:
+        for name, value in row.items():
+            print(f"{name}: {value}")
+    return 0
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    """``outbox-relay purge``."""
+    seconds = parse_duration(args.older_than)
+
+    async def work(store: Any) -> Any:
+        return await store.purge(seconds)
+
+    deleted = asyncio.run(_with_store(args, work))
+    print(json.dumps({"purged": deleted}) if args.json else f"purged {deleted} events")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """``outbox-relay replay``."""
+    if not (args.all or args.since or args.until or args.key or args.topic):
+        raise ConfigError("replay needs --since, --until, --key, --topic or --all")
+
+    async def work(store: Any) -> Any:
+        return await store.replay(since=args.since, until=args.until, key=args.key, topic=args.topic)
+
+    ids = asyncio.run(_with_store(args, work))
+    print(json.dumps({"replayed": ids}) if args.json else f"replayed {len(ids)} events")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "migrate": cmd_migrate,
     "run": cmd_run,
@@ -373,6 +473,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "dead": cmd_dead,
     "requeue": cmd_requeue,
     "skip": cmd_skip,
+    "inspect": cmd_inspect,
+    "purge": cmd_purge,
+    "replay": cmd_replay,
 }
 
 

@@ -69,6 +69,18 @@ class TableName:
         return ".".join(self.parts)
 
 
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``90``, ``90s``, ``15m``, ``12h``, ``7d`` or ``2w``."""
+    match = _DURATION_RE.match(text)
+    if match is None:
+        raise ConfigError(f"invalid duration {text[:40]!r}: use a number with s, m, h, d or w (e.g. 7d)")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
+
+
 def redact_url(url: str) -> str:
     """Return ``url`` with any password replaced by ``***``.
 

@@ -82,4 +82,6 @@ def configure(level: str = "INFO", fmt: str = "text", secrets: list[str] | None 
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # pika logs connection parameters at DEBUG; keep it quiet unless asked.
-    logging.getLogger("pika").setLevel(max(logging.WARNING, root.level))
+    # pika logs every refused connection at ERROR, repeatedly, while the sink
+    # already logs one line per outage; keep it for DEBUG sessions only.
+    logging.getLogger("pika").setLevel(logging.DEBUG if root.level <= logging.DEBUG else logging.CRITICAL)

@@ -27,6 +27,7 @@ from relay.events import Event, Outcome
 from relay.metrics import Metrics
 from relay.sinks.base import Sink
 from relay.store.base import Claim, Dead, Retry, Settlement, Store
+from relay.tracing import batch_span
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +191,8 @@ class Relay:
             await self._settle_until_lease_ends(claim, release=[e.id for e in claim.events])
             return
         try:
-            outcomes = await self.sink.publish(claim.events)
+            with batch_span(claim.events, system=self.sink.name):
+                outcomes = await self.sink.publish(claim.events)
         except SinkUnavailable as exc:
             self._sink_down = True
             logger.warning(

@@ -38,6 +38,7 @@ class RelayThread:
         self.config = RunConfig(
             database_url=database_url,
             table=TableName.parse(kw.pop("table", "outbox")),
+            keep_sent=kw.pop("keep_sent", False),
             sink=parse_sink_url(sink_url),
             settings=replace(settings, **kw),
         )

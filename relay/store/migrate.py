@@ -69,3 +69,30 @@ def schema_version(dsn: str, table: TableName) -> int:
     with translate_errors(dsn, table), psycopg.connect(dsn, **connect_kwargs()) as conn:
         row = conn.execute(sql.SQL("SELECT max(version) FROM {version_table}").format(**ids)).fetchone()
     return int(row[0]) if row and row[0] is not None else 0
+
+
+def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: str) -> None:
+    """Create (if missing) a relay role and a writer role with the least they need.
+
+    The relay reads, leases (UPDATE) and deletes outbox rows and reads the
+    schema version; a writer only inserts (and reads ``idempotency_key``, which
+    ``ON CONFLICT (idempotency_key)`` requires). Both are NOLOGIN: grant them
+    to your login users.
+    """
+    ids = named.identifiers(table)
+    with translate_errors(dsn, table), psycopg.connect(dsn, **connect_kwargs()) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [_LOCK_NAMESPACE + str(table)])
+        for role in (relay_role, writer_role):
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone()
+            if not exists:
+                conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        relay, writer = sql.Identifier(relay_role), sql.Identifier(writer_role)
+        for statement in (
+            "GRANT USAGE ON SCHEMA {schema} TO {relay}, {writer}",
+            "GRANT SELECT, UPDATE, DELETE ON {table} TO {relay}",
+            "GRANT SELECT ON {version_table} TO {relay}",
+            "GRANT INSERT ON {table} TO {writer}",
+            "GRANT SELECT (idempotency_key) ON {table} TO {writer}",
+        ):
+            conn.execute(sql.SQL(statement).format(relay=relay, writer=writer, **ids))
+        logger.info("granted roles %s and %s", relay_role, writer_role, extra={"action": "create_roles"})

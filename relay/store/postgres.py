@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any
 from uuid import uuid4
 
@@ -24,6 +25,7 @@ STATEMENT_TIMEOUT_SECONDS = 30.0
 # process), the server ends it instead of holding back vacuum.
 IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = 60.0
 TCP_USER_TIMEOUT_SECONDS = 30.0
+PURGE_BATCH_SIZE = 1000
 
 
 def connect_kwargs(
@@ -299,6 +301,37 @@ class PostgresStore:
         """Put matching dead-lettered events back to pending with their attempts reset."""
         params = {"id": selection.id, "topic": selection.topic, "key": selection.key}
         return [row[0] for row in await self._fetch("requeue", params)]
+
+    async def inspect(self, event_id: int) -> dict[str, Any] | None:
+        """Every column of one event, or None."""
+        conn = await self._connection()
+        with self._errors():
+            cur = await conn.execute(self._queries["inspect"], {"id": event_id})
+            row = await cur.fetchone()
+            if row is None or cur.description is None:
+                return None
+            return {col.name: value for col, value in zip(cur.description, row, strict=True)}
+
+    async def purge(self, older_than_seconds: float, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
+        """Delete sent and skipped events older than the cut-off, a small batch at a time."""
+        total = 0
+        while True:
+            deleted = await self._run("purge_batch", {"older_than": older_than_seconds, "limit": batch_size})
+            total += deleted
+            if deleted < batch_size:
+                return total
+
+    async def replay(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        key: str | None = None,
+        topic: str | None = None,
+    ) -> list[int]:
+        """Put kept, already-sent events back to pending; returns their ids."""
+        params = {"since": since, "until": until, "key": key, "topic": topic}
+        return [row[0] for row in await self._fetch("replay", params)]
 
     async def skip(self, event_id: int) -> bool:
         """Mark one dead-lettered or waiting event skipped, releasing its key."""

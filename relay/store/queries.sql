@@ -122,3 +122,38 @@ RETURNING id;
 
 -- name: check_table
 SELECT 1 FROM {table} LIMIT 0;
+
+-- name: inspect
+SELECT id, topic, key, payload::text, headers, idempotency_key, deliver_at, priority, state,
+       attempts, last_error, lease_owner, claim_token, lease_expires_at, created_at,
+       published_at, failed_at
+FROM {table}
+WHERE id = %(id)s;
+
+-- name: purge_batch
+-- Delete at most %(limit)s sent or skipped events older than the cut-off.
+-- Small batches, each its own short transaction: no long locks, and vacuum
+-- can keep up. Unsent events (pending, in flight, dead-lettered) are never
+-- touched.
+DELETE FROM {table}
+WHERE id IN (
+    SELECT id FROM {table}
+    WHERE state IN ('sent', 'skipped')
+      AND coalesce(published_at, failed_at, created_at) < now() - make_interval(secs => %(older_than)s)
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: replay
+-- Send kept (already sent) events again, with their idempotency keys, so
+-- consumers that already have them drop the copies.
+UPDATE {table}
+SET state = 'pending', attempts = 0, deliver_at = now(), published_at = NULL,
+    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+WHERE state = 'sent'
+  AND (%(since)s::timestamptz IS NULL OR published_at >= %(since)s::timestamptz)
+  AND (%(until)s::timestamptz IS NULL OR published_at < %(until)s::timestamptz)
+  AND (%(key)s::text IS NULL OR key = %(key)s::text)
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+RETURNING id;

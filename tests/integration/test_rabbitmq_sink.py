@@ -7,7 +7,6 @@ import json
 import logging
 import socket
 import time
-from collections import defaultdict
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -110,16 +109,14 @@ def test_named_exchange_routes_by_topic_and_keeps_order(amqp_url: str) -> None:
         assert outcomes == [[None] * 300, [None] * 300]
         events = first + second
         by_id = {e.idempotency_key: e for e in events}
+        # Exact queue order per routing key, across two pipelined batches:
+        # so every key's events also arrive in the order they were given.
         for queue, topic in ((orders_queue, orders), (payments_queue, payments)):
             expected = [e for e in events if e.topic == topic]
             received = queue.collect(len(expected))
             assert [m.message_id for m in received] == [e.idempotency_key for e in expected]
             for message in received:
                 assert_contract_shape(message, by_id[message.message_id or ""], exchange=exchange)
-        per_key: dict[str | None, list[str]] = defaultdict(list)
-        for event in events:
-            per_key[event.key].append(event.idempotency_key)
-        assert all(len(ids) == len(set(ids)) for ids in per_key.values())
 
 
 def test_an_unroutable_event_fails_alone(amqp_url: str) -> None:

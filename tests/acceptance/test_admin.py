@@ -1,0 +1,98 @@
+"""Admin commands as a user runs them: inspect, purge, replay, retention and least-privilege roles."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+import producers
+from tests.acceptance.cli import cli
+from tests.integration.rabbit_support import temp_queue
+from tests.relay_support import RelayThread, outbox_counts, wait_until
+
+
+def test_inspect_shows_one_event(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        producers.publish(conn, "t", {"a": 1}, key="k", idempotency_key="i-1")
+        row = conn.execute("SELECT id FROM outbox").fetchone()
+    assert row is not None
+    shown = json.loads(cli("inspect", str(row[0]), "--json", "--database-url", database_url).stdout)
+    assert (shown["topic"], shown["key"], shown["idempotency_key"], shown["state"]) == ("t", "k", "i-1", "pending")
+    assert json.loads(shown["payload"]) == {"a": 1}
+    missing = cli("inspect", "999999", "--database-url", database_url)
+    assert missing.returncode == 1 and "no event 999999" in missing.stderr
+
+
+def test_keep_sent_then_replay_and_purge_never_touches_unsent(database_url: str, amqp_url: str) -> None:
+    with temp_queue(amqp_url) as q:
+        with psycopg.connect(database_url) as conn:
+            for i in range(5):
+                producers.publish(conn, q.name, {"i": i}, key="k" if i < 2 else None, idempotency_key=f"s{i}")
+        with RelayThread(database_url, amqp_url, keep_sent=True):
+            wait_until(lambda: outbox_counts(database_url) == {"sent": 5}, timeout=30)
+        assert sorted(m.message_id or "" for m in q.collect(5)) == [f"s{i}" for i in range(5)]
+
+        with psycopg.connect(database_url) as conn:
+            producers.publish(conn, q.name, {}, idempotency_key="unsent")
+            conn.execute("INSERT INTO outbox (topic, payload, state, last_error) VALUES ('t', '{}', 'failed', 'x')")
+            conn.execute("UPDATE outbox SET published_at = now() - interval '2 hours' WHERE state = 'sent'")
+
+        replayed = json.loads(cli("replay", "--key", "k", "--json", "--database-url", database_url).stdout)
+        assert len(replayed["replayed"]) == 2
+        assert cli("replay", "--database-url", database_url).returncode == 2
+
+        purged = json.loads(cli("purge", "--older-than", "1h", "--json", "--database-url", database_url).stdout)
+        assert purged == {"purged": 3}
+        assert outbox_counts(database_url) == {"pending": 3, "failed": 1}
+        bad = cli("purge", "--older-than", "soon", "--database-url", database_url)
+        assert bad.returncode == 2 and "invalid duration" in bad.stderr
+
+
+@pytest.fixture
+def login_roles(pg_admin_url: str, database_url: str) -> Iterator[dict[str, str]]:
+    suffix = uuid.uuid4().hex[:8]
+    relay_role, writer_role = f"relay_{suffix}", f"writer_{suffix}"
+    result = cli("migrate", "--create-roles", "--relay-role", relay_role, "--writer-role", writer_role,
+                 "--database-url", database_url)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    users = {"relay": f"relay_user_{suffix}", "writer": f"writer_user_{suffix}"}
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{users["relay"]}" LOGIN IN ROLE "{relay_role}"')
+        conn.execute(f'CREATE ROLE "{users["writer"]}" LOGIN IN ROLE "{writer_role}"')
+    info = psycopg.conninfo.conninfo_to_dict(database_url)
+    urls = {name: psycopg.conninfo.make_conninfo(**{**{k: str(v) for k, v in info.items()}, "user": user})
+            for name, user in users.items()}  # fmt: skip
+    yield urls
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for role in (*users.values(), relay_role, writer_role):
+            conn.execute(f'DROP OWNED BY "{role}"')
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        for role in (*users.values(), relay_role, writer_role):
+            conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def test_the_relay_runs_with_only_the_relay_role_and_writers_can_only_insert(
+    login_roles: dict[str, str], amqp_url: str
+) -> None:
+    with psycopg.connect(login_roles["writer"]) as conn:
+        producers.publish(conn, "ignored", {}, idempotency_key="w-1")
+        assert producers.publish(conn, "ignored", {}, idempotency_key="w-1") == "w-1"
+        conn.commit()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM outbox")
+        conn.rollback()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT payload FROM outbox")
+    with temp_queue(amqp_url) as q:
+        with psycopg.connect(login_roles["writer"]) as conn:
+            producers.publish(conn, q.name, {"n": 1}, idempotency_key="w-2")
+        with RelayThread(login_roles["relay"], amqp_url):
+            wait_until(lambda: q.count() == 1, timeout=30)
+    status = cli("status", "--json", "--database-url", login_roles["relay"])
+    assert status.returncode == 0, status.stderr
+    with psycopg.connect(login_roles["relay"]) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("INSERT INTO outbox (topic, payload) VALUES ('t', '{}')")
