@@ -31,7 +31,8 @@ from relay.tracing import batch_span
 
 logger = logging.getLogger(__name__)
 
-STATUS_INTERVAL_SECONDS = 5.0
+AGE_INTERVAL_SECONDS = 5.0
+COUNTS_INTERVAL_SECONDS = 30.0
 
 
 class Relay:
@@ -50,12 +51,12 @@ class Relay:
         self._inflight: set[asyncio.Task[None]] = set()
         self._crash: BaseException | None = None
         self._next_reap = 0.0
-        self._next_status = 0.0
         #: Last time the loop went round; /healthz reads it.
         self.heartbeat = time.monotonic()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Relay until ``stop`` is set, then finish the batches in hand."""
+        gauges = asyncio.create_task(self._refresh_gauges(stop), name="gauges")
         try:
             await self._connect(stop)
             idle = self.settings.poll_interval_seconds
@@ -81,7 +82,24 @@ class Relay:
                 if not claimed:
                     idle = min(idle * 2, self.settings.poll_interval_max_seconds)
         finally:
+            gauges.cancel()
+            await asyncio.gather(gauges, return_exceptions=True)
             await self._drain()
+
+    async def _refresh_gauges(self, stop: asyncio.Event) -> None:
+        """Keep the table gauges fresh: the age often (an index probe), the counts rarely (a pass)."""
+        next_counts = 0.0
+        while not stop.is_set():
+            try:
+                if time.monotonic() >= next_counts:
+                    next_counts = time.monotonic() + COUNTS_INTERVAL_SECONDS
+                    self.metrics.observe_status(await self.store.status())
+                else:
+                    self.metrics.oldest_pending_age.set(await self.store.oldest_pending_age())
+            except StoreUnavailable as exc:
+                logger.info("gauges not refreshed: %s", exc, extra={"action": "gauges_retry"})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), AGE_INTERVAL_SECONDS)
 
     async def _connect(self, stop: asyncio.Event) -> None:
         # A relay never exits on a transient outage, not even at start-up.
@@ -109,9 +127,6 @@ class Relay:
                         reaped,
                         extra={"action": "reap_dead"},
                     )
-            if now >= self._next_status:
-                self._next_status = now + STATUS_INTERVAL_SECONDS
-                self.metrics.observe_status(await self.store.status())
             started = time.perf_counter()
             claim = await self.store.claim(self.settings.batch_size, max_attempts=self.settings.max_attempts)
         except StoreUnavailable as exc:

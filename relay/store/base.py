@@ -138,5 +138,8 @@ class Store(Protocol):
     async def status(self) -> Status:
         """Pending, in-flight and dead-lettered counts."""
 
+    async def oldest_pending_age(self) -> float:
+        """Seconds since the oldest due, unsent event was written; cheap at any table size."""
+
     async def check(self) -> None:
         """Raise ``StoreUnavailable`` unless the database answers now."""

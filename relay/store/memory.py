@@ -210,6 +210,10 @@ class MemoryStore:
             parked_keys=len({r.key for r in failed if r.key is not None}),
         )
 
+    async def oldest_pending_age(self) -> float:
+        """The same age ``status`` reports."""
+        return (await self.status()).oldest_pending_age_seconds
+
     async def check(self) -> None:
         """Fail while unavailable."""
         self._check()

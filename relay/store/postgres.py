@@ -113,6 +113,8 @@ class PostgresStore:
         # Settles run on their own connection so that the database works on the
         # next claim while it deletes the last batch.
         self._settle_conn: psycopg.AsyncConnection[Any] | None = None
+        # Counting pending rows is a pass over them: keep it off the claim path.
+        self._stats_conn: psycopg.AsyncConnection[Any] | None = None
         self._listen_conn: psycopg.AsyncConnection[Any] | None = None
         self._queries = {name: named.render(text, table) for name, text in named.queries().items()}
 
@@ -132,11 +134,11 @@ class PostgresStore:
 
     async def close(self) -> None:
         """Close both connections. Safe to call twice."""
-        for conn in (self._conn, self._settle_conn, self._listen_conn):
+        for conn in (self._conn, self._settle_conn, self._stats_conn, self._listen_conn):
             if conn is not None:
                 with contextlib.suppress(psycopg.Error):
                     await conn.close()
-        self._conn = self._settle_conn = self._listen_conn = None
+        self._conn = self._settle_conn = self._stats_conn = self._listen_conn = None
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
@@ -154,6 +156,8 @@ class PostgresStore:
             self._conn = None
         if self._settle_conn is not None and (self._settle_conn.closed or self._settle_conn.broken):
             self._settle_conn = None
+        if self._stats_conn is not None and (self._stats_conn.closed or self._stats_conn.broken):
+            self._stats_conn = None
         if self._listen_conn is not None and (self._listen_conn.closed or self._listen_conn.broken):
             self._listen_conn = None
 
@@ -176,6 +180,11 @@ class PostgresStore:
             logger.info("connected to the database", extra={"action": "db_connected", "table": str(self._table)})
         return self._conn
 
+    async def _statistician(self) -> psycopg.AsyncConnection[Any]:
+        if self._stats_conn is None:
+            self._stats_conn = await self._connect()
+        return self._stats_conn
+
     async def _settler(self) -> psycopg.AsyncConnection[Any]:
         if self._settle_conn is None:
             self._settle_conn = await self._connect()
@@ -189,8 +198,8 @@ class PostgresStore:
             self._listen_conn = conn
         return self._listen_conn
 
-    async def _fetch(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        conn = await self._connection()
+    async def _fetch(self, name: str, params: dict[str, Any], *, stats: bool = False) -> list[tuple[Any, ...]]:
+        conn = await (self._statistician() if stats else self._connection())
         with self._errors():
             cur = await conn.execute(self._queries[name], params)
             return await cur.fetchall() if cur.description else []
@@ -280,14 +289,18 @@ class PostgresStore:
 
     async def status(self) -> Status:
         """Counts of pending, in-flight and dead-lettered events."""
-        row = (await self._fetch("status", {}))[0]
+        row = (await self._fetch("status", {}, stats=True))[0]
         return Status(
             pending=row[0],
             in_flight=row[1],
             failed=row[2],
-            oldest_pending_age_seconds=row[3],
-            parked_keys=row[4],
+            oldest_pending_age_seconds=await self.oldest_pending_age(),
+            parked_keys=row[3],
         )
+
+    async def oldest_pending_age(self) -> float:
+        """Seconds since the oldest due, unsent event was written (an index probe)."""
+        return float((await self._fetch("oldest_pending_age", {}, stats=True))[0][0])
 
     async def check(self) -> None:
         """Raise ``StoreUnavailable`` unless the database answers."""

@@ -76,17 +76,38 @@ SET lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL,
 WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s;
 
 -- name: status
+-- Counts are exact: one pass over the unsent rows. The age is cheap whatever
+-- the table holds (see oldest_pending_age).
 SELECT
     count(*) FILTER (WHERE state = 'pending'
                        AND (lease_expires_at IS NULL OR lease_expires_at < now())) AS pending,
     count(*) FILTER (WHERE state = 'pending' AND lease_expires_at >= now()) AS in_flight,
     count(*) FILTER (WHERE state = 'failed') AS failed,
-    coalesce(extract(epoch FROM now() - min(created_at)
-             FILTER (WHERE state = 'pending' AND deliver_at <= now())), 0)::float8
-        AS oldest_pending_age_seconds,
     count(DISTINCT key) FILTER (WHERE state = 'failed') AS parked_keys
 FROM {table}
 WHERE state IN ('pending', 'failed');
+
+-- name: oldest_pending_age
+-- A loose index scan over the claim index: each distinct priority, then the
+-- lowest due id of each; a handful of index probes at any table size.
+WITH RECURSIVE priorities AS (
+    (SELECT priority FROM {table} WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.priority FROM {table} AS o
+             WHERE o.state = 'pending' AND o.priority < p.priority
+             ORDER BY o.priority DESC LIMIT 1)
+    FROM priorities AS p
+    WHERE p.priority IS NOT NULL
+)
+SELECT coalesce(extract(epoch FROM now() - min(h.created_at)), 0)::float8
+FROM priorities AS p
+CROSS JOIN LATERAL (
+    SELECT o.created_at FROM {table} AS o
+    WHERE o.state = 'pending' AND o.priority = p.priority AND o.deliver_at <= now()
+    ORDER BY o.priority DESC, o.id
+    LIMIT 1
+) AS h
+WHERE p.priority IS NOT NULL;
 
 -- name: dead
 SELECT o.id, o.topic, o.key, o.idempotency_key, o.attempts, o.last_error,

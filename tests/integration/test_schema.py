@@ -141,3 +141,34 @@ def test_the_claim_query_uses_its_index(database_url: str) -> None:
     assert "outbox_claim_idx" in plan, plan
     assert "outbox_key_idx" in plan, plan
     assert "Seq Scan" not in plan, plan
+
+
+def test_oldest_pending_age_matches_the_naive_query_across_priorities_and_schedules(database_url: str) -> None:
+    import asyncio
+
+    from relay.store.postgres import PostgresStore
+
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            """INSERT INTO outbox (topic, payload, priority, created_at, deliver_at, state)
+               SELECT 't', '{}', g % 3, now() - make_interval(secs => g),
+                      CASE WHEN g % 7 = 0 THEN now() + interval '1 hour' ELSE now() END,
+                      CASE WHEN g % 5 = 0 THEN 'sent' ELSE 'pending' END
+               FROM generate_series(1, 3000) g"""
+        )
+        naive = conn.execute(
+            "SELECT extract(epoch FROM now() - min(created_at)) FROM outbox"
+            " WHERE state = 'pending' AND deliver_at <= now()"
+        ).fetchone()
+    assert naive is not None
+    store = PostgresStore(database_url, TableName.parse("outbox"), owner="t", lease_seconds=30, listen=False)
+
+    async def age() -> float:
+        await store.open()
+        try:
+            return await store.oldest_pending_age()
+        finally:
+            await store.close()
+
+    assert abs(asyncio.run(age()) - float(naive[0])) < 1.0
+    assert float(naive[0]) > 2990
