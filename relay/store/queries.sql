@@ -89,7 +89,8 @@ WHERE state IN ('pending', 'failed');
 
 -- name: oldest_pending_age
 -- A loose index scan over the claim index: each distinct priority, then the
--- lowest due id of each; a handful of index probes at any table size.
+-- lowest due id of each (ids follow insertion, so that is the oldest up to
+-- transactions still open when they inserted); a handful of index probes.
 WITH RECURSIVE priorities AS (
     (SELECT priority FROM {table} WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
     UNION ALL

@@ -151,7 +151,7 @@ def test_oldest_pending_age_matches_the_naive_query_across_priorities_and_schedu
     with psycopg.connect(database_url) as conn:
         conn.execute(
             """INSERT INTO outbox (topic, payload, priority, created_at, deliver_at, state)
-               SELECT 't', '{}', g % 3, now() - make_interval(secs => g),
+               SELECT 't', '{}', g % 3, now() - make_interval(secs => 3001 - g),
                       CASE WHEN g % 7 = 0 THEN now() + interval '1 hour' ELSE now() END,
                       CASE WHEN g % 5 = 0 THEN 'sent' ELSE 'pending' END
                FROM generate_series(1, 3000) g"""
