@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from producers._tracing import with_trace_context
 from relay.config import DEFAULT_TABLE, TableName
 
 _INSERT = (
@@ -50,7 +51,7 @@ def _params(
         "topic": topic,
         "key": key,
         "payload": Jsonb(payload),
-        "headers": Jsonb(dict(headers or {})),
+        "headers": Jsonb(with_trace_context(headers)),
         "idempotency_key": idempotency_key or str(uuid.uuid4()),
         "deliver_at": deliver_at,
         "priority": priority,
