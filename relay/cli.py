@@ -117,16 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Create or upgrade the outbox table. Safe to run twice or at once.",
     )
     _common(migrate)
+    notify_env = _env("--notify")
     migrate.add_argument(
         "--notify",
         action=argparse.BooleanOptionalAction,
-        default=None,
+        default=None if notify_env is None else notify_env.strip().lower() in ("1", "true", "yes", "on"),
         help="switch the NOTIFY-on-insert trigger on or off (default: leave as is; on when created). "
-        "On wakes relays at once; off saves writers a global lock at commit and relays poll instead",
+        "On wakes relays at once; off saves writers a global lock at commit and relays poll instead "
+        "[env RELAY_NOTIFY]",
     )
-    migrate.add_argument(
+    _switch(
+        migrate,
         "--create-roles",
-        action="store_true",
+        default=False,
         help="also create NOLOGIN roles with least privilege: one for relays, one for writers",
     )
     _flag(migrate, "--relay-role", default="outbox_relay", help="name of the relay role for --create-roles")
@@ -225,12 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Counts of pending, in-flight and dead-lettered events.",
     )
     _common(status)
-    status.add_argument("--json", action="store_true", help="print one JSON object")
+    _switch(status, "--json", default=False, help="print one JSON object")
 
     dead = commands.add_parser("dead", help="list dead-lettered events", description="List dead-lettered events.")
     _common(dead)
-    dead.add_argument("--json", action="store_true", help="print a JSON array")
-    dead.add_argument("--limit", type=_positive_int, default=1000, help="most events listed (default: 1000)")
+    _switch(dead, "--json", default=False, help="print a JSON array")
+    _flag(dead, "--limit", type=_positive_int, default=1000, help="most events listed")
 
     requeue = commands.add_parser(
         "requeue",
@@ -243,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--topic", help="every dead-lettered event of a topic")
     which.add_argument("--key", help="every dead-lettered event of a key")
     which.add_argument("--all", action="store_true", help="every dead-lettered event")
-    requeue.add_argument("--json", action="store_true", help="print the requeued ids as JSON")
+    _switch(requeue, "--json", default=False, help="print the requeued ids as JSON")
 
     skip = commands.add_parser(
         "skip",
@@ -256,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="show one event", description="Show every column of one event.")
     _common(inspect)
     inspect.add_argument("id", type=_positive_int, help="the event id")
-    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    _switch(inspect, "--json", default=False, help="print one JSON object")
 
     purge = commands.add_parser(
         "purge",
@@ -265,8 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Unsent events (pending, in flight, dead-lettered) are never deleted.",
     )
     _common(purge)
-    purge.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 7d, 12h, 30m, 90s")
-    purge.add_argument("--json", action="store_true", help="print the count as JSON")
+    _flag(purge, "--older-than", metavar="DURATION", help="e.g. 7d, 12h, 30m, 90s (required)")
+    _switch(purge, "--json", default=False, help="print the count as JSON")
 
     replay = commands.add_parser(
         "replay",
@@ -280,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--key", help="only this key")
     replay.add_argument("--topic", help="only this topic")
     replay.add_argument("--all", action="store_true", help="every kept event (required when no filter is given)")
-    replay.add_argument("--json", action="store_true", help="print the replayed ids as JSON")
+    _switch(replay, "--json", default=False, help="print the replayed ids as JSON")
     return parser
 
 
@@ -443,6 +446,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_purge(args: argparse.Namespace) -> int:
     """``outbox-relay purge``."""
+    if not args.older_than:
+        raise ConfigError("purge needs --older-than DURATION (or RELAY_OLDER_THAN)")
     seconds = parse_duration(args.older_than)
 
     async def work(store: Any) -> Any:
