@@ -8,12 +8,13 @@ from datetime import datetime
 IDEMPOTENCY_HEADER = "idempotency-key"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Event:
-    """One claimed outbox row, ready to publish.
+    """One claimed outbox row, ready to publish. Treat it as read-only.
 
     ``payload`` is the row's JSON already encoded as UTF-8, so sinks forward it
-    without parsing it again.
+    without parsing it again. (Not frozen: a frozen dataclass's ``__init__``
+    costs several times more, and the relay builds one per event.)
     """
 
     id: int

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from datetime import datetime
@@ -230,7 +231,7 @@ class PostgresStore:
                 topic=r[1],
                 key=r[2],
                 payload=r[3].encode(),
-                headers=r[4],
+                headers=json.loads(r[4]) if r[4] else {},
                 idempotency_key=r[5],
                 attempts=r[6],
                 created_at=r[7],

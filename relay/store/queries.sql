@@ -30,7 +30,7 @@ SET claim_token = %(token)s,
     attempts = o.attempts + 1
 FROM candidates AS c
 WHERE o.id = c.id
-RETURNING o.id, o.topic, o.key, o.payload::text, o.headers, o.idempotency_key,
+RETURNING o.id, o.topic, o.key, o.payload::text, nullif(o.headers, '{{}}'::jsonb)::text, o.idempotency_key,
           o.attempts, o.created_at, o.priority, c.old_lease IS NOT NULL AS reaped;
 
 -- name: reap_exhausted
