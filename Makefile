@@ -35,7 +35,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 faults: $(STAMP)
-	RELAY_FAULTS_FULL=1 $(BIN)/pytest tests/integration/faults -m slow
+	RELAY_FAULTS_FULL=1 $(BIN)/pytest tests/faults -p no:cacheprovider --timeout 1800
+	$(BIN)/python -m tests.faults.report
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

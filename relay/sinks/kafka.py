@@ -85,6 +85,20 @@ UNREACHABLE_ERRORS = frozenset(
     }
 )
 
+#: Errors that say the producer's idempotence state (producer id, epoch,
+#: sequence numbers) is out of step with the broker: no retry through this
+#: producer can succeed, a new producer can, and the event is not to blame.
+PRODUCER_STATE_ERRORS = frozenset(
+    {
+        _E.PRODUCER_FENCED,
+        _E.INVALID_PRODUCER_EPOCH,
+        _E.UNKNOWN_PRODUCER_ID,
+        _E.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        _E.INVALID_PRODUCER_ID_MAPPING,
+        _E._FENCED,
+    }
+)
+
 # Settings a sink URL may not weaken: the contract promises acks=all plus idempotence.
 _GUARANTEES = {
     "acks": {"all", "-1"},
@@ -270,14 +284,32 @@ class _Client:
         with self._lock:
             self._pending.discard(batch)
 
-    def mark_broken(self, reason: str) -> None:
-        """Fail every pending batch; the sink builds a new producer before the next batch."""
+    def mark_broken(self, reason: str, *, unreachable: bool = False) -> None:
+        """Fail every pending batch; the sink builds a new producer before the next batch.
+
+        ``unreachable`` when the events are not to blame, so their attempts are not spent.
+        """
         with self._lock:
             if self.broken is None:
                 self.broken = reason
             batches = list(self._pending)
         for batch in batches:
-            batch.fail_unreported(Failure(reason), unreachable=False)
+            batch.fail_unreported(Failure(reason), unreachable=unreachable)
+
+    def on_delivery(self, batch: _Batch, index: int, error: KafkaError | None, message: Message[Any, Any]) -> None:
+        """librdkafka's delivery report (poll thread): retire a producer whose idempotence state is lost."""
+        if error is not None and error.code() in PRODUCER_STATE_ERRORS:
+            reason = self._redact(describe(error))
+            if self.broken is None:
+                logger.warning(
+                    "kafka producer out of step with the broker; a new producer takes over: %s",
+                    reason,
+                    extra={"action": "kafka_producer_reset"},
+                )
+            batch.record(index, Failure(reason), unreachable=True)
+            self.mark_broken(reason, unreachable=True)
+            return
+        batch.on_delivery(index, error, message)
 
     def shutdown(self, flush_timeout_seconds: float) -> None:
         """Deliver what can be delivered within the timeout, then drop the rest (blocking)."""
@@ -483,7 +515,7 @@ class KafkaSink:
             headers: list[tuple[str, str | bytes | None]] = [
                 (name, value.encode()) for name, value in event.message_headers().items()
             ]
-            callback = functools.partial(batch.on_delivery, index)
+            callback = functools.partial(client.on_delivery, batch, index)
             while True:
                 try:
                     produce(event.topic, event.payload, key, on_delivery=callback, headers=headers)

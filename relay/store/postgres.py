@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import uuid4
@@ -26,6 +27,10 @@ STATEMENT_TIMEOUT_SECONDS = 30.0
 # process), the server ends it instead of holding back vacuum.
 IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = 60.0
 TCP_USER_TIMEOUT_SECONDS = 30.0
+# The server ends a slow statement, and the kernel a connection whose packets
+# go unacknowledged; neither ends a call whose peer acknowledges everything
+# and answers nothing (a frozen server, a stuck proxy or pooler). This does.
+CALL_MARGIN_SECONDS = 5.0
 PURGE_BATCH_SIZE = 1000
 
 
@@ -110,6 +115,8 @@ class PostgresStore:
         self._keep_sent = keep_sent
         self._listen_enabled = listen
         self._connect_timeout = connect_timeout
+        self._statement_timeout = STATEMENT_TIMEOUT_SECONDS
+        self._call_timeout = self._statement_timeout + CALL_MARGIN_SECONDS
         self._conn: psycopg.AsyncConnection[Any] | None = None
         # Settles run on their own connection so that the database works on the
         # next claim while it deletes the last batch.
@@ -162,10 +169,21 @@ class PostgresStore:
         if self._listen_conn is not None and (self._listen_conn.closed or self._listen_conn.broken):
             self._listen_conn = None
 
+    @contextlib.asynccontextmanager
+    async def _deadline(self) -> AsyncIterator[None]:
+        try:
+            async with asyncio.timeout(self._call_timeout):
+                yield
+        except TimeoutError:
+            # psycopg cancelled the query, or closed the connection if it could not.
+            self._drop_broken()
+            raise StoreUnavailable(f"the database did not answer within {self._call_timeout:g}s") from None
+
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         with self._errors():
             return await psycopg.AsyncConnection.connect(
-                self._dsn, **connect_kwargs(connect_timeout=self._connect_timeout)
+                self._dsn,
+                **connect_kwargs(connect_timeout=self._connect_timeout, statement_timeout=self._statement_timeout),
             )
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
@@ -183,33 +201,49 @@ class PostgresStore:
 
     async def _statistician(self) -> psycopg.AsyncConnection[Any]:
         if self._stats_conn is None:
-            self._stats_conn = await self._connect()
+            conn = await self._connect()
+            if self._stats_conn is None:
+                self._stats_conn = conn
+            else:
+                await conn.close()
         return self._stats_conn
 
     async def _settler(self) -> psycopg.AsyncConnection[Any]:
         if self._settle_conn is None:
-            self._settle_conn = await self._connect()
+            conn = await self._connect()
+            if self._settle_conn is None:
+                self._settle_conn = conn
+            else:
+                # Another batch's settle connected meanwhile.
+                await conn.close()
         return self._settle_conn
 
     async def _listener(self) -> psycopg.AsyncConnection[Any]:
         if self._listen_conn is None:
             conn = await self._connect()
-            with self._errors():
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._table.channel)))
+            try:
+                with self._errors():
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._table.channel)))
+            except BaseException:
+                # Also when cancelled: the loop stops waiting for a NOTIFY after the poll interval.
+                await conn.close()
+                raise
             self._listen_conn = conn
         return self._listen_conn
 
     async def _fetch(self, name: str, params: dict[str, Any], *, stats: bool = False) -> list[tuple[Any, ...]]:
-        conn = await (self._statistician() if stats else self._connection())
-        with self._errors():
-            cur = await conn.execute(self._queries[name], params)
-            return await cur.fetchall() if cur.description else []
+        async with self._deadline():
+            conn = await (self._statistician() if stats else self._connection())
+            with self._errors():
+                cur = await conn.execute(self._queries[name], params)
+                return await cur.fetchall() if cur.description else []
 
     async def _run(self, name: str, params: dict[str, Any], *, settle: bool = False) -> int:
-        conn = await (self._settler() if settle else self._connection())
-        with self._errors():
-            cur = await conn.execute(self._queries[name], params)
-            return cur.rowcount
+        async with self._deadline():
+            conn = await (self._settler() if settle else self._connection())
+            with self._errors():
+                cur = await conn.execute(self._queries[name], params)
+                return cur.rowcount
 
     async def claim(self, limit: int, *, max_attempts: int) -> Claim:
         """Lease up to ``limit`` due events (one per key), ordered by priority then id."""
