@@ -127,6 +127,10 @@ class Relay:
                         reaped,
                         extra={"action": "reap_dead"},
                     )
+            # The lease runs from the claim statement's start on the server, so
+            # measure from before sending it: a stall while the claim is in
+            # flight must count against the lease.
+            claimed_at = time.monotonic()
             started = time.perf_counter()
             claim = await self.store.claim(self.settings.batch_size, max_attempts=self.settings.max_attempts)
         except StoreUnavailable as exc:
@@ -143,7 +147,7 @@ class Relay:
             self.metrics.reaped.inc(claim.reaped)
             logger.warning("took over %d expired leases", claim.reaped, extra={"action": "reap"})
         self.metrics.batch_size.observe(len(claim.events))
-        task = asyncio.create_task(self._deliver(claim, time.monotonic()), name=f"deliver-{claim.token}")
+        task = asyncio.create_task(self._deliver(claim, claimed_at), name=f"deliver-{claim.token}")
         self._inflight.add(task)
         task.add_done_callback(self._delivered)
         return len(claim.events)
