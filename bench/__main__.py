@@ -1,0 +1,173 @@
+"""``python -m bench``: run the scenarios, print the table, write JSON and docs/performance.md.
+
+python -m bench                               # the default run (~8 minutes)
+python -m bench --only s1 --events 50000      # iterate on the drain rate in ~1 minute
+python -m bench --long                        # 1M events, 60 s steady, 10 min long transaction
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import docs, report
+from bench.runner import Run
+from bench.services import machine, require_postgres
+
+RESULTS_DIR = Path(__file__).parent / "results"
+DOC_PATH = Path(__file__).parent.parent / "docs" / "performance.md"
+SCENARIOS = {
+    "s1": "S1 Kafka keyed drain + S3 + relay cost, with L_db and L_kafka",
+    "s1u": "S1 Kafka drain with null keys (the unordered path)",
+    "rmq": "S1 RabbitMQ drain, with L_rmq",
+    "s2": "S2 steady load, NOTIFY on and off",
+    "s4": "S4 steady load beside a long REPEATABLE READ transaction",
+    "writer": "writer cost: business tx with and without publish(), NOTIFY on/off (L_commit)",
+    "profile": "where S1 Kafka's time goes (py-spy, phase timers, EXPLAIN ANALYZE); not in the default set",
+}
+DEFAULT = ("s1", "s1u", "rmq", "s2", "s4", "writer")
+EVENTS, LONG_EVENTS = 200_000, 1_000_000
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmark the relay against real PostgreSQL, Tansu and RabbitMQ.",
+        epilog="scenarios: " + "; ".join(f"{name}: {text}" for name, text in SCENARIOS.items()),
+    )
+    parser.add_argument("--only", help=f"comma-separated scenarios (default: {','.join(DEFAULT)})")
+    parser.add_argument("--events", type=int, help=f"events per drain (default {EVENTS:,}; --long {LONG_EVENTS:,})")
+    parser.add_argument("--long", action="store_true", help="1M events, 60 s steady runs, 10 min long transaction")
+    parser.add_argument("--s2-seconds", type=float, help="length of each S2 run (default 20; --long 60)")
+    parser.add_argument("--s4-seconds", type=float, help="how long S4 holds its transaction (default 60; --long 600)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each drain (s1, s1u, rmq) this many times; the median-rate run is reported",
+    )
+    parser.add_argument("--rate", type=float, help="S2/S4 offered events/s (default: half the S1 Kafka rate)")
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "latest.json", help="results JSON")
+    parser.add_argument(
+        "--write-doc",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="rewrite docs/performance.md (default: only after a full default run)",
+    )
+    parser.add_argument(
+        "--doc-from",
+        type=Path,
+        metavar="JSON",
+        help="only rewrite docs/performance.md from a saved results file (and the last profile), then exit",
+    )
+    args = parser.parse_args(argv)
+    chosen = tuple(name.strip() for name in (args.only or ",".join(DEFAULT)).split(",") if name.strip())
+    unknown = [name for name in chosen if name not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(SCENARIOS)}")
+    args.scenarios = chosen
+    args.events = args.events or (LONG_EVENTS if args.long else EVENTS)
+    args.s2_seconds = args.s2_seconds or (60.0 if args.long else 20.0)
+    args.s4_seconds = args.s4_seconds or (600.0 if args.long else 60.0)
+    if args.write_doc is None:
+        args.write_doc = set(DEFAULT) <= set(chosen) and args.events >= EVENTS
+    return args
+
+
+def _clean(value: Any) -> Any:
+    """NaN is not JSON: write null instead."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.doc_from:
+        DOC_PATH.write_text(docs.render(json.loads(args.doc_from.read_text())))
+        print(f"rewrote {DOC_PATH} from {args.doc_from}")
+        return 0
+    require_postgres()
+    started = time.monotonic()
+
+    def progress(message: str) -> None:
+        elapsed = time.monotonic() - started
+        print(f"[{int(elapsed // 60):02d}:{elapsed % 60:04.1f}] {message}", flush=True)
+
+    previous: dict[str, Any] = {}
+    if args.output.exists():
+        try:
+            previous = json.loads(args.output.read_text())
+        except ValueError:
+            previous = {}
+    results_holder: dict[str, Any] = {}
+
+    def save() -> None:
+        results = results_holder["run"].results
+        results["ratios"] = report.derive(results)
+        results["targets"] = report.evaluate(results)
+        results["seconds"] = time.monotonic() - started
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(_clean(results), indent=2, default=str) + "\n")
+
+    run = Run(events=args.events, progress=progress, save=save, repeat=max(1, args.repeat))
+    results_holder["run"] = run
+    run.results["config"] = {
+        "scenarios": list(args.scenarios),
+        "events": args.events,
+        "repeat": args.repeat,
+        "long": args.long,
+        "s2_seconds": args.s2_seconds,
+        "s4_seconds": args.s4_seconds,
+        "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+    }
+    run.results["machine"] = machine()
+    progress(f"run {run.cleanup.run}: {', '.join(args.scenarios)} with {args.events:,} events")
+    try:
+        chosen = set(args.scenarios)
+        if "s1" in chosen:
+            run.attempt("s1", run.s1)
+        if "s1u" in chosen:
+            run.attempt("s1u", run.s1_unordered)
+        if "rmq" in chosen:
+            run.attempt("rmq", run.s1_rabbitmq)
+        if "s2" in chosen:
+            run.attempt("s2", lambda: run.s2(run.steady_rate(args.rate, previous), args.s2_seconds))
+        if "s4" in chosen:
+            run.attempt("s4", lambda: run.s4(run.steady_rate(args.rate, previous), args.s4_seconds))
+        if "writer" in chosen:
+            run.attempt("writer", run.writer_cost)
+        if "profile" in chosen:
+            from bench.profile import profile
+
+            run.attempt("profile", lambda: profile(run))
+    finally:
+        run.close()
+        save()
+    results = run.results
+    print()
+    print(report.format_table(results))
+    if "profile" in results:
+        print()
+        print(docs.profile_text(results["profile"]))
+    print(f"\nresults: {args.output}")
+    if args.write_doc:
+        DOC_PATH.write_text(docs.render(results))
+        print(f"rewrote {DOC_PATH}")
+    if results["errors"]:
+        print(f"scenarios that failed: {', '.join(results['errors'])}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""S1 (drain a backlog), S3 (does the drain slow down as it goes) and the relay's CPU and memory.
+
+A copy of the seeded database holds N events; one relay process drains it
+while a consumer on the far side of the broker timestamps what arrives.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from bench import stats
+from bench.consumers import KafkaReceiver, RabbitReceiver, Receiver
+from bench.relayproc import RelayProcess
+from bench.services import AMQP_URL, KAFKA_PARTITIONS, Cleanup
+
+#: A drain that makes no progress for this long has stalled.
+STALL_SECONDS = 60.0
+MONITOR_SECONDS = 0.02
+
+
+@dataclass
+class Drain:
+    """Where a drain runs: the seeded template, its topic (or queue) and the broker."""
+
+    cleanup: Cleanup
+    template: str
+    topic: str
+    events: int
+    sink: str  # "kafka" or "rabbitmq"
+    bootstrap: str | None = None
+    progress: Callable[[str], None] = print
+
+
+def run_drain(drain: Drain, label: str, *extra: str) -> dict[str, Any]:
+    """Drain a fresh copy of the template through one relay; rates, S3 ratio, CPU and memory.
+
+    The topic (Kafka) or queue (RabbitMQ, bound by name on the default
+    exchange) must exist and be empty.
+    """
+    cleanup = drain.cleanup
+    url = cleanup.create_database(label, template=drain.template)
+    receiver: Receiver
+    if drain.sink == "kafka":
+        assert drain.bootstrap is not None
+        receiver = KafkaReceiver(drain.bootstrap, drain.topic, KAFKA_PARTITIONS)
+        sink_url = f"kafka://{drain.bootstrap}"
+    else:
+        receiver = RabbitReceiver(AMQP_URL, drain.topic)
+        sink_url = AMQP_URL
+    receiver.start()
+    receiver.ready.wait(30)
+    try:
+        result = _drain(drain, label, url, sink_url, receiver, extra)
+    finally:
+        receiver.stop()
+        cleanup.drop_database(label)
+    return result
+
+
+def _drain(
+    drain: Drain, label: str, url: str, sink_url: str, receiver: Receiver, extra: tuple[str, ...]
+) -> dict[str, Any]:
+    total = drain.events
+    cpu_at: dict[float, float] = {}
+    started = time.monotonic()
+    with RelayProcess(url, sink_url, *extra) as relay:
+        cpu_start = relay.cpu_seconds()
+        last_count, last_change, next_report = 0, time.monotonic(), time.monotonic() + 2
+        while receiver.count < total:
+            if receiver.error is not None:
+                raise RuntimeError(f"{receiver.name} failed: {receiver.error!r}")
+            relay.check_alive()
+            now = time.monotonic()
+            count = receiver.count
+            for fraction in (0.1, 0.9):
+                if fraction not in cpu_at and count >= fraction * total:
+                    cpu_at[fraction] = relay.cpu_seconds()
+            if count != last_count:
+                last_count, last_change = count, now
+            elif now - last_change > STALL_SECONDS:
+                raise RuntimeError(f"{label}: no event received for {STALL_SECONDS:.0f}s at {count}/{total}")
+            if now >= next_report:
+                next_report = now + 2
+                drain.progress(f"{label}: {count:,}/{total:,} received ({count / total:.0%})")
+            time.sleep(MONITOR_SECONDS)
+        finished = time.monotonic()
+        cpu_at.setdefault(0.9, relay.cpu_seconds())
+        cpu_total = relay.cpu_seconds() - cpu_start
+        peak_rss = relay.peak_rss_bytes()
+        claim_sum, claim_count = relay.claim_histogram()
+        warnings = relay.warnings()
+        code = relay.stop()
+        relay.discard_log()
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox").fetchone()
+    marks = list(receiver.marks)
+    rate = stats.window_rate(marks, total, 0.1, 0.9)
+    early = stats.window_rate(marks, total, 0.1, 0.2)
+    late = stats.window_rate(marks, total, 0.8, 0.9)
+    window_events = 0.8 * total
+    cpu_window = cpu_at.get(0.9, math.nan) - cpu_at.get(0.1, math.nan)
+    return {
+        "events": total,
+        "received": receiver.count,
+        "left_in_outbox": row[0] if row else None,
+        "seconds": finished - started,
+        "rate": rate,
+        "rate_10_20": early,
+        "rate_80_90": late,
+        "s3_ratio": stats.ratio(late, early),
+        "cpu_seconds_per_1000": cpu_window / window_events * 1000,
+        "cpu_seconds_total": cpu_total,
+        "cpu_share_of_one_core": cpu_window / (window_events / rate) if rate and not math.isnan(rate) else None,
+        "peak_rss_mb": peak_rss / 1024 / 1024,
+        "claim_mean_ms": claim_sum / claim_count * 1000 if claim_count else None,
+        "claims": claim_count,
+        "relay_log_lines": warnings,
+        "relay_exit_code": code,
+    }

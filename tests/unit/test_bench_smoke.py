@@ -1,0 +1,191 @@
+"""The benchmark harness's pure parts: statistics, parsing, verdicts and rendering (no servers)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import attribution, docs, report, stats
+from bench.writers import connections_for, trimmed_mean
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    values = [1.0, 2.0, 3.0, 4.0]
+    assert stats.percentile(values, 0) == 1.0
+    assert stats.percentile(values, 50) == 2.5
+    assert stats.percentile(values, 100) == 4.0
+    assert math.isnan(stats.percentile([], 50))
+    with pytest.raises(ValueError):
+        stats.percentile(values, 101)
+
+
+def test_latency_summary_is_in_milliseconds() -> None:
+    summary = stats.latency_summary([0.001 * i for i in range(1, 1001)])
+    assert summary["n"] == 1000
+    assert summary["p50_ms"] == pytest.approx(500.5)
+    assert summary["p99_ms"] == pytest.approx(990.01)
+    assert summary["max_ms"] == pytest.approx(1000)
+
+
+def test_window_rate_counts_messages_between_the_crossing_marks() -> None:
+    # 100 messages per second for 10 s, one mark per 10 messages.
+    marks = [(i / 10, i * 10) for i in range(101)]
+    assert stats.window_rate(marks, 1000, 0.1, 0.9) == pytest.approx(100)
+    # Twice as fast in the second half.
+    marks = [(t / 10, t * 10) for t in range(51)] + [(5 + t / 20, 500 + t * 10) for t in range(1, 51)]
+    assert stats.window_rate(marks, 1000, 0.8, 0.9) == pytest.approx(200)
+    assert stats.window_rate(marks, 1000, 0.1, 0.2) == pytest.approx(100)
+    assert math.isnan(stats.window_rate(marks[:5], 1000, 0.1, 0.9))
+
+
+def test_ratio_guards_missing_and_zero() -> None:
+    assert stats.ratio(3, 2) == 1.5
+    assert stats.ratio(None, 2) is None
+    assert stats.ratio(1, 0) is None
+    assert stats.ratio(math.nan, 1) is None
+
+
+def test_proc_parsing() -> None:
+    stat = "1234 (python -m (relay)) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 4 0 100 0 0"
+    assert stats.proc_cpu_seconds(stat, 100) == pytest.approx(3.0)
+    status = "Name:\tpython\nVmHWM:\t  102400 kB\nVmRSS:\t 51200 kB\n"
+    assert stats.proc_status_bytes(status, "VmHWM") == 100 * 1024 * 1024
+    assert stats.proc_status_bytes(status, "VmSwap") == 0
+
+
+METRICS = """\
+# HELP outbox_relay_claim_duration_seconds Time the claim query took.
+outbox_relay_claim_duration_seconds_bucket{le="0.005"} 10.0
+outbox_relay_claim_duration_seconds_bucket{le="0.01"} 30.0
+outbox_relay_claim_duration_seconds_bucket{le="+Inf"} 40.0
+outbox_relay_claim_duration_seconds_count 40.0
+outbox_relay_claim_duration_seconds_sum 0.4
+"""
+
+
+def test_histogram_parsing_and_quantiles() -> None:
+    name = "outbox_relay_claim_duration_seconds"
+    assert stats.histogram_sum_count(METRICS, name) == (0.4, 40.0)
+    assert stats.mean_between((0.1, 10.0), (0.4, 40.0)) == pytest.approx(0.01)
+    buckets = stats.histogram_buckets(METRICS, name)
+    assert buckets == [(0.005, 10.0), (0.01, 30.0), (math.inf, 40.0)]
+    assert stats.bucket_quantile(buckets, 0.25) == pytest.approx(0.005)
+    assert stats.bucket_quantile(buckets, 0.5) == pytest.approx(0.0075)
+    assert stats.bucket_quantile(buckets, 0.99) == 0.01  # in +Inf: the last finite bound
+    delta = stats.bucket_delta(buckets, [(0.005, 10.0), (0.01, 10.0), (math.inf, 10.0)])
+    assert delta == [(0.005, 0.0), (0.01, 20.0), (math.inf, 30.0)]
+
+
+def test_writer_helpers() -> None:
+    assert trimmed_mean([1.0] * 99 + [100.0]) == 1.0
+    assert connections_for(10) >= 2
+    assert connections_for(1e9) <= 24
+
+
+RESULTS = {
+    "machine": {"date": "2024-01-01 00:00 UTC", "nproc": 2, "memory_gb": 24.0, "postgresql": "15.0"},
+    "config": {"command": "python -m bench", "events": 200_000, "s2_seconds": 20, "s4_seconds": 60},
+    "baselines": {
+        "l_db": {"rate": 40_000.0},
+        "l_kafka": {"rate": 30_000.0},
+        "l_rmq": {"rate": 8_000.0},
+        "l_commit": {"rate": 600.0},
+    },
+    "s1_kafka": {
+        "rate": 37_000.0,
+        "rate_10_20": 36_000.0,
+        "rate_80_90": 35_000.0,
+        "s3_ratio": 35 / 36,
+        "cpu_seconds_per_1000": 0.02,
+        "cpu_share_of_one_core": 0.7,
+        "peak_rss_mb": 60.0,
+    },
+    "s1_kafka_unordered": {"rate": 40_000.0, "s3_ratio": 1.0},
+    "s1_rmq": {"rate": 6_000.0, "s3_ratio": 1.0},
+    "s2": {
+        "notify": {
+            "latency": {"p50_ms": 4.0, "p99_ms": 30.0, "p999_ms": 50.0},
+            "achieved_rate": 300.0,
+            "offered_rate": 300.0,
+            "throughput": 300.0,
+            "lost": 0,
+        }
+    },
+    "s4": {
+        "claim_ratio": 1.5,
+        "claim_ratio_last_10s": 1.8,
+        "claim_mean_ms_before": 2.0,
+        "claim_mean_ms_during": 3.0,
+        "throughput_during": 290.0,
+        "throughput_before": 300.0,
+        "n_dead_tup_before": 10,
+        "n_dead_tup_during": 5000,
+        "lost": 0,
+        "not_received": 0,
+        "duplicates": 0,
+    },
+    "writer_cost": {
+        "rates": {"plain": 600.0, "publish_notify": 500.0, "publish_no_notify": 550.0},
+        "publish_overhead_notify": 0.2,
+        "publish_overhead_no_notify": 600 / 550 - 1,
+    },
+    "errors": {},
+}
+
+
+def test_targets_are_judged_from_the_figures() -> None:
+    verdicts = {v["target"]: v for v in report.evaluate(RESULTS)}
+    assert verdicts["Kafka S1 >= 0.9 x L_db"]["met"] is True
+    assert verdicts["Kafka S1 >= 0.9 x L_db"]["value"] == pytest.approx(0.925)
+    assert verdicts["RabbitMQ S1 >= 0.9 x L_rmq"]["met"] is False
+    assert verdicts["S2 p50 <= 5 ms (NOTIFY on)"]["met"] is True
+    assert verdicts["S2 p99 <= 25 ms (NOTIFY on)"]["met"] is False
+    assert verdicts["publish() adds <= 10% (NOTIFY on)"]["met"] is False
+    assert verdicts["ordered >= 0.8 x unordered"]["met"] is True
+    assert verdicts["S4 nothing lost (every committed event received)"]["met"] is True
+    partial = report.evaluate({"baselines": {}})
+    assert all(v["met"] is None and v["shown"] == "not run" for v in partial)
+
+
+def test_table_and_page_render() -> None:
+    table = report.format_table(RESULTS)
+    assert "0.93 x L_db" in table
+    assert "MISSED" in table and "met" in table
+    page = docs.render({**RESULTS, "profile": {"date": "x", "events": 10, "notes": ["a finding"]}})
+    assert page.startswith("# Performance")
+    assert "| Kafka S1 >= 0.9 x L_db | 0.925x | yes |" in page
+    assert "- a finding" in page
+    assert "make bench" in page
+
+
+def test_stacks_are_sorted_into_phases() -> None:
+    text = (
+        "thread (1): MainThread;run (a.py:1);PostgresStore.claim (p.py:1);PostgresStore._fetch (p.py:2);"
+        "AsyncCursor.fetchall (c.py:3) 6\n"
+        "thread (1): MainThread;run (a.py:1);Relay._judge (l.py:1);Histogram.observe (m.py:1) 2\n"
+        "thread (2): kafka-produce_0;KafkaSink._produce_all (k.py:1) 2\n"
+    )
+    by_category, by_thread, samples = attribution.categorize_collapsed(text)
+    assert samples == 10
+    assert by_category["claim: row decoding (psycopg fetchall, jsonb json.loads)"] == pytest.approx(0.6)
+    assert by_category["metrics (prometheus_client, per event)"] == pytest.approx(0.2)
+    assert by_thread == {"MainThread": pytest.approx(0.8), "kafka-produce": pytest.approx(0.2)}
+
+
+def test_subplan_times_split_a_plan() -> None:
+    plan = {
+        "Actual Total Time": 50.0,
+        "Plans": [
+            {
+                "Subplan Name": "CTE candidates",
+                "Actual Total Time": 20.0,
+                "Actual Loops": 1,
+                "Plans": [{"Subplan Name": "SubPlan 1", "Actual Total Time": 0.01, "Actual Loops": 1000}],
+            }
+        ],
+    }
+    parts = attribution.subplan_times(plan)
+    assert parts["CTE candidates"] == 20.0
+    assert parts["SubPlan 1"] == pytest.approx(10.0)
+    assert parts["outside CTEs"] == 30.0
