@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check relay producers consumers tests bench
-	$(BIN)/ruff format --check relay producers consumers tests bench
+	$(BIN)/ruff check relay producers consumers tests bench docs
+	$(BIN)/ruff format --check relay producers consumers tests bench docs
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
