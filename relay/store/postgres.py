@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import uuid4
@@ -201,22 +201,22 @@ class PostgresStore:
 
     async def _statistician(self) -> psycopg.AsyncConnection[Any]:
         if self._stats_conn is None:
-            conn = await self._connect()
-            if self._stats_conn is None:
-                self._stats_conn = conn
-            else:
-                await conn.close()
+            self._stats_conn = await self._spare(lambda: self._stats_conn)
         return self._stats_conn
 
     async def _settler(self) -> psycopg.AsyncConnection[Any]:
         if self._settle_conn is None:
-            conn = await self._connect()
-            if self._settle_conn is None:
-                self._settle_conn = conn
-            else:
-                # Another batch's settle connected meanwhile.
-                await conn.close()
+            self._settle_conn = await self._spare(lambda: self._settle_conn)
         return self._settle_conn
+
+    async def _spare(self, current: Callable[[], psycopg.AsyncConnection[Any] | None]) -> psycopg.AsyncConnection[Any]:
+        """Connect a side connection; if another task connected it meanwhile, keep theirs."""
+        conn = await self._connect()
+        existing = current()
+        if existing is not None:
+            await conn.close()
+            return existing
+        return conn
 
     async def _listener(self) -> psycopg.AsyncConnection[Any]:
         if self._listen_conn is None:

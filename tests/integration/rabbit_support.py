@@ -20,7 +20,6 @@ connection or hold back the broker's answers (confirms, heartbeats).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import select
 import socket
 import threading
@@ -28,7 +27,6 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -37,39 +35,14 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.exchange_type import ExchangeType
 
-from relay.events import Event
-
 COLLECT_TIMEOUT_SECONDS = 10.0
 #: How long ``collect`` keeps listening after the expected count, to catch extras.
 SETTLE_SECONDS = 0.3
-_ids = itertools.count(1)
 
 
 def unique_name(prefix: str = "relay-test") -> str:
     """A queue, exchange or routing-key name no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def make_event(
-    topic: str,
-    *,
-    key: str | None = None,
-    payload: bytes | None = None,
-    headers: dict[str, str] | None = None,
-    idempotency_key: str | None = None,
-) -> Event:
-    """An :class:`Event` as the store would hand it to a sink."""
-    event_id = next(_ids)
-    return Event(
-        id=event_id,
-        topic=topic,
-        key=key,
-        payload=payload if payload is not None else b'{"n": %d}' % event_id,
-        headers=headers or {},
-        idempotency_key=idempotency_key or str(uuid.uuid4()),
-        attempts=0,
-        created_at=datetime.now(UTC),
-    )
 
 
 @dataclass(frozen=True)

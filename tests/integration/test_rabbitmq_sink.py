@@ -16,10 +16,10 @@ from relay.devservices import free_port
 from relay.errors import ConfigError, SinkError, SinkUnavailable
 from relay.events import IDEMPOTENCY_HEADER, Event, Failure, Outcome
 from relay.sinks.rabbitmq import MAX_MESSAGE_BYTES, RabbitMQSink
+from tests.integration.kafka_support import make_event
 from tests.integration.rabbit_support import (
     Message,
     TcpProxy,
-    make_event,
     temp_exchange,
     temp_queue,
     unique_name,
