@@ -357,7 +357,10 @@ def test_black_holed_kafka_keeps_timed_out_events_in_the_outbox(database_url: st
     record("6a/network: Kafka black-holed past the publish timeout", result, runs=rounds, note=note)
     log = "\n".join(relay.lines[-30:])
     assert code == 0, log
-    assert all(h.get("pending", 0) > 0 and h.get("failed", 0) == 0 for h in held), held
+    # The first black hole always catches events in the outbox; a later one may
+    # start after the writers finished and find nothing left to hold back.
+    assert held[0].get("pending", 0) > 0, held
+    assert all(h.get("failed", 0) == 0 for h in held), held
     assert released > 0, "no batch timed out: the black hole did not outlast the publish timeout"
     assert None not in recoveries and empty and not counts.get("failed"), f"{note}\n{log}"
     assert_nothing_lost(result, events // 2)
