@@ -315,6 +315,11 @@ async def _with_store(args: argparse.Namespace, work: Callable[[Any], Any]) -> A
         await store.close()
 
 
+def _on_store(args: argparse.Namespace, call: Callable[[Any], Any]) -> Any:
+    """Open the store, await ``call(store)``, close the store; the CLI's one way in."""
+    return asyncio.run(_with_store(args, call))
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     """``outbox-relay migrate``."""
     from relay.store.migrate import migrate
@@ -365,10 +370,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """``outbox-relay status``."""
 
-    async def work(store: Any) -> Any:
-        return await store.status()
-
-    status = asyncio.run(_with_store(args, work))
+    status = _on_store(args, lambda store: store.status())
     if args.json:
         print(json.dumps(status.as_dict()))
     else:
@@ -383,10 +385,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_dead(args: argparse.Namespace) -> int:
     """``outbox-relay dead``."""
 
-    async def work(store: Any) -> Any:
-        return await store.dead(args.limit)
-
-    events = asyncio.run(_with_store(args, work))
+    events = _on_store(args, lambda store: store.dead(args.limit))
     if args.json:
         print(json.dumps([e.as_dict() for e in events]))
         return 0
@@ -402,10 +401,7 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     """``outbox-relay requeue``."""
     selection = RequeueFilter(id=args.id, topic=args.topic, key=args.key, all=args.all)
 
-    async def work(store: Any) -> Any:
-        return await store.requeue(selection)
-
-    ids = asyncio.run(_with_store(args, work))
+    ids = _on_store(args, lambda store: store.requeue(selection))
     print(json.dumps({"requeued": ids}) if args.json else f"requeued {len(ids)} events")
     return 0
 
@@ -413,10 +409,7 @@ def cmd_requeue(args: argparse.Namespace) -> int:
 def cmd_skip(args: argparse.Namespace) -> int:
     """``outbox-relay skip``."""
 
-    async def work(store: Any) -> Any:
-        return await store.skip(args.id)
-
-    if not asyncio.run(_with_store(args, work)):
+    if not _on_store(args, lambda store: store.skip(args.id)):
         print(
             f"{PROG}: error: event {args.id} is not dead-lettered or waiting (or does not exist)",
             file=sys.stderr,
@@ -429,10 +422,7 @@ def cmd_skip(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     """``outbox-relay inspect``."""
 
-    async def work(store: Any) -> Any:
-        return await store.inspect(args.id)
-
-    row = asyncio.run(_with_store(args, work))
+    row = _on_store(args, lambda store: store.inspect(args.id))
     if row is None:
         print(f"{PROG}: error: no event {args.id}", file=sys.stderr)
         return 1
@@ -450,10 +440,7 @@ def cmd_purge(args: argparse.Namespace) -> int:
         raise ConfigError("purge needs --older-than DURATION (or RELAY_OLDER_THAN)")
     seconds = parse_duration(args.older_than)
 
-    async def work(store: Any) -> Any:
-        return await store.purge(seconds)
-
-    deleted = asyncio.run(_with_store(args, work))
+    deleted = _on_store(args, lambda store: store.purge(seconds))
     print(json.dumps({"purged": deleted}) if args.json else f"purged {deleted} events")
     return 0
 
@@ -463,10 +450,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not (args.all or args.since or args.until or args.key or args.topic):
         raise ConfigError("replay needs --since, --until, --key, --topic or --all")
 
-    async def work(store: Any) -> Any:
-        return await store.replay(since=args.since, until=args.until, key=args.key, topic=args.topic)
-
-    ids = asyncio.run(_with_store(args, work))
+    ids = _on_store(
+        args, lambda store: store.replay(since=args.since, until=args.until, key=args.key, topic=args.topic)
+    )
     print(json.dumps({"replayed": ids}) if args.json else f"replayed {len(ids)} events")
     return 0
 
