@@ -6,7 +6,8 @@
 #
 # The entry point is the `outbox-relay` command, so `docker run IMAGE migrate`,
 # `... status --json` or `... dead` work as they do on a workstation. The
-# default command is `run`. compose/docker-compose.yml uses this file.
+# default command is `run`. compose/docker-compose.yml uses this file, also for
+# the example shop and consumer (`--entrypoint python IMAGE -m relay.examples shop`).
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -19,6 +20,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 COPY pyproject.toml README.md /src/
 COPY relay /src/relay
 COPY producers /src/producers
+COPY consumers /src/consumers
 RUN pip install /src && rm -rf /src
 
 RUN groupadd --system --gid 10001 relay \

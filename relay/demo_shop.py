@@ -7,7 +7,8 @@ then after its event is written (out of stock, card declined, ...), which
 rolls the transaction back, event included; the step is then retried. The
 :class:`Ledger` remembers what was committed and what was rolled back, and
 :class:`Deliveries` what came out of the broker, so :func:`summarize` can say
-whether anything was lost, leaked or reordered.
+whether anything was lost, leaked or reordered. ``python -m relay.examples
+shop`` runs the same shop without an end, at a set rate (compose's ``shop``).
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import queue
 import random
 import threading
 import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -49,6 +49,18 @@ _UPDATE_ORDER = "UPDATE outbox_demo_orders SET status = %s, updated_at = now() W
 
 class StepFailed(Exception):
     """The business reason a step's transaction is rolled back."""
+
+
+class Books(Protocol):
+    """Where the shop records what became of each event it wrote."""
+
+    def committed(self, idempotency_key: str, order_id: str) -> None:
+        """An event whose transaction has just committed."""
+        ...
+
+    def rolled(self, idempotency_key: str) -> None:
+        """An event whose transaction was rolled back."""
+        ...
 
 
 class Ledger:
@@ -112,30 +124,40 @@ class Deliveries:
 
 
 class Shop:
-    """Writes ``orders`` orders from ``workers`` threads, each with its own connection."""
+    """Places orders from ``workers`` threads, each with its own connection.
+
+    ``orders`` orders in all, or orders until :meth:`stop` when it is None;
+    with ``orders_per_second`` the workers together start no more orders a
+    second than that.
+    """
 
     def __init__(
         self,
         database_url: str,
-        ledger: Ledger,
+        ledger: Books,
         *,
-        orders: int,
+        orders: int | None,
         workers: int,
         failure_rate: float,
         table: str,
+        topic: str = TOPIC,
+        orders_per_second: float | None = None,
         seed: int | None = None,
     ) -> None:
         self.database_url = database_url
         self.ledger = ledger
+        self.orders = orders
         self.workers = workers
         self.failure_rate = failure_rate
         self.table = table
+        self.topic = topic
+        self.orders_per_second = orders_per_second
         self._seed = random.randrange(2**32) if seed is None else seed
-        run = uuid.uuid4().hex[:6]
         # Order ids unique per run, so a shared database or broker never mixes runs.
-        self._todo: queue.SimpleQueue[str] = queue.SimpleQueue()
-        for n in range(1, orders + 1):
-            self._todo.put(f"order-{run}-{n:04d}")
+        self._run = uuid.uuid4().hex[:6]
+        self._lock = threading.Lock()
+        self._placed = 0
+        self._next_start = 0.0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._errors: list[BaseException] = []
@@ -146,7 +168,7 @@ class Shop:
             conn.execute(_CREATE_ORDERS)
 
     def start(self) -> None:
-        """Start the workers; they stop when every order is done or :meth:`stop` is called."""
+        """Start the workers; they stop when every order is placed or :meth:`stop` is called."""
         for index in range(self.workers):
             thread = threading.Thread(target=self._work, args=(index,), name=f"shop-{index}", daemon=True)
             thread.start()
@@ -168,14 +190,27 @@ class Shop:
         rng = random.Random(self._seed + index)
         try:
             with psycopg.connect(self.database_url) as conn:
-                while not self._stop.is_set():
-                    try:
-                        order_id = self._todo.get_nowait()
-                    except queue.Empty:
-                        return
+                while (order_id := self._next_order()) is not None:
                     self._order(conn, order_id, rng)
         except Exception as exc:  # noqa: BLE001 - handed to the main thread by done()
             self._errors.append(exc)
+
+    def _next_order(self) -> str | None:
+        """The next order's id once its start time has come; None when done or stopping."""
+        with self._lock:
+            if self._stop.is_set() or (self.orders is not None and self._placed >= self.orders):
+                return None
+            self._placed += 1
+            number = self._placed
+            start = time.monotonic()
+            if self.orders_per_second:
+                # No credit for idle time: a slow stretch is not followed by a burst.
+                start = max(start, self._next_start)
+                self._next_start = start + 1 / self.orders_per_second
+        delay = start - time.monotonic()
+        if delay > 0 and self._stop.wait(delay):
+            return None
+        return f"order-{self._run}-{number:04d}"
 
     def _order(self, conn: psycopg.Connection[Any], order_id: str, rng: random.Random) -> None:
         total_cents = rng.randrange(500, 50_000)
@@ -208,7 +243,7 @@ class Shop:
                 else:
                     conn.execute(_UPDATE_ORDER, [step.removeprefix("order."), order_id])
                 idempotency_key = producers.publish(
-                    conn, TOPIC, payload, key=order_id, headers={"event-type": step}, table=self.table
+                    conn, self.topic, payload, key=order_id, headers={"event-type": step}, table=self.table
                 )
                 # Fail after the event is written, so a leak would show.
                 if rng.random() < self.failure_rate:

@@ -2,16 +2,21 @@
 
 Nothing here starts a container. The files are parsed and held against the
 command line (every ``RELAY_*`` variable must be a flag of the command its
-service runs, with a value the CLI accepts) and against each other (images,
-dependencies, health checks, ports, the Kafka listeners).
+service runs, with a value the CLI accepts; the same for the example shop and
+consumer and their ``SHOP_*`` and ``CONSUMER_*`` variables) and against each
+other (images, dependencies, health checks, ports, the Kafka listeners).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import fnmatch
+import importlib
+import importlib.util
 import json
 import os
+import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +26,10 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from relay import examples
 from relay.cli import build_parser
 from relay.config import AmqpSinkConfig, KafkaSinkConfig, TableName, check_database_url, parse_sink_url
+from relay.demo_shop import TOPIC
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "compose"
@@ -34,8 +41,14 @@ PYPROJECT = ROOT / "pyproject.toml"
 PROG = "outbox-relay"
 #: Read by every command (or by the relay as a whole), whatever its flags.
 ALWAYS_ALLOWED = frozenset({"RELAY_DATABASE_URL", "RELAY_SINK"})
-EXPECTED_SERVICES = frozenset({"postgres", "kafka", "rabbitmq", "migrate", "relay", "relay-rabbitmq"})
+EXPECTED_SERVICES = frozenset(
+    {"postgres", "kafka", "rabbitmq", "migrate", "relay", "relay-rabbitmq", "shop", "consumer"}
+)
 ONE_SHOT_COMMANDS = frozenset({"migrate"})
+#: The entry point of the example services, which run the same image.
+EXAMPLES_ENTRYPOINT = ["python", "-m", examples.__name__]
+#: A heartbeat older than this makes a container unhealthy; its services beat at least once a second.
+HEARTBEAT_MAX_AGE_SECONDS = 60
 
 
 # -- helpers -------------------------------------------------------------------
@@ -91,19 +104,71 @@ def healthcheck_test(service: dict[str, Any]) -> list[str]:
     return [str(word) for word in test if str(word) != "NONE"]
 
 
-def is_relay(service: dict[str, Any]) -> bool:
+def words(value: Any) -> list[str]:
+    """A compose ``entrypoint`` or ``command`` as a list of words."""
+    return value.split() if isinstance(value, str) else [str(word) for word in value or []]
+
+
+def uses_this_image(service: dict[str, Any]) -> bool:
     """True for services that run this project's image."""
     return "build" in service or str(service.get("image", "")).startswith(PROG)
 
 
+def entrypoint(service: dict[str, Any]) -> list[str]:
+    """What a service of this image starts: its own ``entrypoint``, else the image's."""
+    if "entrypoint" in service:
+        return words(service["entrypoint"])
+    return dockerfile_exec_form("ENTRYPOINT")
+
+
+def is_relay(service: dict[str, Any]) -> bool:
+    """True for services that run the ``outbox-relay`` command."""
+    return uses_this_image(service) and entrypoint(service) == [PROG]
+
+
+def is_example(service: dict[str, Any]) -> bool:
+    """True for the example shop and consumer (``python -m relay.examples``)."""
+    return uses_this_image(service) and entrypoint(service) == EXAMPLES_ENTRYPOINT
+
+
 def relay_command(service: dict[str, Any]) -> str:
-    """The ``outbox-relay`` subcommand a relay service runs (the image's CMD when unset)."""
+    """The subcommand a service of this image runs (the image's CMD when unset)."""
     command = service.get("command")
     if command is None:
         return dockerfile_exec_form("CMD")[0]
-    words = command.split() if isinstance(command, str) else [str(word) for word in command]
-    assert words, "empty command"
-    return words[0]
+    found = words(command)
+    assert found, "empty command"
+    return found[0]
+
+
+def example_env_names(command: str) -> set[str]:
+    """The variables ``python -m relay.examples COMMAND`` reads: one per flag, and DATABASE_URL."""
+    return {examples.env_name(command, flag) for flag in subcommand_flags(examples.build_parser({}))[command]} | {
+        "DATABASE_URL"
+    }
+
+
+def parsed_example(service: dict[str, Any]) -> argparse.Namespace:
+    """An example service's command line as its entry point parses it from the service's environment."""
+    command = relay_command(service)
+    try:
+        return examples.build_parser(environment(service)).parse_args([command])
+    except SystemExit as exc:
+        pytest.fail(f"`{' '.join(EXAMPLES_ENTRYPOINT)} {command}` rejects its environment (exit {exc.code})")
+
+
+def kafka_hosts(url: str) -> set[str | None]:
+    """The host names of a ``kafka://`` URL."""
+    config = parse_sink_url(url)
+    assert isinstance(config, KafkaSinkConfig), f"{url} is not a kafka:// URL"
+    return {server.rpartition(":")[0] for server in config.bootstrap_servers.split(",")}
+
+
+def heartbeat_age_limit(service: dict[str, Any], path: str) -> int | None:
+    """The age in seconds past which the health check calls ``path`` stale, or None if it does not read it."""
+    test = " ".join(healthcheck_test(service))
+    match = re.search(rf"os\.stat\('{re.escape(path)}'\)\.st_mtime\s*>\s*(\d+)", test)
+    return int(match.group(1)) if match else None
 
 
 def is_one_shot(service: dict[str, Any]) -> bool:
@@ -111,9 +176,9 @@ def is_one_shot(service: dict[str, Any]) -> bool:
     return is_relay(service) and relay_command(service) in ONE_SHOT_COMMANDS
 
 
-def subcommand_flags() -> dict[str, set[str]]:
-    """Every long option of every ``outbox-relay`` subcommand, from the real parser."""
-    parser = build_parser()
+def subcommand_flags(parser: argparse.ArgumentParser | None = None) -> dict[str, set[str]]:
+    """Every long option of every subcommand, from the real parser (``outbox-relay``'s by default)."""
+    parser = build_parser() if parser is None else parser
     flags: dict[str, set[str]] = {}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -257,7 +322,12 @@ def test_every_image_is_pinned_and_every_build_exists(services: dict[str, dict[s
 def test_relay_services_build_this_repository(services: dict[str, dict[str, Any]]) -> None:
     relays = [name for name, service in services.items() if is_relay(service)]
     assert {"migrate", "relay", "relay-rabbitmq"} <= set(relays)
-    for name in relays:
+    ours = [name for name, service in services.items() if uses_this_image(service)]
+    for name in ours:
+        assert is_relay(services[name]) or is_example(services[name]), (
+            f"{name}: runs {entrypoint(services[name])}, neither {PROG} nor {' '.join(EXAMPLES_ENTRYPOINT)}"
+        )
+    for name in ours:
         build = services[name].get("build")
         assert build is not None, f"{name}: runs the relay image but does not build it"
         context = build if isinstance(build, str) else build["context"]
@@ -471,6 +541,131 @@ def test_rabbitmq_relay_uses_the_management_image_and_default_vhost(
     assert sink == "amqp://guest:guest@rabbitmq:5672/%2F"
 
 
+# -- the example shop and consumer ----------------------------------------------
+
+
+def test_examples_run_a_real_module_and_command(services: dict[str, dict[str, Any]]) -> None:
+    assert is_example(services["shop"]) and relay_command(services["shop"]) == "shop"
+    assert is_example(services["consumer"]) and relay_command(services["consumer"]) == "consumer"
+    module_name = EXAMPLES_ENTRYPOINT[2]
+    assert importlib.util.find_spec(module_name) is not None, f"no module {module_name}"
+    module = importlib.import_module(module_name)
+    assert callable(module.main), f"{module_name} has no main()"
+    assert 'if __name__ == "__main__":' in Path(str(module.__file__)).read_text(encoding="utf-8"), (
+        f"`python -m {module_name}` would import it and do nothing"
+    )
+    package = module_name.split(".")[0]
+    copied = {rest.split()[0] for rest in dockerfile_values("COPY")}
+    assert package in copied, f"the image does not COPY {package}/, which holds {module_name}"
+    commands = subcommand_flags(examples.build_parser({}))
+    for name, service in services.items():
+        if is_example(service):
+            assert relay_command(service) in commands, (
+                f"{name}: {relay_command(service)!r} is not in {sorted(commands)}"
+            )
+            assert not profiles(service), f"{name}: the examples start with the default stack"
+
+
+def test_example_env_vars_are_read_by_the_command_run(services: dict[str, dict[str, Any]]) -> None:
+    problems = []
+    for name, service in services.items():
+        if not is_example(service):
+            continue
+        command = relay_command(service)
+        known = example_env_names(command)
+        for variable in environment(service):
+            if variable not in known:
+                problems.append(f"{name}: `{command}` does not read {variable} (it reads {sorted(known)})")
+        if f"{examples.ENV_PREFIXES[command]}DATABASE_URL" not in environment(service):
+            problems.append(f"{name}: no {examples.ENV_PREFIXES[command]}DATABASE_URL")
+    assert not problems, "\n".join(problems)
+    # The mapping the check relies on: real variables are known, made-up ones are not.
+    assert {"SHOP_ORDERS_PER_SECOND", "SHOP_DATABASE_URL", "DATABASE_URL"} <= example_env_names("shop")
+    assert {"CONSUMER_KAFKA", "CONSUMER_GROUP", "CONSUMER_HEARTBEAT_FILE"} <= example_env_names("consumer")
+    assert "SHOP_KAFKA" not in example_env_names("shop")
+    assert "CONSUMER_NO_SUCH_SETTING" not in example_env_names("consumer")
+
+
+def test_example_env_values_are_accepted(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        if not is_example(service):
+            continue
+        args = parsed_example(service)
+        check_database_url(args.database_url or "")
+        assert args.log_format in ("text", "json")
+        if args.command == "shop":
+            TableName.parse(args.table)
+            assert 0 < args.orders_per_second <= 20, f"{name}: {args.orders_per_second} orders a second is not modest"
+            assert 0 < args.failure_rate < 1, f"{name}: no transaction would be rolled back"
+            assert args.orders == 0, f"{name}: a shop that stops would be restarted"
+        else:
+            TableName.parse(args.inbox_table)
+            kafka_hosts(args.kafka)
+
+
+def test_examples_health_checks_read_their_heartbeat(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        if not is_example(service):
+            continue
+        test = " ".join(healthcheck_test(service))
+        # Without its own check a service would inherit the image's, which probes the relay's /healthz.
+        assert test, f"{name}: no health check of its own"
+        assert "/healthz" not in test, f"{name}: probes the relay's /healthz, which it does not serve"
+        heartbeat = parsed_example(service).heartbeat_file
+        assert heartbeat, f"{name}: no heartbeat file, so its health check has nothing to read"
+        assert heartbeat.startswith("/tmp/"), f"{name}: the image's user can write only under /tmp"
+        limit = heartbeat_age_limit(service, heartbeat)
+        assert limit is not None, f"{name}: the health check does not read {heartbeat}"
+        assert examples.HEARTBEAT_INTERVAL_SECONDS < limit <= HEARTBEAT_MAX_AGE_SECONDS, f"{name}: {limit}s"
+
+
+def test_examples_reach_servers_they_wait_for(services: dict[str, dict[str, Any]]) -> None:
+    problems = []
+    for name, service in services.items():
+        if not is_example(service):
+            continue
+        args = parsed_example(service)
+        waits_for = {target for target, cond in dependencies(service).items() if cond == "service_healthy"}
+        hosts = {urlsplit(args.database_url).hostname}
+        if args.command == "consumer":
+            hosts |= kafka_hosts(args.kafka)
+        for host in hosts:
+            if host not in services:
+                problems.append(f"{name}: connects to {host!r}, which is not a service")
+            elif host not in waits_for:
+                problems.append(f"{name}: connects to {host!r} without waiting for it to be healthy")
+    assert not problems, "\n".join(problems)
+
+
+def test_examples_wait_for_the_migration(services: dict[str, dict[str, Any]]) -> None:
+    for name in ("shop", "consumer"):
+        deps = dependencies(services[name])
+        assert deps.get("migrate") == "service_completed_successfully", f"{name}: does not wait for migrate"
+    assert dependencies(services["consumer"]).get("kafka") == "service_healthy"
+    shop = parsed_example(services["shop"])
+    migrated = environment(services["migrate"]).get("RELAY_TABLE", "outbox")
+    assert shop.table == migrated, f"the shop writes {shop.table!r}, migrate creates {migrated!r}"
+
+
+def test_the_consumer_reads_what_the_relay_delivers_from_the_shop(services: dict[str, dict[str, Any]]) -> None:
+    shop = parsed_example(services["shop"])
+    consumer = parsed_example(services["consumer"])
+    assert consumer.topic == shop.topic == TOPIC, (shop.topic, consumer.topic)
+    relays = [
+        environment(service)
+        for service in services.values()
+        if is_relay(service)
+        and relay_command(service) == "run"
+        and not profiles(service)
+        and environment(service).get("RELAY_TABLE", "outbox") == shop.table
+    ]
+    assert len(relays) == 1, f"expected one relay of table {shop.table!r} without a profile, found {len(relays)}"
+    sink = parse_sink_url(relays[0]["RELAY_SINK"])
+    assert isinstance(sink, KafkaSinkConfig), "the shop's table is not relayed to Kafka"
+    assert parse_sink_url(consumer.kafka) == sink, "the consumer reads another Kafka than the relay writes to"
+    assert urlsplit(relays[0]["RELAY_DATABASE_URL"]).path == urlsplit(shop.database_url).path
+
+
 # -- Dockerfile ----------------------------------------------------------------
 
 
@@ -495,6 +690,16 @@ def test_dockerfile_installs_the_package_then_drops_root() -> None:
             for source in rest.split()[:-1]:
                 if not source.startswith("--"):
                     assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
+
+
+def test_dockerfile_copies_every_package_the_project_installs() -> None:
+    include = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {path.name for path in ROOT.iterdir() if (path / "__init__.py").is_file()}
+    installed = {name for name in packages if any(fnmatch.fnmatch(name, pattern) for pattern in include)}
+    assert {"relay", "producers", "consumers"} <= installed, installed
+    copied = {rest.split()[0] for rest in dockerfile_values("COPY")}
+    missing = installed - copied
+    assert not missing, f"the image would install without {sorted(missing)}"
 
 
 def test_dockerfile_entrypoint_is_the_console_script() -> None:
@@ -528,5 +733,5 @@ def test_dockerignore_keeps_the_context_small_but_complete() -> None:
         if line.strip() and not line.startswith("#")
     }
     assert {".git", ".venv"} <= patterns, patterns
-    for needed in ("pyproject.toml", "README.md", "relay", "producers"):
+    for needed in ("pyproject.toml", "README.md", "relay", "producers", "consumers"):
         assert needed not in patterns, f".dockerignore drops {needed}, which the image needs"
