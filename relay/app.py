@@ -8,13 +8,14 @@ import os
 import socket
 from dataclasses import dataclass
 
-from relay.config import RelaySettings, SinkConfig, TableName, redact_url
-from relay.errors import RelayError
+from relay.config import RelaySettings, RouteConfig, SinkConfig, TableName, redact_url
+from relay.errors import ConfigError, RelayError
 from relay.health import HealthServer
 from relay.loop import Relay
 from relay.retention import purge_forever
 from relay.signals import stop_on_signals
-from relay.sinks import build_sink
+from relay.sinks import build_router, build_sink
+from relay.sinks.base import Sink
 from relay.store.postgres import PostgresStore
 
 logger = logging.getLogger(__name__)
@@ -27,23 +28,44 @@ def owner_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    """Everything ``outbox-relay run`` needs, validated."""
+    """Everything ``outbox-relay run`` needs, validated.
+
+    With ``routes`` (``--sink``, if given, already appended as the catch-all
+    ``*``) events go to a :class:`relay.sinks.RoutingSink` and ``sink`` is not
+    used; without, every event goes to ``sink``.
+    """
 
     database_url: str
     table: TableName
-    sink: SinkConfig
+    sink: SinkConfig | None
     settings: RelaySettings
     keep_sent: bool = False
     retention_seconds: float | None = None
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     startup_timeout_seconds: float = 0.0
+    routes: tuple[RouteConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.sink is None and not self.routes:
+            raise ConfigError("no sink configured: set --sink or --route (RELAY_SINK, RELAY_ROUTES)")
 
     def __repr__(self) -> str:
+        routes = ", ".join(f"{r.pattern!r}: {r.label!r}" for r in self.routes)
         return (
             f"RunConfig(database_url={redact_url(self.database_url)!r}, table={str(self.table)!r}, "
-            f"sink={self.sink!r}, settings={self.settings!r})"
+            f"sink={self.sink!r}, routes={{{routes}}}, settings={self.settings!r})"
         )
+
+    def describe_sinks(self) -> str:
+        """Where events go, for the start-up log line (no secrets)."""
+        if self.routes:
+            return ", ".join(f"{r.pattern} -> {_kind(r.sink)}" for r in self.routes)
+        return _kind(self.sink) if self.sink else "nowhere"
+
+
+def _kind(config: SinkConfig) -> str:
+    return type(config).__name__.removesuffix("SinkConfig").lower()
 
 
 def build_relay(config: RunConfig) -> Relay:
@@ -56,7 +78,15 @@ def build_relay(config: RunConfig) -> Relay:
         keep_sent=config.keep_sent,
         listen=config.settings.listen,
     )
-    sink = build_sink(config.sink, publish_timeout_seconds=config.settings.publish_timeout_seconds)
+    timeout = config.settings.publish_timeout_seconds
+    if config.routes:
+        router = build_router(config.routes, publish_timeout_seconds=timeout)
+        relay = Relay(store, router, config.settings)
+        relay.metrics.track_sinks(router.states)
+        return relay
+    if config.sink is None:
+        raise ConfigError("no sink configured: set --sink or --route")
+    sink: Sink = build_sink(config.sink, publish_timeout_seconds=timeout)
     return Relay(store, sink, config.settings)
 
 
@@ -64,7 +94,9 @@ async def start(relay: Relay, timeout: float) -> None:
     """Connect the store and the sink, trying for up to ``timeout`` seconds.
 
     Past start-up the relay rides out outages; at start-up an unreachable
-    server is more likely a configuration mistake, so it is reported.
+    server is more likely a configuration mistake, so it is reported. With
+    routes, only when no sink answers: one broker down must not stop the
+    others' events (its own events wait, and ``/readyz`` says so).
     """
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -92,7 +124,7 @@ async def serve(config: RunConfig) -> None:
         logger.info(
             "relaying %s to %s",
             config.table,
-            type(config.sink).__name__.removesuffix("SinkConfig").lower(),
+            config.describe_sinks(),
             extra={"action": "start", "batch_size": config.settings.batch_size},
         )
         side_tasks = []

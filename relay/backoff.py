@@ -49,8 +49,12 @@ class OutageBackoff:
         """The server answered again."""
         self.failures = 0
 
+    def next_delay(self) -> float:
+        """Count a failed try and return the seconds to wait before the next one."""
+        self.failures += 1
+        return self._backoff.delay(self.failures)
+
     async def sleep(self, stop: asyncio.Event) -> None:
         """Wait the next delay, or less if ``stop`` is set meanwhile."""
-        self.failures += 1
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), self._backoff.delay(self.failures))
+            await asyncio.wait_for(stop.wait(), self.next_delay())

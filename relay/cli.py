@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -16,7 +17,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relay import __version__, config
-from relay.config import RelaySettings, TableName, check_database_url, parse_duration, parse_sink_url, redact_url
+from relay.config import (
+    RelaySettings,
+    TableName,
+    check_database_url,
+    parse_duration,
+    parse_route,
+    parse_sink_url,
+    redact_url,
+    resolve_routes,
+    split_routes,
+)
 from relay.errors import ConfigError, RelayError
 from relay.logs import configure as configure_logging
 from relay.store.base import RequeueFilter
@@ -90,6 +101,22 @@ def _switch(parser: argparse.ArgumentParser, flag: str, *, help: str, default: b
     parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=f"{help} [env {env_name}]")
 
 
+class _Routes(argparse.Action):
+    """Collect ``--route`` values in order; the first one given replaces ``RELAY_ROUTES``."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        routes = [] if current is None or current is self.default else list(current)
+        routes.append(values)
+        setattr(namespace, self.dest, routes)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     _flag(
         parser,
@@ -144,8 +171,20 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(
         run,
         "--sink",
-        help="kafka://host:port[,host:port][?option=value] or amqp://user:pass@host:port/vhost[?exchange=NAME]",
+        help="where events go (with --route: the catch-all route, tried last): "
+        "kafka://host:port[,host:port][?option=value] or amqp://user:pass@host:port/vhost[?exchange=NAME]",
         metavar="URL",
+    )
+    routes_env = _env("--routes")
+    run.add_argument(
+        "--route",
+        action=_Routes,
+        dest="routes",
+        default=split_routes(routes_env) if routes_env is not None else None,
+        metavar="PATTERN=URL",
+        help="send topics matching the shell-style glob PATTERN (fnmatch, case-sensitive) to the sink at URL; "
+        "repeat it for more routes: the first match wins, --sink comes last. A topic no route matches is "
+        "dead-lettered. RELAY_ROUTES holds routes separated by spaces or newlines [env RELAY_ROUTES]",
     )
     _flag(run, "--batch-size", type=_positive_int, default=config.BATCH_SIZE, help="most events claimed at once")
     _flag(
@@ -352,10 +391,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         pipeline_depth=args.pipeline_depth,
         listen=args.listen,
     )
+    routes = resolve_routes(args.routes or [], args.sink)
     run_config = RunConfig(
         database_url=dsn,
         table=table,
-        sink=parse_sink_url(args.sink or ""),
+        sink=parse_sink_url(args.sink or "") if args.sink or not routes else None,
+        routes=routes,
         settings=settings,
         keep_sent=args.keep_sent,
         retention_seconds=parse_duration(args.retention) if args.retention else None,
@@ -474,12 +515,15 @@ def _secrets(args: argparse.Namespace) -> list[str]:
     from relay.store.postgres import password_of
 
     found = [password_of(args.database_url or "") or ""]
+    sinks: list[config.SinkConfig] = []
     sink = getattr(args, "sink", None)
     if sink:
-        try:
-            parsed = parse_sink_url(sink)
-        except ConfigError:
-            parsed = None
+        with contextlib.suppress(ConfigError):
+            sinks.append(parse_sink_url(sink))
+    for route in getattr(args, "routes", None) or []:
+        with contextlib.suppress(ConfigError):
+            sinks.append(parse_route(route).sink)
+    for parsed in sinks:
         if isinstance(parsed, config.KafkaSinkConfig):
             found += [v for k, v in parsed.options.items() if "password" in k]
         elif isinstance(parsed, config.AmqpSinkConfig):

@@ -7,7 +7,9 @@ contains a password.
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
@@ -134,13 +136,67 @@ SinkConfig = KafkaSinkConfig | AmqpSinkConfig
 def parse_sink_url(url: str) -> SinkConfig:
     """Parse ``kafka://...`` or ``amqp(s)://...`` into a sink configuration."""
     if not url:
-        raise ConfigError("no sink configured: set --sink or RELAY_SINK (kafka://... or amqp://...)")
+        raise ConfigError("no sink configured: set --sink or RELAY_SINK (kafka://... or amqp://...), or --route")
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme == "kafka":
         return _parse_kafka(url)
     if scheme in ("amqp", "amqps"):
         return _parse_amqp(url)
     raise ConfigError(f"unknown sink scheme {scheme or '(none)'!r} in {redact_url(url)!r}: use kafka:// or amqp://")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteConfig:
+    """Events whose topic matches ``pattern`` go to ``sink``.
+
+    ``pattern`` is a case-sensitive shell-style glob (:func:`fnmatch.fnmatchcase`:
+    ``*``, ``?``, ``[seq]``; ``*`` also matches dots). ``label`` is the sink URL
+    with its secrets masked: it names the sink in logs, errors and metrics.
+    """
+
+    pattern: str
+    sink: SinkConfig
+    label: str
+
+
+def parse_route(text: str) -> RouteConfig:
+    """Parse ``PATTERN=URL`` (split at the first ``=``; URLs may hold more)."""
+    pattern, sep, url = text.strip().partition("=")
+    pattern = pattern.strip()
+    if not sep or "://" in pattern:
+        raise ConfigError(
+            f"invalid route {redact_url(text)[:120]!r}: use PATTERN=URL, e.g. 'billing.*=kafka://host:9092'"
+        )
+    if not pattern:
+        raise ConfigError(f"invalid route {redact_url(url)[:120]!r}: the topic pattern before '=' is empty")
+    if any(c.isspace() for c in pattern):
+        raise ConfigError(f"invalid route pattern {pattern[:80]!r}: no whitespace (use ? to match a space)")
+    url = url.strip()
+    if not url:
+        raise ConfigError(f"route {pattern[:80]!r} has no sink URL after '='")
+    try:
+        sink = parse_sink_url(url)
+    except ConfigError as exc:
+        raise ConfigError(f"route {pattern[:80]!r}: {exc}") from None
+    return RouteConfig(pattern=pattern, sink=sink, label=redact_url(url))
+
+
+def split_routes(text: str) -> list[str]:
+    """The routes in ``RELAY_ROUTES``: separated by whitespace (spaces or newlines)."""
+    return text.split()
+
+
+def resolve_routes(routes: Sequence[str], sink: str | None) -> tuple[RouteConfig, ...]:
+    """Every ``--route`` in order, then ``--sink`` (if given) as the catch-all ``*``."""
+    resolved = [parse_route(route) for route in routes]
+    if resolved and sink:
+        resolved.append(RouteConfig(pattern="*", sink=parse_sink_url(sink), label=redact_url(sink)))
+    for earlier, later in itertools.pairwise(resolved):
+        # First match wins: anything after a catch-all is a mistake, not a fallback.
+        if earlier.pattern == "*":
+            what = "--sink" if later is resolved[-1] and sink else f"route {later.pattern!r}"
+            raise ConfigError(f"{what} comes after the catch-all route '*' and would never be used")
+    return tuple(resolved)
 
 
 def _parse_kafka(url: str) -> KafkaSinkConfig:

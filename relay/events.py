@@ -38,10 +38,16 @@ class Failure:
     ``permanent`` failures (message too large, unknown topic, not authorised,
     unroutable with no chance of a queue appearing) are dead-lettered at once;
     the others are retried with backoff until the attempts run out.
+
+    ``unavailable`` means the event was not even tried because the broker of
+    its route is down (see :mod:`relay.sinks.routing`): the relay gives it back
+    without spending an attempt, due again in ``retry_after_seconds``.
     """
 
     error: str
     permanent: bool = False
+    unavailable: bool = False
+    retry_after_seconds: float = 0.0
 
 
 #: The outcome of publishing one event: ``None`` when the broker acknowledged it.

@@ -7,8 +7,9 @@ import contextlib
 import logging
 import time
 
-from relay.errors import RelayError
+from relay.errors import RelayError, SinkUnavailable
 from relay.loop import Relay
+from relay.sinks.routing import RoutingSink
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +44,19 @@ class HealthServer:
         return time.monotonic() - self.relay.heartbeat < self.relay.settings.lease_seconds
 
     async def ready(self) -> bool:
-        """True when both the database and the broker answer."""
+        """True when the database and the broker answer; with routes, every route's broker.
+
+        A routed sink that is down holds back its events while the others flow:
+        the relay is working, but not for everything, so it is not ready.
+        """
+        sink = self.relay.sink
         try:
             async with asyncio.timeout(READY_CHECK_TIMEOUT_SECONDS):
                 await self.relay.store.check()
-                await self.relay.sink.check()
+                await sink.check()
+            if isinstance(sink, RoutingSink) and sink.down():
+                causes = "; ".join(f"{label}: {error}" for label, error in sink.down().items())
+                raise SinkUnavailable(f"sinks down ({causes})")
         except (RelayError, TimeoutError) as exc:
             logger.info("not ready: %s", exc, extra={"action": "not_ready"})
             return False

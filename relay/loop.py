@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -87,13 +87,13 @@ class Relay:
             await self._drain()
 
     async def _refresh_gauges(self, stop: asyncio.Event) -> None:
-        """Keep the table gauges fresh: the age often (an index probe), the counts rarely (a pass)."""
+        """Keep the table gauges fresh: the age often (an index probe), the counts less often (bounded reads)."""
         next_counts = 0.0
         while not stop.is_set():
             try:
                 if time.monotonic() >= next_counts:
                     next_counts = time.monotonic() + COUNTS_INTERVAL_SECONDS
-                    self.metrics.observe_status(await self.store.status())
+                    self.metrics.observe_status(await self.store.gauges())
                 else:
                     self.metrics.oldest_pending_age.set(await self.store.oldest_pending_age())
             except StoreUnavailable as exc:
@@ -207,7 +207,7 @@ class Relay:
                 len(claim.events),
                 extra={"action": "release_stale", "batch_size": len(claim.events)},
             )
-            await self._settle_until_lease_ends(claim, release=[e.id for e in claim.events])
+            await self._settle_until_lease_ends(claim, release={0.0: [e.id for e in claim.events]})
             return
         try:
             with batch_span(claim.events, system=self.sink.name):
@@ -220,10 +220,10 @@ class Relay:
                 exc,
                 extra={"action": "release", "batch_size": len(claim.events)},
             )
-            await self._settle_until_lease_ends(claim, release=[e.id for e in claim.events])
+            await self._settle_until_lease_ends(claim, release={0.0: [e.id for e in claim.events]})
             return
-        sent, retry, dead = self._judge(claim.events, outcomes)
-        settlement = await self._settle_until_lease_ends(claim, sent=sent, retry=retry, dead=dead)
+        sent, retry, dead, held = self._judge(claim.events, outcomes)
+        settlement = await self._settle_until_lease_ends(claim, sent=sent, retry=retry, dead=dead, release=held)
         if settlement is not None and settlement.lost:
             self.metrics.lost_leases.inc(settlement.lost)
             logger.warning(
@@ -232,12 +232,18 @@ class Relay:
                 extra={"action": "lease_lost", "batch_size": len(claim.events)},
             )
 
-    def _judge(self, events: Sequence[Event], outcomes: Sequence[Outcome]) -> tuple[list[int], list[Retry], list[Dead]]:
+    def _judge(
+        self, events: Sequence[Event], outcomes: Sequence[Outcome]
+    ) -> tuple[list[int], list[Retry], list[Dead], dict[float, list[int]]]:
+        """Sort a batch's outcomes into sent, retry, dead and held back (by delay)."""
         if len(outcomes) != len(events):
             raise RuntimeError(f"sink returned {len(outcomes)} outcomes for {len(events)} events")
         sent: list[int] = []
         retry: list[Retry] = []
         dead: list[Dead] = []
+        # The broker of their route is down: not an attempt. They go back, due
+        # when that broker is tried again, and keep their place in their key.
+        held: dict[float, list[int]] = {}
         now = datetime.now(UTC)
         per_topic: Counter[str] = Counter()
         observe = self.metrics.publish_latency.observe
@@ -246,6 +252,10 @@ class Relay:
                 sent.append(event.id)
                 per_topic[event.topic] += 1
                 observe(max(0.0, (now - event.created_at).total_seconds()))
+                continue
+            if outcome.unavailable:
+                delay = outcome.retry_after_seconds or self.settings.backoff_initial_seconds
+                held.setdefault(delay, []).append(event.id)
                 continue
             self.metrics.failed_attempts.inc()
             if outcome.permanent or event.attempts >= self.settings.max_attempts:
@@ -268,7 +278,13 @@ class Relay:
                 )
         for topic, count in per_topic.items():
             self.metrics.published.labels(topic).inc(count)
-        return sent, retry, dead
+        if held:
+            logger.debug(
+                "holding back %d events whose sink is down",
+                sum(map(len, held.values())),
+                extra={"action": "hold_back", "batch_size": len(events)},
+            )
+        return sent, retry, dead, held
 
     async def _settle_until_lease_ends(
         self,
@@ -277,19 +293,29 @@ class Relay:
         sent: Sequence[int] = (),
         retry: Sequence[Retry] = (),
         dead: Sequence[Dead] = (),
-        release: Sequence[int] = (),
+        release: Mapping[float, Sequence[int]] | None = None,
     ) -> Settlement | None:
+        """Settle, then release (``{delay_seconds: ids}``); None when there was nothing to settle."""
         # The broker has the events; keep trying to record that while the lease
         # lasts. Past it another relay may re-claim them: a duplicate, not a loss.
         deadline = time.monotonic() + self.settings.lease_seconds
         outage = OutageBackoff()
         never = asyncio.Event()
+        settlement: Settlement | None = None
+        must_settle = bool(sent or retry or dead) or not release
+        releases = [(delay, ids) for delay, ids in (release or {}).items() if ids]
         while True:
             try:
-                if release:
-                    await self.store.release(claim, release)
-                    return None
-                return await self.store.settle(claim, sent=sent, retry=retry, dead=dead)
+                # Each step runs once: a settle repeated after a later step failed
+                # would find its rows gone and count them as lost leases.
+                if must_settle:
+                    settlement = await self.store.settle(claim, sent=sent, retry=retry, dead=dead)
+                    must_settle = False
+                while releases:
+                    delay, ids = releases[0]
+                    await self.store.release(claim, ids, delay_seconds=delay)
+                    releases.pop(0)
+                return settlement
             except StoreUnavailable as exc:
                 if time.monotonic() > deadline:
                     logger.error(

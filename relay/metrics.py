@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from relay.store.base import Status
 
@@ -56,6 +60,10 @@ class Metrics:
             registry=r,
         )
 
+    def track_sinks(self, states: Callable[[], Mapping[str, bool]]) -> None:
+        """Export ``outbox_relay_sink_up{sink}``, read from ``states`` at each scrape."""
+        self.registry.register(_SinkStates(states))
+
     def observe_status(self, status: Status) -> None:
         """Copy a ``status`` reading into the gauges."""
         self.pending.set(status.pending)
@@ -67,3 +75,25 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
+
+
+class _SinkStates(Collector):
+    """One gauge per routed sink: 1 while up, 0 while marked down."""
+
+    def __init__(self, states: Callable[[], Mapping[str, bool]]) -> None:
+        self._states = states
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gauge = self._family()
+        for label, up in self._states().items():
+            gauge.add_metric([label], 1.0 if up else 0.0)
+        yield gauge
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "outbox_relay_sink_up", "1 while a routed sink is up, 0 while its events are held back.", labels=["sink"]
+        )

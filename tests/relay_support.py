@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from relay.app import RunConfig, build_relay, start
-from relay.config import RelaySettings, TableName, parse_sink_url
+from relay.config import RelaySettings, TableName, parse_sink_url, resolve_routes
 from relay.loop import Relay
 
 FAST = RelaySettings(
@@ -32,14 +32,20 @@ FAST = RelaySettings(
 
 
 class RelayThread:
-    """A relay on its own event loop in a thread; ``stop()`` waits for it to finish."""
+    """A relay on its own event loop in a thread; ``stop()`` waits for it to finish.
+
+    ``routes=["PATTERN=URL", ...]`` routes topics as ``--route`` does; ``sink_url``
+    may then be empty, or is the catch-all route as ``--sink`` is.
+    """
 
     def __init__(self, database_url: str, sink_url: str, settings: RelaySettings = FAST, **kw: Any) -> None:
+        routes = kw.pop("routes", ())
         self.config = RunConfig(
             database_url=database_url,
             table=TableName.parse(kw.pop("table", "outbox")),
             keep_sent=kw.pop("keep_sent", False),
-            sink=parse_sink_url(sink_url),
+            sink=parse_sink_url(sink_url) if sink_url else None,
+            routes=resolve_routes(routes, sink_url or None),
             settings=replace(settings, **kw),
         )
         self.relay: Relay | None = None

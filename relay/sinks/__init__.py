@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from relay.config import AmqpSinkConfig, KafkaSinkConfig, SinkConfig
+from collections.abc import Sequence
+
+from relay.config import AmqpSinkConfig, KafkaSinkConfig, RouteConfig, SinkConfig
 from relay.sinks.base import Sink
+from relay.sinks.routing import Route, RoutingSink
 
 
 def build_sink(config: SinkConfig, *, publish_timeout_seconds: float) -> Sink:
@@ -19,4 +22,17 @@ def build_sink(config: SinkConfig, *, publish_timeout_seconds: float) -> Sink:
     raise TypeError(f"no sink for {config!r}")
 
 
-__all__ = ["Sink", "build_sink"]
+def build_router(routes: Sequence[RouteConfig], *, publish_timeout_seconds: float) -> RoutingSink:
+    """A routing sink over ``routes``; routes to the same sink configuration share one sink."""
+    built: list[tuple[SinkConfig, Sink]] = []
+    chosen: list[Route] = []
+    for route in routes:
+        sink = next((s for config, s in built if config == route.sink), None)
+        if sink is None:
+            sink = build_sink(route.sink, publish_timeout_seconds=publish_timeout_seconds)
+            built.append((route.sink, sink))
+        chosen.append(Route(route.pattern, sink, route.label))
+    return RoutingSink(chosen)
+
+
+__all__ = ["Route", "RoutingSink", "Sink", "build_router", "build_sink"]

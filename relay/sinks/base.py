@@ -19,6 +19,9 @@ class Sink(Protocol):
     ``publish`` raises :class:`relay.errors.SinkUnavailable` when the broker
     cannot be reached at all and no event of the batch was acknowledged; the
     relay then releases the batch without counting an attempt and backs off.
+    A sink over several brokers (:class:`relay.sinks.routing.RoutingSink`)
+    instead answers ``Failure(unavailable=True)`` for the events of a broker
+    that is down while others are up: those alone go back, no attempt spent.
     """
 
     name: str

@@ -126,8 +126,13 @@ class Store(Protocol):
     ) -> Settlement:
         """Record the outcome of a published batch, only where the lease is still ours."""
 
-    async def release(self, claim: Claim, ids: Sequence[int]) -> None:
-        """Give events back unpublished, without counting the attempt."""
+    async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:
+        """Give events back unpublished, without counting the attempt.
+
+        With ``delay_seconds`` they are due again only that much later (their
+        broker is down); they stay the oldest unsent events of their keys, so
+        later events of those keys keep waiting for them.
+        """
 
     async def reap(self, *, max_attempts: int) -> int:
         """Dead-letter events whose lease expired with no attempts left."""
@@ -137,6 +142,9 @@ class Store(Protocol):
 
     async def status(self) -> Status:
         """Pending, in-flight and dead-lettered counts."""
+
+    async def gauges(self) -> Status:
+        """``status`` for the relay's gauges: exact on a small table, cheap on any (estimates past a bound)."""
 
     async def oldest_pending_age(self) -> float:
         """Seconds since the oldest due, unsent event was written; cheap at any table size."""

@@ -158,12 +158,15 @@ class MemoryStore:
         lost = len(sent) + len(retry) + len(dead) - len(done) - retried - buried
         return Settlement(sent=len(done), retried=retried, dead=buried, lost=lost)
 
-    async def release(self, claim: Claim, ids: Sequence[int]) -> None:
-        """Give events back without counting the attempt."""
+    async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:
+        """Give events back without counting the attempt, due again after ``delay_seconds``."""
         self._check()
+        now = self.now()
         for row in self._owned(claim, ids):
             row.claim_token = row.lease_expires_at = None
             row.attempts = max(0, row.attempts - 1)
+            if delay_seconds > 0:
+                row.deliver_at = now + timedelta(seconds=delay_seconds)
 
     async def reap(self, *, max_attempts: int) -> int:
         """Dead-letter expired leases with no attempts left."""
@@ -209,6 +212,10 @@ class MemoryStore:
             oldest_pending_age_seconds=max(0.0, (now - min(due)).total_seconds()) if due else 0.0,
             parked_keys=len({r.key for r in failed if r.key is not None}),
         )
+
+    async def gauges(self) -> Status:
+        """The exact counts: a memory store is always small."""
+        return await self.status()
 
     async def oldest_pending_age(self) -> float:
         """The same age ``status`` reports."""

@@ -32,6 +32,9 @@ TCP_USER_TIMEOUT_SECONDS = 30.0
 # and answers nothing (a frozen server, a stuck proxy or pooler). This does.
 CALL_MARGIN_SECONDS = 5.0
 PURGE_BATCH_SIZE = 1000
+# The gauges count exactly up to this many unsent events (a bounded read of
+# the claim index, 10 to 20 ms here) and estimate past it: see the gauges query.
+GAUGES_EXACT_UP_TO = 20_000
 
 
 def connect_kwargs(
@@ -125,6 +128,8 @@ class PostgresStore:
         self._stats_conn: psycopg.AsyncConnection[Any] | None = None
         self._listen_conn: psycopg.AsyncConnection[Any] | None = None
         self._queries = {name: named.render(text, table) for name, text in named.queries().items()}
+        # The table as regclass input: the gauges read its statistics.
+        self._regclass = ".".join(f'"{part}"' for part in table.parts)
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact_url(self._dsn)!r}, table={str(self._table)!r})"
@@ -303,10 +308,10 @@ class PostgresStore:
         lost = len(sent) + len(retry) + len(dead) - done - retried - buried
         return Settlement(sent=done, retried=retried, dead=buried, lost=lost)
 
-    async def release(self, claim: Claim, ids: Sequence[int]) -> None:
-        """Give unpublished events back without counting the attempt."""
+    async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:
+        """Give unpublished events back without counting the attempt, due again after ``delay_seconds``."""
         if ids:
-            await self._run("release", {"ids": list(ids), "token": claim.token}, settle=True)
+            await self._run("release", {"ids": list(ids), "token": claim.token, "delay": delay_seconds}, settle=True)
 
     async def reap(self, *, max_attempts: int) -> int:
         """Dead-letter events whose expired lease used their last attempt."""
@@ -331,6 +336,20 @@ class PostgresStore:
             failed=row[2],
             oldest_pending_age_seconds=await self.oldest_pending_age(),
             parked_keys=row[3],
+        )
+
+    async def gauges(self, *, exact_up_to: int = GAUGES_EXACT_UP_TO) -> Status:
+        """``status`` at a bounded cost: exact up to ``exact_up_to`` unsent events, estimated past it."""
+        params = {"exact_up_to": exact_up_to, "table_name": self._regclass}
+        unsent, in_flight, failed, parked_keys, estimate = (await self._fetch("gauges", params, stats=True))[0]
+        if unsent > exact_up_to:
+            unsent = max(unsent, estimate)
+        return Status(
+            pending=unsent - in_flight,
+            in_flight=in_flight,
+            failed=failed,
+            oldest_pending_age_seconds=await self.oldest_pending_age(),
+            parked_keys=parked_keys,
         )
 
     async def oldest_pending_age(self) -> float:

@@ -69,15 +69,21 @@ WHERE o.id = r.id AND o.claim_token = %(token)s;
 
 -- name: release
 -- Give back events that were claimed but not published (graceful stop, broker
--- down): the claim does not count as an attempt.
+-- down): the claim does not count as an attempt. A positive delay (the broker
+-- of their route is down) makes them due again only then, so relays do not
+-- claim and release them in a loop; they still block later events of their key.
 UPDATE {table}
 SET lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL,
-    attempts = greatest(attempts - 1, 0)
+    attempts = greatest(attempts - 1, 0),
+    deliver_at = CASE WHEN %(delay)s::float8 > 0
+                      THEN now() + make_interval(secs => %(delay)s::float8)
+                      ELSE deliver_at END
 WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s;
 
 -- name: status
--- Counts are exact: one pass over the unsent rows. The age is cheap whatever
--- the table holds (see oldest_pending_age).
+-- Counts are exact: one pass over the unsent rows, which costs about as much
+-- as a sequential scan of the table (see gauges for the relays' cheap form).
+-- The age is cheap whatever the table holds (see oldest_pending_age).
 SELECT
     count(*) FILTER (WHERE state = 'pending'
                        AND (lease_expires_at IS NULL OR lease_expires_at < now())) AS pending,
@@ -109,6 +115,44 @@ CROSS JOIN LATERAL (
     LIMIT 1
 ) AS h
 WHERE p.priority IS NOT NULL;
+
+-- name: gauges
+-- The status figures for the relays' gauges, at a bounded cost whatever the
+-- table holds. It reads the first %(exact_up_to)s + 1 unsent events in claim
+-- order (the claim index, and the heap for each lease): when that is all of
+-- them, pending and in_flight are exact, as in status. Past that the caller
+-- takes unsent_estimate instead: the table's live-row counter, which the
+-- statistics system keeps as rows are inserted and deleted, times the share of
+-- unsent rows at the last ANALYZE; in_flight then counts the leases among the
+-- events read, at the front of the order, where claims take them. Dead letters
+-- have their own small index: always exact.
+WITH head AS (
+    SELECT o.lease_expires_at >= now() AS leased
+    FROM {table} AS o
+    WHERE o.state = 'pending'
+    ORDER BY o.priority DESC, o.id
+    LIMIT %(exact_up_to)s::bigint + 1
+)
+SELECT h.unsent, h.in_flight, f.failed, f.parked_keys, round(s.live_rows * s.unsent_share)::bigint
+FROM (SELECT count(*) AS unsent, count(*) FILTER (WHERE leased) AS in_flight FROM head) AS h
+CROSS JOIN (
+    SELECT count(*) AS failed, count(DISTINCT key) AS parked_keys
+    FROM {table}
+    WHERE state = 'failed'
+) AS f
+CROSS JOIN (
+    -- The counter is 0 after a statistics reset: the row count of the last
+    -- VACUUM or ANALYZE stands in. No statistics yet: every row is unsent.
+    SELECT CASE WHEN pg_stat_get_live_tuples(c.oid) > 0
+                THEN pg_stat_get_live_tuples(c.oid) ELSE greatest(c.reltuples, 0) END AS live_rows,
+           coalesce((SELECT coalesce(st.most_common_freqs[array_position(st.most_common_vals::text::text[], 'pending')], 0)
+                     FROM pg_stats AS st
+                     WHERE st.schemaname = n.nspname AND st.tablename = c.relname
+                       AND st.attname = 'state' AND NOT st.inherited), 1) AS unsent_share
+    FROM pg_class AS c
+    JOIN pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE c.oid = %(table_name)s::regclass
+) AS s;
 
 -- name: dead
 SELECT o.id, o.topic, o.key, o.idempotency_key, o.attempts, o.last_error,

@@ -78,6 +78,7 @@ def identifiers(table: TableName) -> dict[str, sql.Composable]:
         "notify_trigger": sql.Identifier(table.derived("notify")),
         "claim_idx": sql.Identifier(table.derived("claim_idx")),
         "key_idx": sql.Identifier(table.derived("key_idx")),
+        "failed_idx": sql.Identifier(table.derived("failed_idx")),
         "topic_check": sql.Identifier(table.derived("topic_check")),
         "idempotency_key_check": sql.Identifier(table.derived("idempotency_key_check")),
         "headers_check": sql.Identifier(table.derived("headers_check")),

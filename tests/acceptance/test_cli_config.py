@@ -94,6 +94,27 @@ def test_bad_sink_url(database_url: str, sink: str, needle: str) -> None:
     assert_one_line_error(cli("run", "--database-url", database_url, "--sink", sink), needle)
 
 
+@pytest.mark.parametrize(
+    ("route", "needle"),
+    [
+        ("billing.*", "invalid route 'billing.*': use PATTERN=URL"),
+        (f"amqp://u:{CANARY}@h:5672/?exchange=x", "use PATTERN=URL"),
+        ("=kafka://h:1", "topic pattern before '=' is empty"),
+        ("billing.*=", "has no sink URL"),
+        (f"billing.*=redis://u:{CANARY}@h:1", "unknown sink scheme"),
+        (f"billing.*=amqp://u:{CANARY}@h:notaport/", "invalid sink URL"),
+    ],
+)
+def test_bad_route(database_url: str, route: str, needle: str) -> None:
+    assert_one_line_error(cli("run", "--database-url", database_url, "--route", route), needle)
+    assert_one_line_error(cli("run", "--database-url", database_url, RELAY_ROUTES=f"*.x=kafka://h:1 {route}"), needle)
+
+
+def test_a_route_after_the_catch_all_is_refused(database_url: str) -> None:
+    result = cli("run", "--database-url", database_url, "--route", "*=kafka://h:1", "--sink", "kafka://h:2")
+    assert_one_line_error(result, "--sink comes after the catch-all route '*'")
+
+
 def test_bad_numbers_in_flags_and_env(database_url: str) -> None:
     result = cli("run", "--database-url", database_url, "--sink", "kafka://h:1", "--batch-size", "0")
     assert result.returncode == 2 and "Traceback" not in result.stderr and "--batch-size" in result.stderr
@@ -106,6 +127,14 @@ def test_unreachable_brokers_at_start_up(database_url: str) -> None:
     for sink in (f"kafka://127.0.0.1:{port}", f"amqp://guest:{CANARY}@127.0.0.1:{port}/%2F"):
         result = cli("run", "--database-url", database_url, "--sink", sink, timeout=90)
         assert_one_line_error(result, str(port))
+
+
+def test_routes_whose_brokers_are_all_unreachable_at_start_up(database_url: str) -> None:
+    port = free_port()
+    routes = f"billing.*=kafka://127.0.0.1:{port} *=amqp://guest:{CANARY}@127.0.0.1:{port}/%2F"
+    result = cli("run", "--database-url", database_url, timeout=90, RELAY_ROUTES=routes)
+    assert_one_line_error(result, "every sink is down")
+    assert str(port) in result.stderr
 
 
 def test_migrate_twice_and_status_json(empty_database: str) -> None:

@@ -34,6 +34,7 @@ class Harness(Protocol):
 
     def insert(self, topic: str, payload: Any, **kw: Any) -> None: ...
     def expire_leases(self) -> None: ...
+    def make_due(self) -> None: ...
     def state_of(self, idem: str) -> str | None: ...
 
 
@@ -48,6 +49,10 @@ class MemoryHarness:
         for row in self.store.rows.values():
             if row.lease_expires_at is not None:
                 row.lease_expires_at = self.store.now() - timedelta(seconds=1)
+
+    def make_due(self) -> None:
+        for row in self.store.rows.values():
+            row.deliver_at = min(row.deliver_at, self.store.now())
 
     def state_of(self, idem: str) -> str | None:
         return next((r.state for r in self.store.rows.values() if r.idempotency_key == idem), None)
@@ -67,6 +72,10 @@ class PostgresHarness:
             conn.execute(
                 "UPDATE outbox SET lease_expires_at = now() - interval '1 second' WHERE lease_expires_at IS NOT NULL"
             )
+
+    def make_due(self) -> None:
+        with psycopg.connect(self.url) as conn:
+            conn.execute("UPDATE outbox SET deliver_at = now() WHERE deliver_at > now()")
 
     def state_of(self, idem: str) -> str | None:
         with psycopg.connect(self.url) as conn:
@@ -202,6 +211,34 @@ def test_release_gives_events_back_without_an_attempt(h: Harness) -> None:
     assert [(e.idempotency_key, e.attempts) for e in again.events] == [("r", 1)]
 
 
+def test_release_with_a_delay_waits_keeps_its_place_in_its_key_and_spends_no_attempt(h: Harness) -> None:
+    h.insert("t", {}, key="k", idempotency_key="first")
+    h.insert("t", {}, key="k", idempotency_key="second")
+    h.insert("t", {}, idempotency_key="free")
+    claim = run(h.store.claim(10, max_attempts=MAX))
+    by_idem = {e.idempotency_key: e for e in claim.events}
+    assert sorted(by_idem) == ["first", "free"]
+    run(h.store.settle(claim, sent=[by_idem["free"].id], retry=[], dead=[]))
+    run(h.store.release(claim, [by_idem["first"].id], delay_seconds=3600))
+    # Not due yet, and the key's later event waits behind it.
+    assert run(h.store.claim(10, max_attempts=MAX)).events == []
+    status = run(h.store.status())
+    assert (status.pending, status.in_flight, status.failed) == (2, 0, 0)
+    h.make_due()
+    again = run(h.store.claim(10, max_attempts=MAX))
+    assert [(e.idempotency_key, e.attempts) for e in again.events] == [("first", 1)]
+
+
+def test_release_with_a_stale_token_changes_nothing(h: Harness) -> None:
+    h.insert("t", {}, idempotency_key="x")
+    old = run(h.store.claim(10, max_attempts=MAX))
+    h.expire_leases()
+    new = run(h.store.claim(10, max_attempts=MAX))
+    run(h.store.release(old, [old.events[0].id], delay_seconds=3600))
+    assert run(h.store.status()).in_flight == 1
+    assert run(h.store.settle(new, sent=[new.events[0].id], retry=[], dead=[])).sent == 1
+
+
 def test_status_counts_pending_in_flight_and_failed(h: Harness) -> None:
     for i in range(4):
         h.insert("t", {}, idempotency_key=f"s{i}")
@@ -211,6 +248,21 @@ def test_status_counts_pending_in_flight_and_failed(h: Harness) -> None:
     assert (status.pending, status.in_flight, status.failed) == (2, 1, 1)
     assert status.oldest_pending_age_seconds >= 0
     assert run(h.store.claim(10, max_attempts=MAX)).events
+
+
+def test_gauges_on_a_small_table_are_the_status_counts(h: Harness) -> None:
+    for i in range(6):
+        h.insert("t", {}, key=f"k{i % 2}" if i % 3 else None, idempotency_key=f"g{i}")
+    claim = run(h.store.claim(3, max_attempts=MAX))
+    run(h.store.settle(claim, sent=[], retry=[], dead=[Dead(claim.events[-1].id, "x")]))
+    exact, cheap = run(h.store.status()), run(h.store.gauges())
+    assert (cheap.pending, cheap.in_flight, cheap.failed, cheap.parked_keys) == (
+        exact.pending,
+        exact.in_flight,
+        exact.failed,
+        exact.parked_keys,
+    )
+    assert cheap.oldest_pending_age_seconds == pytest.approx(exact.oldest_pending_age_seconds, abs=1.0)
 
 
 def test_payload_and_headers_survive_the_round_trip(h: Harness) -> None:

@@ -184,9 +184,9 @@ class TcpProxy:
     connection in flight; new ones are accepted as before.
     """
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, *, listen_port: int = 0) -> None:
         self._target = (target_host, target_port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server(("127.0.0.1", listen_port))
         self.port: int = self._listener.getsockname()[1]
         self._peers: dict[socket.socket, socket.socket] = {}
         self._upstream: set[socket.socket] = set()

@@ -64,11 +64,31 @@ def test_migrate_is_idempotent_and_safe_when_two_run_at_once(empty_database: str
     for t in threads:
         t.join()
     assert errors == []
-    assert sorted(results, key=len) == [[], [], [1]]
+    assert sorted(results, key=len) == [[], [], [m.version for m in named.migrations()]]
     assert migrate(empty_database, table) == []
     with psycopg.connect(empty_database) as conn:
         conn.execute("INSERT INTO events.outbox (topic, payload) VALUES ('t', '{}')")
         assert conn.execute("SELECT count(*) FROM events.outbox").fetchone() == (1,)
+
+
+def test_a_table_from_an_older_version_is_upgraded_with_its_rows(empty_database: str) -> None:
+    table = TableName.parse("outbox")
+    first, *later = named.migrations()
+    with psycopg.connect(empty_database, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE outbox_schema_version (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        conn.execute(named.render(first.template, table))
+        conn.execute("INSERT INTO outbox_schema_version (version, name) VALUES (1, 'initial')")
+        conn.execute("""INSERT INTO outbox (topic, payload, headers) VALUES ('t', '{}', '{"traceparent": "x"}')""")
+
+    assert migrate(empty_database, table) == [m.version for m in later]
+
+    with psycopg.connect(empty_database, autocommit=True) as conn:
+        assert conn.execute("SELECT headers FROM outbox").fetchall() == [({"traceparent": "x"},)]
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("""INSERT INTO outbox (topic, payload, headers) VALUES ('t', '{}', '{"a": 1}')""")
 
 
 def test_notify_trigger_can_be_switched_off_and_on(database_url: str) -> None:
@@ -95,6 +115,10 @@ def test_the_schema_rejects_what_it_must(database_url: str) -> None:
         "INSERT INTO outbox (topic, payload, headers) VALUES ('t', '{}', '[1]')",
         "INSERT INTO outbox (topic, payload, headers) VALUES ('t', '{}', '{\"a\": 1}')",
         "INSERT INTO outbox (topic, payload, headers) VALUES ('t', '{}', NULL)",
+        "INSERT INTO outbox (topic, payload, headers) VALUES ('t', '{}', '{\"a\": \"x\", \"b\": null}')",
+        "INSERT INTO outbox (topic, payload, headers) VALUES ('t', '{}', '{\"\": \"x\"}')",
+        "INSERT INTO outbox (topic, payload, headers) VALUES ('t', '{}', '\"text\"')",
+        "INSERT INTO outbox (topic, payload, headers) VALUES ('t', '{}', '{\"a\": [\"x\"]}')",
         "INSERT INTO outbox (topic, payload) VALUES ('t', 'not json')",
         "INSERT INTO outbox (topic, payload, state) VALUES ('t', '{}', 'bogus')",
         "INSERT INTO outbox (topic, payload, idempotency_key) VALUES ('t', '{}', '')",
