@@ -3,6 +3,7 @@
 python -m bench                               # the default run (~8 minutes)
 python -m bench --only s1 --events 50000      # iterate on the drain rate in ~1 minute
 python -m bench --long                        # 1M events, 60 s steady, 10 min long transaction
+python -m bench --only gauges                 # status vs the relay's gauges on big tables; updates its section
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import docs, report
+from bench import docs, gauges, report
 from bench.runner import Run
 from bench.services import machine, require_postgres
 
@@ -29,6 +30,7 @@ SCENARIOS = {
     "s4": "S4 steady load beside a long REPEATABLE READ transaction",
     "writer": "writer cost: business tx with and without publish(), NOTIFY on/off (L_commit)",
     "profile": "where S1 Kafka's time goes (py-spy, phase timers, EXPLAIN ANALYZE); not in the default set",
+    "gauges": "status() vs the relay's gauges() on 100k and 1M unsent events (3M with --long); not in the default set",
 }
 DEFAULT = ("s1", "s1u", "rmq", "s2", "s4", "writer")
 EVENTS, LONG_EVENTS = 200_000, 1_000_000
@@ -57,7 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--write-doc",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="rewrite docs/performance.md (default: only after a full default run)",
+        help="rewrite docs/performance.md (default: only after a full default run; a run with gauges "
+        "rewrites that section alone)",
     )
     parser.add_argument(
         "--doc-from",
@@ -74,6 +77,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.events = args.events or (LONG_EVENTS if args.long else EVENTS)
     args.s2_seconds = args.s2_seconds or (60.0 if args.long else 20.0)
     args.s4_seconds = args.s4_seconds or (600.0 if args.long else 60.0)
+    # Without --write-doc or --no-write-doc, a partial run still rewrites the
+    # sections of the page that only its scenarios feed.
+    args.update_sections = args.write_doc is None
     if args.write_doc is None:
         args.write_doc = set(DEFAULT) <= set(chosen) and args.events >= EVENTS
     return args
@@ -150,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             from bench.profile import profile
 
             run.attempt("profile", lambda: profile(run))
+        if "gauges" in chosen:
+            run.attempt("gauges", lambda: gauges.measure(run, long=args.long))
     finally:
         run.close()
         save()
@@ -159,10 +167,17 @@ def main(argv: list[str] | None = None) -> int:
     if "profile" in results:
         print()
         print(docs.profile_text(results["profile"]))
+    if "gauges" in results and "gauges" not in results["errors"]:
+        print()
+        print(docs.gauges_text(results["gauges"]))
     print(f"\nresults: {args.output}")
     if args.write_doc:
         DOC_PATH.write_text(docs.render(results))
         print(f"rewrote {DOC_PATH}")
+    elif args.update_sections and "gauges" in results and "gauges" not in results["errors"] and DOC_PATH.exists():
+        page = docs.replace_section(DOC_PATH.read_text(), docs.GAUGES_HEADING, docs.gauges_text(results["gauges"]))
+        DOC_PATH.write_text(page)
+        print(f"rewrote the section {docs.GAUGES_HEADING!r} of {DOC_PATH}")
     if results["errors"]:
         print(f"scenarios that failed: {', '.join(results['errors'])}", file=sys.stderr)
         return 1

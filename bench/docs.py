@@ -8,10 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
+from relay.config import BATCH_SIZE, PIPELINE_DEPTH
+from relay.sinks.kafka import LINGER_MS
 
 PROFILE_PATH = Path(__file__).parent / "results" / "profile.json"
+GAUGES_PATH = Path(__file__).parent / "results" / "gauges.json"
+GAUGES_HEADING = "## Table gauges on big tables"
 
-METHOD = """\
+METHOD = f"""\
 ## What is measured
 
 Every figure sits next to a baseline measured in the same run, on the same
@@ -34,7 +38,7 @@ Baselines:
 - **L_commit**: back-to-back one-row business transactions (`INSERT INTO
   business`) on one connection.
 - **L_latency**: the broker's own latency floor at S2's rate: a raw
-  confluent-kafka producer (the relay's settings, so `linger.ms` 5) sending
+  confluent-kafka producer (the relay's settings, so `linger.ms` {LINGER_MS}) sending
   by the clock, timed to its delivery report and to the same kind of
   consumer S2 uses. Tansu answers fetches late (its consumers see messages
   tens of milliseconds after the ack) and stops serving a consumer that
@@ -64,10 +68,14 @@ Scenarios:
   `producers.publish`. The rate is half the S1 Kafka rate, capped at half of
   what the writers reach flat out on this machine (the writers share its two
   cores with PostgreSQL, the relay and the broker). Latency is
-  **commit-to-consume**: from the writer's COMMIT returning to the consumer
-  fetching the message, an upper bound on the relay's commit-to-ack (it adds
-  the broker's hand-over to the consumer). The first 10% of each run is
-  warm-up and left out. The relay's own view, from the row's `created_at`
+  **commit-to-ack**, the target's figure: from the writer's COMMIT
+  returning to the broker's acknowledgement reaching the relay. The relay
+  runs as `python -m bench.acked_relay run ...`, the same CLI with the
+  loop's judging step wrapped to note `time.monotonic()` per acknowledged
+  event (one clock for all processes on the machine). **Commit-to-consume**
+  (to a consumer fetching the message) is shown too; it adds the broker's
+  hand-over to a consumer (see L_latency). The first 10% of each run is
+  warm-up and left out. The relay's own metric, from the row's `created_at`
   (the writer's transaction start) to the broker's ack, is read from its
   `outbox_relay_publish_latency_seconds` histogram (bucket-interpolated).
   Run with the NOTIFY trigger on (default) and off (`outbox-relay migrate
@@ -153,6 +161,7 @@ def render(results: dict[str, Any]) -> str:
         "",
     ]
     lines += _profile_section(results)
+    lines += ["", GAUGES_HEADING, "", _gauges_section(results)]
     lines += [
         "",
         "## Reproduce",
@@ -168,6 +177,7 @@ def render(results: dict[str, Any]) -> str:
         "python -m bench --only s4 --s4-seconds 20     # long transaction",
         "python -m bench --only writer                 # publish() cost on the writer",
         "python -m bench --only profile --events 100000  # where S1's time goes",
+        "python -m bench --only gauges                 # status vs the relay's gauges, 100k and 1M events, ~3 min",
         "```",
         "",
         "(`python` is the project's `.venv/bin/python`.) The profile samples the relay with py-spy when",
@@ -243,4 +253,121 @@ def profile_text(data: dict[str, Any]) -> str:
     notes = data.get("notes")
     if notes:
         lines += ["", *[f"- {note}" for note in notes]]
+    return "\n".join(lines)
+
+
+def replace_section(page: str, heading: str, body: str) -> str:
+    """``page`` with the section under ``heading`` (up to the next ``## ``) replaced by ``body``.
+
+    A page without that section gets it before "## Reproduce", or at the end.
+    """
+    lines = page.split("\n")
+    section = ["", heading, "", *body.split("\n"), ""]
+    if heading in lines:
+        start = lines.index(heading)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        return "\n".join([*lines[: start - 1 if start and not lines[start - 1] else start], *section, *lines[end:]])
+    at = lines.index("## Reproduce") if "## Reproduce" in lines else len(lines)
+    return "\n".join([*lines[: at - 1 if at and not lines[at - 1] else at], *section, *lines[at:]])
+
+
+def _gauges_section(results: dict[str, Any]) -> str:
+    data = results.get("gauges")
+    if (data is None or "gauges" in results.get("errors", {})) and GAUGES_PATH.exists():
+        try:
+            data = json.loads(GAUGES_PATH.read_text())
+        except ValueError:
+            data = None
+    if not data:
+        return "Not measured yet: run `python -m bench --only gauges`."
+    return gauges_text(data)
+
+
+def _counts(status: dict[str, Any]) -> str:
+    return " / ".join(f"{status[k]:,}" for k in ("pending", "in_flight", "failed", "parked_keys"))
+
+
+def gauges_text(data: dict[str, Any]) -> str:
+    """The gauges measurement as Markdown: cost by table size, the plans, and how close the estimate is."""
+    cases = data.get("cases", [])
+    lines = [
+        f"Measured {data.get('date', '?')} at {data.get('source', '?')}. Each table is a throwaway database "
+        "holding S1's seed rows (keyed, ~200 bytes of JSON, the migrated table), built with one INSERT ... "
+        "SELECT generate_series and VACUUM ANALYZE, autovacuum off. Each time is the median of "
+        f"{data.get('repeats', '?')} calls of the relay's own `PostgresStore` method after a warm-up call, "
+        "from Python, round trips included. `python -m bench --only gauges` measures again (`--long` adds "
+        "3,000,000 events) and rewrites this section alone.",
+        "",
+        "| Table | Heap + indexes | `status()`: exact, the `status` command | "
+        "`gauges()`: the relay's counts, every 30 s | `oldest_pending_age()`: every 5 s |",
+        "| --- | --: | --: | --: | --: |",
+    ]
+    for case in cases:
+        calls, seed = case["calls"], case["seed"]
+        lines.append(
+            f"| {case['name']} | {seed['table_mb']:,.0f} + {seed['indexes_mb']:,.0f} MB "
+            f"| {calls['status']['median_ms']:,.1f} ms | {calls['gauges']['median_ms']:,.1f} ms "
+            f"| {calls['oldest_pending_age']['median_ms']:.2f} ms |"
+        )
+    budget = data.get("budget_ms", 50.0)
+    bound = data.get("exact_up_to", 0) + 1
+    worst = max((c["calls"]["gauges"]["median_ms"] for c in cases), default=math.nan)
+    growth = ", ".join(f"{c['calls']['status']['median_ms']:,.0f} ms on {c['name']}" for c in cases if not c["mixed"])
+    if cases:
+        lines += [
+            "",
+            f"`status()` reads every unsent row: {growth}. The relays refreshed their count gauges with it "
+            f"every 30 s until `gauges()` took its place there, which reads at most {bound:,} unsent events "
+            f"whatever the table holds: at most {worst:,.1f} ms on these tables, "
+            f"{'within' if worst <= budget else '**over**'} the budget of {budget:.0f} ms.",
+        ]
+    lines += [
+        "",
+        "Server side, EXPLAIN (ANALYZE, BUFFERS) of each query, run once before:",
+        "",
+        "| Table | Query | Execution | Buffers hit / read | What it reads of the outbox |",
+        "| --- | --- | --: | --: | --- |",
+    ]
+    for case in cases:
+        for i, (query, plan) in enumerate(case["explain"].items()):
+            workers = f" ({plan['workers']} parallel workers)" if plan["workers"] else ""
+            lines.append(
+                f"| {case['name'] if i == 0 else ''} | {query} | {plan['execution_ms']:,.1f} ms "
+                f"| {plan['shared_hit']:,} / {plan['shared_read']:,} | {'; '.join(plan['scans'])}{workers} |"
+            )
+    lines += [
+        "",
+        f"What the gauges report (pending / in flight / failed / parked keys). Up to "
+        f"{data.get('exact_up_to', 0):,} unsent events they are exact; past that pending is an estimate "
+        "and in flight counts the leases among the first events in claim order (see "
+        "[Operations](operations.md#the-gauges-and-what-they-cost)):",
+        "",
+        "| Table | `status` (exact) | gauges |",
+        "| --- | --: | --: |",
+    ]
+    for case in cases:
+        lines.append(
+            f"| {case['name']} | {_counts(case['calls']['status']['value'])} "
+            f"| {_counts(case['calls']['gauges']['value'])} |"
+        )
+        for step in case.get("churn", []):
+            lines.append(f"| {case['name']}, {step['step']} | {_counts(step['status'])} | {_counts(step['gauges'])} |")
+    for case in cases:
+        if case["mixed"]:
+            in_flight = case["calls"]["status"]["value"]["in_flight"]
+            lines += [
+                "",
+                f"{in_flight:,} events in flight at once would take some "
+                f"{in_flight / (BATCH_SIZE * PIPELINE_DEPTH):,.0f} relays at the default batch size and pipeline "
+                f"depth. Spread evenly through the table, most of those leases lie past the first {bound:,} "
+                "events in claim order, so the gauges count them as pending. Rows marked sent but kept "
+                "(`--keep-sent`) count as unsent until the table is next analysed.",
+            ]
+    built = [c for c in cases if c.get("index_build_seconds") is not None]
+    if built:
+        lines += [
+            "",
+            f"Migration 0003 (the dead-letter index) took {built[0]['index_build_seconds']:.1f} s on the "
+            f"{built[0]['name']} table, blocking inserts meanwhile.",
+        ]
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 from bench import stats
+from bench.acked_relay import ACK_LOG_ENV
 from relay.devservices import free_port
 
 READY_TIMEOUT_SECONDS = 30.0
@@ -23,12 +25,22 @@ CLAIM_HISTOGRAM = "outbox_relay_claim_duration_seconds"
 
 
 class RelayProcess:
-    """``python -m relay run`` with default settings plus ``extra``; log level WARNING."""
+    """``python -m relay run`` with default settings plus ``extra``; log level WARNING.
 
-    def __init__(self, database_url: str, sink_url: str, *extra: str) -> None:
+    With ``note_acks`` it runs :mod:`bench.acked_relay` instead, the same CLI
+    that also stamps each acknowledged event; :meth:`acked_at` reads the stamps
+    once the relay has stopped.
+    """
+
+    def __init__(self, database_url: str, sink_url: str, *extra: str, note_acks: bool = False) -> None:
         self.metrics_port = free_port()
+        self._ack_log: Path | None = None
+        if note_acks:
+            handle, name = tempfile.mkstemp(prefix="bench-acks-", suffix=".json")
+            os.close(handle)
+            self._ack_log = Path(name)
         self.args = [
-            sys.executable, "-m", "relay", "run",
+            sys.executable, "-m", "bench.acked_relay" if note_acks else "relay", "run",
             "--database-url", database_url, "--sink", sink_url,
             "--log-level", "WARNING", "--metrics-port", str(self.metrics_port), *extra,
         ]  # fmt: skip
@@ -43,6 +55,8 @@ class RelayProcess:
 
     def __enter__(self) -> RelayProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+        if self._ack_log is not None:
+            env[ACK_LOG_ENV] = str(self._ack_log)
         self._process = subprocess.Popen(
             self.args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env
         )
@@ -112,6 +126,15 @@ class RelayProcess:
         self._log.close()
         return code
 
+    def acked_at(self) -> dict[str, float]:
+        """Idempotency key -> monotonic time the broker's ack reached the relay (after ``stop``)."""
+        if self._ack_log is None:
+            raise RuntimeError("this relay was not started with note_acks")
+        text = self._ack_log.read_text()
+        return {str(key): float(at) for key, at in json.loads(text).items()} if text else {}
+
     def discard_log(self) -> None:
-        with contextlib.suppress(OSError):
-            Path(self._log.name).unlink()
+        for path in (Path(self._log.name), self._ack_log):
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    path.unlink()

@@ -44,7 +44,7 @@ SELECT %(topic)s,
            'amount_cents', (g * 7919) %% 100000, 'currency', 'EUR', 'items', (g %% 5) + 1,
            'channel', 'web', 'created_at', '2024-05-01T12:00:00Z', 'status', 'new'),
        '{{}}'::jsonb
-FROM generate_series(1, %(n)s) AS g
+FROM generate_series(1, %(n)s::bigint) AS g  -- bigint: g * 7919 passes 2^31 from g = 271,189
 """
 
 BUSINESS_SQL = """

@@ -1,10 +1,10 @@
-"""S2 (steady load: commit-to-consume latency) and S4 (the same load beside a long transaction).
+"""S2 (steady load: commit-to-ack latency) and S4 (the same load beside a long transaction).
 
-Writers offer a fixed rate by the clock; a Kafka consumer timestamps each
-idempotency key. Latency is measured from the moment the writer's COMMIT
-returned to the moment the consumer fetched the message: commit-to-consume,
-an upper bound on the relay's commit-to-ack (it adds the broker's delivery
-to the consumer and the consumer's fetch wait).
+Writers offer a fixed rate by the clock and note when each COMMIT returned.
+The relay (:mod:`bench.acked_relay`) notes when the broker's acknowledgement
+of each event reached it: commit-to-ack, the target's figure. A Kafka consumer
+also timestamps each idempotency key: commit-to-consume adds the broker's
+hand-over to a consumer and the consumer's fetch wait.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Steady:
 
 @contextlib.contextmanager
 def _stage(
-    steady: Steady, label: str, *, notify: bool, listen: bool
+    steady: Steady, label: str, *, notify: bool, listen: bool, note_acks: bool = False
 ) -> Iterator[tuple[str, str, KafkaReceiver, RelayProcess]]:
     """A fresh database and topic, a consumer and a relay, all removed afterwards."""
     cleanup = steady.cleanup
@@ -64,7 +64,7 @@ def _stage(
     receiver.ready.wait(30)
     extra = () if listen else ("--no-listen",)
     try:
-        with RelayProcess(url, f"kafka://{steady.bootstrap}", *extra) as relay:
+        with RelayProcess(url, f"kafka://{steady.bootstrap}", *extra, note_acks=note_acks) as relay:
             yield url, topic, receiver, relay
             relay.discard_log()
     finally:
@@ -101,12 +101,12 @@ def _await_all(
     return {"not_received": len(missing), "lost": len(missing) - still_there, "undelivered": still_there}
 
 
-def _latencies(writers: OpenLoopWriters, receiver: KafkaReceiver, since: float, until: float) -> list[float]:
-    received = receiver.received_at
+def _latencies(writers: OpenLoopWriters, arrived_at: dict[str, float], since: float, until: float) -> list[float]:
+    """From each event's commit (between ``since`` and ``until``) to its time in ``arrived_at``."""
     return [
-        max(0.0, received[key] - committed)
+        max(0.0, arrived_at[key] - committed)
         for key, committed in writers.committed_at.items()
-        if since <= committed < until and key in received
+        if since <= committed < until and key in arrived_at
     ]
 
 
@@ -130,7 +130,7 @@ def _report_while(steady: Steady, label: str, writers: OpenLoopWriters, receiver
 def run_steady(steady: Steady, label: str, seconds: float, *, notify: bool) -> dict[str, Any]:
     """S2: offer ``steady.rate`` for ``seconds``; latency percentiles, throughput and losses."""
     warmup = max(WARMUP_MIN_SECONDS, WARMUP_FRACTION * seconds)
-    with _stage(steady, label, notify=notify, listen=notify) as (url, topic, receiver, relay):
+    with _stage(steady, label, notify=notify, listen=notify, note_acks=True) as (url, topic, receiver, relay):
         writers = OpenLoopWriters(url, topic, steady.rate, seconds, prefix=label)
         writers.start()
         since, until = writers.start_at + warmup, writers.end_at
@@ -140,6 +140,8 @@ def run_steady(steady: Steady, label: str, seconds: float, *, notify: bool) -> d
         writers.join()
         missing = _await_all(steady, label, url, writers, receiver)
         acks = stats.bucket_delta(stats.histogram_buckets(relay.metrics(), PUBLISH_HISTOGRAM), acks_start)
+        relay.stop()
+        acked_at = relay.acked_at()
     return {
         "notify": notify,
         "seconds": seconds,
@@ -148,7 +150,10 @@ def run_steady(steady: Steady, label: str, seconds: float, *, notify: bool) -> d
         **missing,
         "duplicates": receiver.duplicates,
         "throughput": _received_between(receiver, since, until) / (until - since),
-        "latency": stats.latency_summary(_latencies(writers, receiver, since, until)),
+        "latency": stats.latency_summary(_latencies(writers, receiver.received_at, since, until)),
+        # The target's figure: from COMMIT returning in the writer to the
+        # broker's acknowledgement reaching the relay.
+        "ack_latency": stats.latency_summary(_latencies(writers, acked_at, since, until)),
         # The relay's own view: from the row's created_at (the writer's transaction
         # start) to the broker's ack, read from its histogram's buckets.
         "insert_to_ack_p50_ms": stats.bucket_quantile(acks, 0.5) * 1000,
@@ -203,7 +208,7 @@ def run_long_transaction(steady: Steady, label: str, hold_seconds: float) -> dic
         "claim_ratio_last_10s": stats.ratio(last_claim, before_claim),
         "throughput_before": _received_between(receiver, warm, opened) / (opened - warm),
         "throughput_during": _received_between(receiver, opened, closed) / (closed - opened),
-        "latency_during": stats.latency_summary(_latencies(writers, receiver, opened, closed)),
+        "latency_during": stats.latency_summary(_latencies(writers, receiver.received_at, opened, closed)),
         "n_dead_tup_before": dead_before[0] if dead_before else None,
         "n_dead_tup_during": dead_during[0] if dead_during else None,
     }

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
-from bench import attribution, docs, report, stats
+from bench import attribution, docs, gauges, report, stats
 from bench.writers import connections_for, trimmed_mean
 
 
@@ -105,7 +106,8 @@ RESULTS = {
     "s1_rmq": {"rate": 6_000.0, "s3_ratio": 1.0},
     "s2": {
         "notify": {
-            "latency": {"p50_ms": 4.0, "p99_ms": 30.0, "p999_ms": 50.0},
+            "latency": {"p50_ms": 40.0, "p99_ms": 80.0, "p999_ms": 90.0},
+            "ack_latency": {"p50_ms": 4.0, "p99_ms": 30.0, "p999_ms": 50.0},
             "achieved_rate": 300.0,
             "offered_rate": 300.0,
             "throughput": 300.0,
@@ -139,8 +141,9 @@ def test_targets_are_judged_from_the_figures() -> None:
     assert verdicts["Kafka S1 >= 0.9 x L_db"]["met"] is True
     assert verdicts["Kafka S1 >= 0.9 x L_db"]["value"] == pytest.approx(0.925)
     assert verdicts["RabbitMQ S1 >= 0.9 x L_rmq"]["met"] is False
-    assert verdicts["S2 p50 <= 5 ms (NOTIFY on)"]["met"] is True
-    assert verdicts["S2 p99 <= 25 ms (NOTIFY on)"]["met"] is False
+    # Judged on commit-to-ack, not on commit-to-consume (which adds the broker's hand-over).
+    assert verdicts["S2 commit-to-ack p50 <= 5 ms (NOTIFY on)"]["met"] is True
+    assert verdicts["S2 commit-to-ack p99 <= 25 ms (NOTIFY on)"]["met"] is False
     assert verdicts["publish() adds <= 10% (NOTIFY on)"]["met"] is False
     assert verdicts["ordered >= 0.8 x unordered"]["met"] is True
     assert verdicts["S4 nothing lost (every committed event received)"]["met"] is True
@@ -189,3 +192,88 @@ def test_subplan_times_split_a_plan() -> None:
     assert parts["CTE candidates"] == 20.0
     assert parts["SubPlan 1"] == pytest.approx(10.0)
     assert parts["outside CTEs"] == 30.0
+
+
+def _case(name: str, status_ms: float, gauges_ms: float, **extra: Any) -> dict[str, Any]:
+    counts = {"pending": 1000, "in_flight": 0, "failed": 0, "parked_keys": 0, "oldest_pending_age_seconds": 1.0}
+    explained = {"execution_ms": 1.0, "planning_ms": 0.1, "shared_hit": 10, "shared_read": 0, "workers": 0}
+    return {
+        "name": name,
+        "mixed": False,
+        "seed": {"table_mb": 80.0, "indexes_mb": 20.0},
+        "calls": {
+            "status": {"median_ms": status_ms, "value": counts},
+            "gauges": {"median_ms": gauges_ms, "value": counts},
+            "oldest_pending_age": {"median_ms": 0.2, "value": 1.0},
+        },
+        "explain": {"status": {**explained, "scans": ["Seq Scan, 1,000 rows"]}},
+        **extra,
+    }
+
+
+COUNTS_950K = {"pending": 950_000, "in_flight": 0, "failed": 0, "parked_keys": 0}
+GAUGES = {
+    "date": "2024-01-01 00:00 UTC",
+    "source": "abc1234",
+    "exact_up_to": 20_000,
+    "repeats": 7,
+    "budget_ms": 50.0,
+    "cases": [
+        _case("100,000 unsent", 40.0, 9.0),
+        _case(
+            "1,000,000 unsent",
+            420.0,
+            10.0,
+            index_build_seconds=0.7,
+            churn=[{"step": "after ANALYZE", "status": {**COUNTS_950K}, "gauges": {**COUNTS_950K}}],
+        ),
+        _case("1,000,000: half in flight", 450.0, 15.0, mixed=True),
+    ],
+}
+
+
+def test_plan_summary_says_what_a_query_read_of_the_outbox() -> None:
+    explained = {
+        "Execution Time": 12.5,
+        "Planning Time": 0.4,
+        "Plan": {
+            "Node Type": "Aggregate",
+            "Shared Hit Blocks": 100,
+            "Shared Read Blocks": 7,
+            "Plans": [
+                {"Node Type": "Gather", "Workers Launched": 2, "Plans": [
+                    {"Node Type": "Parallel Seq Scan", "Relation Name": "outbox", "Actual Rows": 100.0,
+                     "Actual Loops": 3},
+                ]},
+                {"Node Type": "Index Only Scan", "Relation Name": "outbox", "Index Name": "outbox_failed_idx",
+                 "Actual Rows": 2.0, "Actual Loops": 1, "Heap Fetches": 0},
+                {"Node Type": "Index Scan", "Relation Name": "pg_class", "Actual Rows": 1.0, "Actual Loops": 1},
+            ],
+        },
+    }  # fmt: skip
+    summary = gauges.plan_summary(explained)
+    assert summary["execution_ms"] == 12.5 and summary["workers"] == 2
+    assert (summary["shared_hit"], summary["shared_read"]) == (100, 7)
+    assert summary["scans"] == [
+        "Parallel Seq Scan, 300 rows",
+        "Index Only Scan using outbox_failed_idx, 2 rows, 0 heap fetches",
+    ]
+
+
+def test_the_gauges_section_renders_and_a_partial_run_replaces_only_it() -> None:
+    text = docs.gauges_text(GAUGES)
+    assert "| 1,000,000 unsent | 80 + 20 MB | 420.0 ms | 10.0 ms | 0.20 ms |" in text
+    assert "40 ms on 100,000 unsent, 420 ms on 1,000,000 unsent." in text
+    assert "at most 15.0 ms on these tables, within the budget of 50 ms" in text
+    assert "would take some 0 relays" in text  # the mixed case's counts are the defaults here
+    assert "| 1,000,000 unsent, after ANALYZE | 950,000 / 0 / 0 / 0 | 950,000 / 0 / 0 / 0 |" in text
+    assert "took 0.7 s" in text
+    page = docs.render({**RESULTS, "gauges": GAUGES})
+    assert docs.GAUGES_HEADING in page and page.index(docs.GAUGES_HEADING) < page.index("## Reproduce")
+    replaced = docs.replace_section(page, docs.GAUGES_HEADING, "new figures")
+    assert "new figures" in replaced and "420.0 ms" not in replaced
+    assert replaced.replace(f"{docs.GAUGES_HEADING}\n\nnew figures\n", "") == page.replace(
+        f"{docs.GAUGES_HEADING}\n\n{text}\n", ""
+    )
+    added = docs.replace_section("# Performance\n\n## Reproduce\n\nmake bench\n", docs.GAUGES_HEADING, "figures")
+    assert added == f"# Performance\n\n{docs.GAUGES_HEADING}\n\nfigures\n\n## Reproduce\n\nmake bench\n"
