@@ -320,6 +320,10 @@ class PostgresStore:
     async def wait(self, timeout: float) -> bool:
         """Wait for a NOTIFY on the table's channel, at most ``timeout`` seconds."""
         if not self._listen_enabled:
+            # Polling only: the wait is the poll interval. Returning at once
+            # would have the relay claim back to back, an empty claim a
+            # millisecond, which slowed the whole database under load.
+            await asyncio.sleep(timeout)
             return False
         conn = await self._listener()
         with self._errors():

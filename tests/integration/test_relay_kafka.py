@@ -89,3 +89,25 @@ def test_two_relays_deliver_every_event_exactly_once_without_crashes(database_ur
         if m.key is not None:
             by_key.setdefault(m.key, []).append(json.loads(m.value)["n"])
     assert all(ns == sorted(ns) for ns in by_key.values())
+
+
+def test_a_relay_without_listen_polls_at_its_interval_and_still_delivers(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    # Without LISTEN the idle wait is the poll interval. It once returned at
+    # once, and the relay claimed back to back, about a thousand empty claims
+    # a second, enough to slow a busy database until the relay fell behind.
+    topic = unique_topic()
+    with RelayThread(database_url, f"kafka://{kafka_bootstrap}", listen=False) as relay:
+        assert relay.relay is not None
+        claims = relay.relay.metrics.claims
+        before = claims._value.get()
+        time.sleep(1.0)
+        idle_claims = claims._value.get() - before
+        # Poll interval 0.05 s doubling to 0.2 s: about 6 claims in a second; a spin makes hundreds.
+        assert idle_claims <= 25, f"{idle_claims:.0f} claims in one idle second"
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            producers.publish(conn, topic, {"n": 1}, idempotency_key="polled")
+        wait_until(lambda: not outbox_counts(database_url), timeout=10)
+    received = consume(kafka_bootstrap, topic, count=1)
+    assert [m.headers["idempotency-key"] for m in received] == [b"polled"]
