@@ -29,7 +29,7 @@ from relay.config import (
     split_routes,
 )
 from relay.errors import ConfigError, RelayError
-from relay.logs import configure as configure_logging
+from relay.logs import configure_from_flags as configure_logging
 from relay.store.base import RequeueFilter
 
 PROG = "outbox-relay"
@@ -537,13 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``outbox-relay`` console script."""
     args = build_parser().parse_args(argv)
     secrets = _secrets(args)
-    if args.log_format not in ("text", "json"):
-        print(f"{PROG}: error: --log-format must be text or json", file=sys.stderr)
-        return 2
-    try:
-        configure_logging(args.log_level, args.log_format, secrets)
-    except ValueError:
-        print(f"{PROG}: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
+    if not configure_logging(PROG, args.log_level, args.log_format, secrets):
         return 2
     try:
         return COMMANDS[args.command](args)

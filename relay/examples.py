@@ -40,7 +40,7 @@ from relay.config import DEFAULT_TABLE, KafkaSinkConfig, TableName, check_databa
 from relay.demo_consumers import InboxConsumer
 from relay.demo_shop import TOPIC, Shop
 from relay.errors import ConfigError
-from relay.logs import configure as configure_logging
+from relay.logs import configure_from_flags as configure_logging
 from relay.signals import STOP_SIGNALS
 
 # Named, not __name__: run with -m, this module is __main__.
@@ -336,13 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     name = f"{PROG} {args.command}"
     secrets = [s for s in (_password(args.database_url or ""), _kafka_password(args)) if s]
-    if args.log_format not in ("text", "json"):
-        print(f"{name}: error: --log-format must be text or json", file=sys.stderr)
-        return 2
-    try:
-        configure_logging(args.log_level, args.log_format, secrets)
-    except ValueError:
-        print(f"{name}: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
+    if not configure_logging(name, args.log_level, args.log_format, secrets):
         return 2
     stop = threading.Event()
     try:

@@ -85,3 +85,16 @@ def configure(level: str = "INFO", fmt: str = "text", secrets: list[str] | None 
     # pika logs every refused connection at ERROR, repeatedly, while the sink
     # already logs one line per outage; keep it for DEBUG sessions only.
     logging.getLogger("pika").setLevel(logging.DEBUG if root.level <= logging.DEBUG else logging.CRITICAL)
+
+
+def configure_from_flags(prog: str, level: str, fmt: str, secrets: list[str]) -> bool:
+    """:func:`configure` from command-line flags; on a bad value print a one-line error and return False."""
+    if fmt not in ("text", "json"):
+        print(f"{prog}: error: --log-format must be text or json", file=sys.stderr)
+        return False
+    try:
+        configure(level, fmt, secrets)
+    except ValueError:
+        print(f"{prog}: error: unknown --log-level {level!r}", file=sys.stderr)
+        return False
+    return True

@@ -396,7 +396,6 @@ def test_relays_reach_servers_they_wait_for(services: dict[str, dict[str, Any]])
         if not is_relay(service):
             continue
         env = environment(service)
-        waits_for = {target for target, cond in dependencies(service).items() if cond == "service_healthy"}
         hosts = {urlsplit(env["RELAY_DATABASE_URL"]).hostname}
         if relay_command(service) == "run":
             sink = parse_sink_url(env["RELAY_SINK"])
@@ -404,12 +403,22 @@ def test_relays_reach_servers_they_wait_for(services: dict[str, dict[str, Any]])
                 hosts |= {server.rpartition(":")[0] for server in sink.bootstrap_servers.split(",")}
             elif isinstance(sink, AmqpSinkConfig):
                 hosts.add(urlsplit(sink.url).hostname)
-        for host in hosts:
-            if host not in services:
-                problems.append(f"{name}: connects to {host!r}, which is not a service")
-            elif host not in waits_for:
-                problems.append(f"{name}: connects to {host!r} without waiting for it to be healthy")
+        problems += unwaited_hosts(name, service, hosts, services)
     assert not problems, "\n".join(problems)
+
+
+def unwaited_hosts(
+    name: str, service: dict[str, Any], hosts: set[str | None], services: dict[str, dict[str, Any]]
+) -> list[str]:
+    """What is wrong with ``service`` connecting to ``hosts``: not a service, or not waited for."""
+    waits_for = {target for target, cond in dependencies(service).items() if cond == "service_healthy"}
+    problems = []
+    for host in hosts:
+        if host not in services:
+            problems.append(f"{name}: connects to {host!r}, which is not a service")
+        elif host not in waits_for:
+            problems.append(f"{name}: connects to {host!r} without waiting for it to be healthy")
+    return problems
 
 
 def test_runs_wait_for_their_migration(services: dict[str, dict[str, Any]]) -> None:
@@ -625,15 +634,10 @@ def test_examples_reach_servers_they_wait_for(services: dict[str, dict[str, Any]
         if not is_example(service):
             continue
         args = parsed_example(service)
-        waits_for = {target for target, cond in dependencies(service).items() if cond == "service_healthy"}
         hosts = {urlsplit(args.database_url).hostname}
         if args.command == "consumer":
             hosts |= kafka_hosts(args.kafka)
-        for host in hosts:
-            if host not in services:
-                problems.append(f"{name}: connects to {host!r}, which is not a service")
-            elif host not in waits_for:
-                problems.append(f"{name}: connects to {host!r} without waiting for it to be healthy")
+        problems += unwaited_hosts(name, service, hosts, services)
     assert not problems, "\n".join(problems)
 
 
