@@ -371,8 +371,10 @@ def test_black_holed_kafka_keeps_timed_out_events_in_the_outbox(database_url: st
 
 #: How long a message may sit acknowledged on the broker before the consumer reads it.
 ACK_TO_READ_SECONDS = 5.0
-#: How long after the acknowledgement the relay may record it (``published_at``).
-SETTLE_GRACE_SECONDS = 1.0
+#: How long after the acknowledgement the relay may record it (``published_at``): a
+#: batch is settled once every message in it is acknowledged or timed out, so an
+#: ack from a broker that dies mid-batch is recorded up to the publish timeout later.
+SETTLE_GRACE_SECONDS = PUBLISH_TIMEOUT_SECONDS + 1.0
 
 
 def database_now(database_url: str) -> datetime:
