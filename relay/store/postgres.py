@@ -19,6 +19,7 @@ from relay.errors import SchemaError, StoreError, StoreUnavailable
 from relay.events import Event
 from relay.store import sql as named
 from relay.store.base import Claim, Dead, DeadEvent, RequeueFilter, Retry, Settlement, Status
+from relay.store.floor import FULL_SCAN_INTERVAL_SECONDS, ClaimFloor
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class PostgresStore:
         keep_sent: bool = False,
         listen: bool = True,
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        full_scan_interval: float = FULL_SCAN_INTERVAL_SECONDS,
     ) -> None:
         self._dsn = dsn
         self._table = table
@@ -128,6 +130,8 @@ class PostgresStore:
         self._stats_conn: psycopg.AsyncConnection[Any] | None = None
         self._listen_conn: psycopg.AsyncConnection[Any] | None = None
         self._queries = {name: named.render(text, table) for name, text in named.queries().items()}
+        # Where claims start scanning the claim index (see relay/store/floor.py).
+        self._floor = ClaimFloor(full_scan_interval)
         # The table as regclass input: the gauges read its statistics.
         self._regclass = ".".join(f'"{part}"' for part in table.parts)
 
@@ -253,9 +257,11 @@ class PostgresStore:
     async def claim(self, limit: int, *, max_attempts: int) -> Claim:
         """Lease up to ``limit`` due events (one per key), ordered by priority then id."""
         token = uuid4()
+        after = self._floor.next_after()
         rows = await self._fetch(
             "claim",
             {
+                "after": after,
                 "limit": limit,
                 "max_attempts": max_attempts,
                 "token": token,
@@ -263,6 +269,7 @@ class PostgresStore:
                 "lease_seconds": self._lease_seconds,
             },
         )
+        self._floor.claimed(token, [r[0] for r in rows], after=after)
         rows.sort(key=lambda r: (-r[8], r[0]))
         events = [
             Event(
@@ -283,6 +290,7 @@ class PostgresStore:
         self, claim: Claim, *, sent: Sequence[int], retry: Sequence[Retry], dead: Sequence[Dead]
     ) -> Settlement:
         """Delete (or mark sent) the acknowledged events, reschedule or dead-letter the rest."""
+        self._floor.finished(claim.token)
         done = retried = buried = 0
         if sent:
             done = await self._run(
@@ -310,6 +318,7 @@ class PostgresStore:
 
     async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:
         """Give unpublished events back without counting the attempt, due again after ``delay_seconds``."""
+        self._floor.finished(claim.token)
         if ids:
             await self._run("release", {"ids": list(ids), "token": claim.token, "delay": delay_seconds}, settle=True)
 

@@ -11,6 +11,7 @@ WITH candidates AS (
     SELECT o.id, o.lease_expires_at AS old_lease
     FROM {table} AS o
     WHERE o.state = 'pending'
+      AND o.id >= %(after)s  -- the keyset hint (relay/store/floor.py); 0 for a full scan
       AND o.deliver_at <= now()
       AND (o.lease_expires_at IS NULL
            OR (o.lease_expires_at < now() AND o.attempts < %(max_attempts)s))

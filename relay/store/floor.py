@@ -1,0 +1,75 @@
+"""Where a claim starts scanning: a keyset hint, with a full scan as the safety net.
+
+A sent event's row is deleted (or leaves the claim index's predicate), but its
+entry stays in the claim index until vacuum removes it, and vacuum cannot
+while any transaction older than the delete is open. A claim that scans the
+index from the start then visits the heap for every one of those entries:
+with a long transaction open beside a steady load, the claim slows down
+with every second the transaction stays open (seed 003, Brandur's 15x).
+
+So most claims only look at ids from a *floor* up (``id >= after``, checked
+on the index entry, no heap visit), and a full scan runs at least every
+``full_scan_interval`` seconds. The floor is chosen so that what a hinted
+claim skips is rare and waits at most one interval:
+
+- it is the lowest id the *previous* full scan claimed, so an event whose
+  transaction took its id before that scan but committed after it (writers
+  racing) is still above the floor; only transactions open for longer than
+  an interval can fall below it;
+- it never passes the lowest id of a batch this relay has in flight, nor,
+  once that batch is settled, the batch's lowest id: the later events of those
+  keys (higher ids) become claimable exactly then, and must not wait;
+- retries, releases, requeued dead letters and expired leases below the
+  floor are found by the next full scan, at most an interval later (a retry
+  waits its backoff anyway).
+
+Order and delivery do not depend on the floor: the per-key check still looks
+at every earlier event of the key, and every due event is seen by a full scan.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from uuid import UUID
+
+#: At most this long between two full scans of the claim index.
+FULL_SCAN_INTERVAL_SECONDS = 1.0
+
+
+class ClaimFloor:
+    """The ``after`` id for the next claim, from the claims and settles so far."""
+
+    def __init__(
+        self, full_scan_interval: float = FULL_SCAN_INTERVAL_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._interval = full_scan_interval
+        self._clock = clock
+        self._next_full_scan = 0.0
+        self._floor = 0  # the previous full scan's lowest id, lowered by settles since
+        self._newest = 0  # the last full scan's lowest id, the floor after the next full scan
+        self._in_flight: dict[UUID, int] = {}
+
+    def next_after(self) -> int:
+        """The lowest id the next claim considers: 0 for a full scan."""
+        if self._clock() >= self._next_full_scan:
+            return 0
+        return min(self._floor, *self._in_flight.values()) if self._in_flight else self._floor
+
+    def claimed(self, token: UUID, ids: Sequence[int], *, after: int) -> None:
+        """Note a claim made with ``after`` (from :meth:`next_after`) that returned ``ids``."""
+        lowest = min(ids) if ids else None
+        if lowest is not None:
+            self._in_flight[token] = lowest
+        if after == 0:
+            self._next_full_scan = self._clock() + self._interval
+            self._floor = self._newest
+            if lowest is not None:
+                self._newest = lowest
+
+    def finished(self, token: UUID) -> None:
+        """The batch of ``token`` is settled or released: its keys' later events may be due now."""
+        lowest = self._in_flight.pop(token, None)
+        if lowest is not None:
+            self._floor = min(self._floor, lowest)
+            self._newest = min(self._newest, lowest)

@@ -1,0 +1,63 @@
+"""The keyset hint's bookkeeping, on a clock the test moves."""
+
+from __future__ import annotations
+
+from uuid import uuid4
+
+from relay.store.floor import ClaimFloor
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_full_scan_comes_first_and_then_at_least_every_interval() -> None:
+    clock = Clock()
+    floor = ClaimFloor(1.0, clock)
+    assert floor.next_after() == 0
+    floor.claimed(uuid4(), [50, 51], after=0)
+    clock.now += 0.5
+    assert floor.next_after() == 0  # the floor trails one full scan: nothing known yet
+    floor.claimed(uuid4(), [], after=0)
+    clock.now += 1.0
+    assert floor.next_after() == 0  # the interval is up
+
+
+def test_the_floor_is_the_previous_full_scans_lowest_id() -> None:
+    clock = Clock()
+    floor = ClaimFloor(1.0, clock)
+    first, second = uuid4(), uuid4()
+    floor.claimed(first, [50, 51], after=0)
+    floor.finished(first)
+    clock.now += 1.0
+    floor.claimed(second, [80, 90], after=0)
+    floor.finished(second)
+    clock.now += 0.1
+    # Not 80: a writer that took id 60 before the last scan and commits after it must not wait.
+    assert floor.next_after() == 50
+    clock.now += 1.0
+    floor.claimed(uuid4(), [], after=0)  # found nothing: the floor moves up to what the last scan found
+    clock.now += 0.1
+    assert floor.next_after() == 80
+
+
+def test_a_batch_in_flight_or_just_settled_keeps_the_floor_at_its_lowest_id() -> None:
+    clock = Clock()
+    floor = ClaimFloor(1.0, clock)
+    early, late = uuid4(), uuid4()
+    floor.claimed(early, [10, 30], after=0)  # id 10 is the head of a key; its next event waits
+    clock.now += 1.0
+    floor.claimed(late, [40], after=0)
+    floor.finished(late)
+    clock.now += 1.0
+    floor.claimed(uuid4(), [], after=0)
+    clock.now += 0.1
+    assert floor.next_after() == 10  # 40 without the batch in flight
+    floor.finished(early)
+    assert floor.next_after() == 10  # its key's next event is due now, above 10
+    floor.claimed(uuid4(), [45], after=10)  # a hinted claim does not move the floor up
+    assert floor.next_after() == 10
