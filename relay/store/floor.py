@@ -9,8 +9,10 @@ with every second the transaction stays open (seed 003, Brandur's 15x).
 
 So most claims only look at ids from a *floor* up (``id >= after``, checked
 on the index entry, no heap visit), and a full scan runs at least every
-``full_scan_interval`` seconds. The floor is chosen so that what a hinted
-claim skips is rare and waits at most one interval:
+``full_scan_interval`` seconds (further apart when full scans are slow: a
+full scan that took d seconds waits 20 d, up to 10 s, so the dead entries
+cost at most about 5% of the claim's time). The floor is chosen so that what
+a hinted claim skips is rare and waits at most one interval:
 
 - it is the lowest id the *previous* full scan claimed, so an event whose
   transaction took its id before that scan but committed after it (writers
@@ -33,8 +35,14 @@ import time
 from collections.abc import Callable, Sequence
 from uuid import UUID
 
-#: At most this long between two full scans of the claim index.
+#: At most this long between two full scans of the claim index, while they are cheap.
 FULL_SCAN_INTERVAL_SECONDS = 1.0
+#: A full scan that took d seconds is not repeated for ``d * FULL_SCAN_SPACING`` seconds,
+#: so full scans take at most about 5% of the claim connection's time, however
+#: many dead entries a long transaction keeps in the index ...
+FULL_SCAN_SPACING = 20.0
+#: ... but never more than this long apart.
+FULL_SCAN_MAX_INTERVAL_SECONDS = 10.0
 
 
 class ClaimFloor:
@@ -56,13 +64,14 @@ class ClaimFloor:
             return 0
         return min(self._floor, *self._in_flight.values()) if self._in_flight else self._floor
 
-    def claimed(self, token: UUID, ids: Sequence[int], *, after: int) -> None:
-        """Note a claim made with ``after`` (from :meth:`next_after`) that returned ``ids``."""
+    def claimed(self, token: UUID, ids: Sequence[int], *, after: int, took: float = 0.0) -> None:
+        """Note a claim made with ``after`` (from :meth:`next_after`) that returned ``ids`` in ``took`` seconds."""
         lowest = min(ids) if ids else None
         if lowest is not None:
             self._in_flight[token] = lowest
         if after == 0:
-            self._next_full_scan = self._clock() + self._interval
+            spacing = min(max(self._interval, took * FULL_SCAN_SPACING), FULL_SCAN_MAX_INTERVAL_SECONDS)
+            self._next_full_scan = self._clock() + spacing
             self._floor = self._newest
             if lowest is not None:
                 self._newest = lowest

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -258,6 +259,7 @@ class PostgresStore:
         """Lease up to ``limit`` due events (one per key), ordered by priority then id."""
         token = uuid4()
         after = self._floor.next_after()
+        started = time.perf_counter()
         rows = await self._fetch(
             "claim",
             {
@@ -269,7 +271,7 @@ class PostgresStore:
                 "lease_seconds": self._lease_seconds,
             },
         )
-        self._floor.claimed(token, [r[0] for r in rows], after=after)
+        self._floor.claimed(token, [r[0] for r in rows], after=after, took=time.perf_counter() - started)
         rows.sort(key=lambda r: (-r[8], r[0]))
         events = [
             Event(

@@ -61,3 +61,20 @@ def test_a_batch_in_flight_or_just_settled_keeps_the_floor_at_its_lowest_id() ->
     assert floor.next_after() == 10  # its key's next event is due now, above 10
     floor.claimed(uuid4(), [45], after=10)  # a hinted claim does not move the floor up
     assert floor.next_after() == 10
+
+
+def test_slow_full_scans_are_spaced_out_but_not_past_the_cap() -> None:
+    clock = Clock()
+    floor = ClaimFloor(1.0, clock)
+    floor.claimed(uuid4(), [5], after=0, took=0.01)
+    clock.now += 1.0
+    floor.claimed(uuid4(), [6], after=0, took=0.2)  # 0.2 s: the next full scan 4 s later
+    clock.now += 3.9
+    assert floor.next_after() == 5
+    clock.now += 0.2
+    assert floor.next_after() == 0
+    floor.claimed(uuid4(), [7], after=0, took=5.0)  # would be 100 s: capped at 10
+    clock.now += 9.9
+    assert floor.next_after() == 5
+    clock.now += 0.2
+    assert floor.next_after() == 0
