@@ -146,6 +146,18 @@ was busy.
   0.5 ms), and a row with a JSON payload, a unique key and a primary key +41%.
   The NOTIFY trigger and the two partial indexes each cost under 4%. The
   10% target is below the price of one extra statement on this machine.
+- **The claim's keyset floor (S4, `--only s4 --s4-seconds 60 --rate 959`).**
+  Mean claim time during the 60 s transaction over before it: 5.85x (11.3x
+  over the last 10 s) scanning the claim index from the start every time;
+  2.75x (3.65x) with a floor and a full scan every second; 2.30x (2.77x) with
+  full scans spaced by 20 times their own duration. What still grows with the
+  transaction's age (the per-key probe meeting dead entries of its key, HOT
+  updates failing on pages that cannot be pruned) was not taken apart.
+- **Polling without LISTEN spun.** The idle wait returned at once when LISTEN
+  was off, so the relay claimed back to back (about 1,000 empty claims a
+  second in-process). In S2 at 959 events/s, NOTIFY off gave commit-to-ack
+  p50 1.86 s and p99 39 s, the relay falling behind the writers; with the
+  wait fixed, the same scenario gives tens of milliseconds (see the table).
 - **In-process latency without the benchmark's writers** (`Relay` and a writer
   thread in one process, 500 events/s, `linger.ms` 0): commit-to-ack p50 4.0-5.2
   ms, p99 13-23 ms. The relay's own path (NOTIFY, claim of about one event in
