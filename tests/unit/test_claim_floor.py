@@ -15,33 +15,31 @@ class Clock:
         return self.now
 
 
-def test_a_full_scan_comes_first_and_then_at_least_every_interval() -> None:
+def test_a_full_scan_comes_first_and_then_every_interval() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock)
     assert floor.next_after() == 0
     floor.claimed(uuid4(), [50, 51], after=0)
     clock.now += 0.5
-    assert floor.next_after() == 0  # the floor trails one full scan: nothing known yet
-    floor.claimed(uuid4(), [], after=0)
+    assert floor.next_after() == 0  # a hinted claim, but no claim is an interval old yet
+    floor.claimed(uuid4(), [60], after=0)
     clock.now += 1.0
-    assert floor.next_after() == 0  # the interval is up
+    assert floor.next_after() == 0  # the interval since the last full scan is up
 
 
-def test_the_floor_is_the_previous_full_scans_lowest_id() -> None:
+def test_a_claim_moves_the_floor_to_its_lowest_id_once_it_is_an_interval_old() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock)
     first, second = uuid4(), uuid4()
-    floor.claimed(first, [50, 51], after=0)
+    floor.claimed(first, [50, 51], after=0, took=0.3)  # slow full scan: the next one 6 s later
     floor.finished(first)
-    clock.now += 1.0
-    floor.claimed(second, [80, 90], after=0)
+    clock.now += 0.5
+    floor.claimed(second, [80, 90], after=1)  # a hinted claim
     floor.finished(second)
-    clock.now += 0.1
-    # Not 80: a writer that took id 60 before the last scan and commits after it must not wait.
+    # Not 80: a writer that took id 60 before the second claim and commits after it must not wait.
+    clock.now += 0.6
     assert floor.next_after() == 50
-    clock.now += 1.0
-    floor.claimed(uuid4(), [], after=0)  # found nothing: the floor moves up to what the last scan found
-    clock.now += 0.1
+    clock.now += 0.5
     assert floor.next_after() == 80
 
 
@@ -49,26 +47,36 @@ def test_a_batch_in_flight_or_just_settled_keeps_the_floor_at_its_lowest_id() ->
     clock = Clock()
     floor = ClaimFloor(1.0, clock)
     early, late = uuid4(), uuid4()
-    floor.claimed(early, [10, 30], after=0)  # id 10 is the head of a key; its next event waits
-    clock.now += 1.0
-    floor.claimed(late, [40], after=0)
+    floor.claimed(early, [10, 30], after=0, took=0.3)  # id 10 is the head of a key; its next event waits
+    clock.now += 0.5
+    floor.claimed(late, [40], after=1)  # a hinted claim
     floor.finished(late)
     clock.now += 1.0
-    floor.claimed(uuid4(), [], after=0)
-    clock.now += 0.1
     assert floor.next_after() == 10  # 40 without the batch in flight
     floor.finished(early)
     assert floor.next_after() == 10  # its key's next event is due now, above 10
-    floor.claimed(uuid4(), [45], after=10)  # a hinted claim does not move the floor up
+    floor.claimed(uuid4(), [45], after=10)
+    clock.now += 1.1
+    assert floor.next_after() == 45  # a claim made after the settle has seen that event
+
+
+def test_a_settle_also_caps_claims_not_yet_old_enough_to_move_the_floor() -> None:
+    clock = Clock()
+    floor = ClaimFloor(1.0, clock)
+    head, other = uuid4(), uuid4()
+    floor.claimed(head, [10], after=0, took=0.3)
+    clock.now += 0.2
+    floor.claimed(other, [40], after=1)  # a hinted claim
+    floor.finished(other)
+    floor.finished(head)  # after the claim of 40, before it is old enough
+    clock.now += 1.0
     assert floor.next_after() == 10
 
 
 def test_slow_full_scans_are_spaced_out_but_not_past_the_cap() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock)
-    floor.claimed(uuid4(), [5], after=0, took=0.01)
-    clock.now += 1.0
-    floor.claimed(uuid4(), [6], after=0, took=0.2)  # 0.2 s: the next full scan 4 s later
+    floor.claimed(uuid4(), [5], after=0, took=0.2)  # 0.2 s: the next full scan 4 s later
     clock.now += 3.9
     assert floor.next_after() == 5
     clock.now += 0.2
