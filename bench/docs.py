@@ -116,7 +116,9 @@ was busy.
   `synchronous_commit` off, 100,000 seeded rows, no broker) drained 66,700
   keyed and 81,900 null-key events/s against 79,500-80,700/s for L_db in
   the same sitting: 0.84 and 1.02 x L_db. On a quiet table the claim of
-  1,000 keyed rows executes in 9.3 ms (its per-key `NOT EXISTS` probe 3 ms).
+  1,000 keyed rows executes in 9.3 ms (its per-key `NOT EXISTS` probe 3 ms;
+  EXPLAIN ANALYZE's per-node timing, used in the profile above, inflates
+  both, the loop times the statements without it).
   The end-to-end S1 ratio (0.55-0.60) is lower because the drain shares two
   cores between PostgreSQL (~0.75 of a core), the relay (~0.55), Tansu
   (~0.17), the measuring consumer and the kernel's writeback of PostgreSQL's
