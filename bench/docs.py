@@ -137,6 +137,12 @@ was busy.
   about 3 ms of latency for about a fifth of the drain rate.
 - **Pipeline depth 3 and batches of 500 or 2,000** moved S1 by less than the
   run-to-run noise (30,400-36,300/s).
+- **Two claims at once.** The profile shows the loop waiting on one claim at a
+  time for 91% of a drain, so a prototype ran two claims concurrently on two
+  connections whenever the last claim came back full (pipeline depth 4). Back
+  to back with the committed relay, two rounds: 0.55 and 0.53 x L_db against
+  0.58 and 0.55. The claims are slow because the two cores are busy, not
+  because they wait for each other; the prototype was dropped.
 - **`publish()` cost (`python -m bench --only writer`, and a one-connection
   loop of 4,000-6,000 transactions per kind):** the headers check called a SQL
   function per row, run through its own executor: 0.12-0.13 ms of a 0.54-0.75
