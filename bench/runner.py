@@ -134,14 +134,9 @@ class Run:
         bootstrap = self.bootstrap
         topic = self.cleanup.create_topic("lkafka")
         receiver = KafkaReceiver(bootstrap, topic, KAFKA_PARTITIONS)
-        receiver.start()
-        receiver.ready.wait(30)
         try:
-            result = in_child_process(baselines.l_kafka, bootstrap, topic, self.events)
-            receiver.wait_for(self.events, BASELINE_RECEIVE_TIMEOUT_SECONDS)
-            result["consumer_rate"] = stats.window_rate(receiver.marks, self.events, 0.1, 0.9)
+            result = self._received_baseline(receiver, baselines.l_kafka, bootstrap, topic)
         finally:
-            receiver.stop()
             self.cleanup.delete_topic(topic)
         self._bracket("l_kafka", result)
 
@@ -149,16 +144,25 @@ class Run:
         require_rabbitmq()
         queue = self.cleanup.create_queue("lrmq")
         receiver = RabbitReceiver(AMQP_URL, queue)
+        try:
+            result = self._received_baseline(receiver, baselines.l_rmq, AMQP_URL, queue)
+        finally:
+            self.cleanup.delete_queue(queue)
+        self._bracket("l_rmq", result)
+
+    def _received_baseline(
+        self, receiver: KafkaReceiver | RabbitReceiver, baseline: Callable[..., dict[str, Any]], *args: Any
+    ) -> dict[str, Any]:
+        """Run ``baseline(*args, events)`` in a child process with ``receiver`` reading alongside."""
         receiver.start()
         receiver.ready.wait(30)
         try:
-            result = in_child_process(baselines.l_rmq, AMQP_URL, queue, self.events)
+            result = in_child_process(baseline, *args, self.events)
             receiver.wait_for(self.events, BASELINE_RECEIVE_TIMEOUT_SECONDS)
             result["consumer_rate"] = stats.window_rate(receiver.marks, self.events, 0.1, 0.9)
         finally:
             receiver.stop()
-            self.cleanup.delete_queue(queue)
-        self._bracket("l_rmq", result)
+        return result
 
     # -- scenarios ---------------------------------------------------------
 

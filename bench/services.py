@@ -57,9 +57,9 @@ CREATE TABLE IF NOT EXISTS business (
 """
 
 
-def payload_for(g: int) -> bytes:
-    """The Python twin of the seeded payload (same fields, same size), for the broker baselines."""
-    document = {
+def document_for(g: int) -> dict[str, Any]:
+    """The Python twin of the seeded payload (same fields, same size)."""
+    return {
         "event": "order.created",
         "order_id": g,
         "customer_id": f"customer-{g % 9973}",
@@ -70,7 +70,11 @@ def payload_for(g: int) -> bytes:
         "created_at": "2024-05-01T12:00:00Z",
         "status": "new",
     }
-    return json.dumps(document).encode()
+
+
+def payload_for(g: int) -> bytes:
+    """:func:`document_for` as JSON bytes, for the broker baselines."""
+    return json.dumps(document_for(g)).encode()
 
 
 def url_for(database: str, base: str = PG_URL) -> str:

@@ -19,7 +19,7 @@ import psycopg
 
 import producers
 from bench import stats
-from bench.services import DISTINCT_KEYS, TABLE
+from bench.services import DISTINCT_KEYS, TABLE, document_for
 from relay.config import TableName
 from relay.store.migrate import migrate
 
@@ -28,21 +28,6 @@ BUSINESS_INSERT = "INSERT INTO business (customer, amount_cents) VALUES (%s, %s)
 PER_CONNECTION_RATE = 50
 MIN_CONNECTIONS = 2
 MAX_CONNECTIONS = 24
-
-
-def document_for(i: int) -> dict[str, Any]:
-    """An order event of the same shape and size as the seeded ones."""
-    return {
-        "event": "order.created",
-        "order_id": i,
-        "customer_id": f"customer-{i % 9973}",
-        "amount_cents": (i * 7919) % 100000,
-        "currency": "EUR",
-        "items": (i % 5) + 1,
-        "channel": "web",
-        "created_at": "2024-05-01T12:00:00Z",
-        "status": "new",
-    }
 
 
 def business_transaction(conn: psycopg.Connection[Any], i: int, topic: str | None, idempotency_key: str) -> None:

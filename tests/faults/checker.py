@@ -21,6 +21,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Self
 
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -150,8 +151,35 @@ class Writers:
             self.errors.append(exc)
 
 
-class KafkaCollector:
+class Watcher:
+    """A daemon thread running :meth:`_run` for the length of a ``with`` block.
+
+    ``_run`` loops until ``self._stop`` is set; leaving the block sets it and
+    waits up to ``join_seconds`` for the thread.
+    """
+
+    join_seconds = 10.0
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(self.join_seconds)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class KafkaCollector(Watcher):
     """Reads every partition of ``topic`` from the beginning in a thread."""
+
+    join_seconds = 30.0
 
     def __init__(self, bootstrap: str, topic: str, partitions: int = 4) -> None:
         self.bootstrap = bootstrap
@@ -160,16 +188,7 @@ class KafkaCollector:
         self.deliveries: list[Delivery] = []
         self.raw: list[tuple[int, int, bytes | None, bytes]] = []
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> KafkaCollector:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
+        super().__init__()
 
     def count(self) -> int:
         with self._lock:

@@ -118,6 +118,26 @@ def assert_no_crash_loop(relay: Tapped, code: int, dead: int) -> None:
     assert log.count("dead-lettered event") == dead, log
 
 
+def relay_to_kafka_until(
+    database_url: str, sink_url: str, bootstrap: str, topic: str, events: Events, *, failed: int, pending: int
+) -> tuple[Tapped, int, dict[str, dict[str, Any]], list[Delivery]]:
+    """Run a relay subprocess until ``failed`` events are dead-lettered and ``pending`` wait.
+
+    Returns the relay, its exit code, the dead letters, and what ``topic``
+    received once every committed event arrived (plus a second for strays).
+    """
+    relay = Tapped(relay_process(database_url, sink_url))
+    with KafkaCollector(bootstrap, topic) as collector:
+        try:
+            wait_until(counts_are(database_url, failed=failed, pending=pending), timeout=60)
+            dead = dead_letters(database_url)
+            collector.wait_for(lambda ds: len(ds) >= len(events.ledger.committed), timeout=30)
+            time.sleep(1.0)
+        finally:
+            code = relay.stop()
+    return relay, code, dead, collector.deliveries
+
+
 def run_in_process(relay: Relay, done: Callable[[], bool], timeout: float = 60) -> None:
     """Run ``relay`` on an event loop until ``done()`` (checked off the loop), then stop it."""
 
@@ -197,16 +217,11 @@ def test_11_a_payload_over_the_kafka_limit_is_dead_lettered_at_once(
         parked = events.bad(conn, topic, "parked behind", key="big")
         big_keyless = events.bad(conn, topic, "too large", {"blob": "y" * 5000})
         events.write_good(conn, topic, 20, keys=6)
-    relay = Tapped(relay_process(database_url, f"kafka://{kafka_bootstrap}?message.max.bytes=2000"))
-    with KafkaCollector(kafka_bootstrap, topic) as collector:
-        try:
-            wait_until(counts_are(database_url, failed=2, pending=1), timeout=60)
-            dead = dead_letters(database_url)
-            collector.wait_for(lambda ds: len(ds) >= len(events.ledger.committed), timeout=30)
-            time.sleep(1.0)
-        finally:
-            code = relay.stop()
-    result = verdict(events.ledger, collector.deliveries)
+    relay, code, dead, deliveries = relay_to_kafka_until(
+        database_url, f"kafka://{kafka_bootstrap}?message.max.bytes=2000", kafka_bootstrap, topic, events,
+        failed=2, pending=1,
+    )  # fmt: skip
+    result = verdict(events.ledger, deliveries)
     record(
         "11/bad input: payload over the Kafka limit (message.max.bytes=2000)", result, note="2 dead-lettered at once"
     )
@@ -215,7 +230,7 @@ def test_11_a_payload_over_the_kafka_limit_is_dead_lettered_at_once(
         assert entry["attempts"] == 1, "dead-lettered at once"
         assert "MSG_SIZE_TOO_LARGE" in entry["last_error"], entry
         assert "xxxx" not in entry["last_error"] and "yyyy" not in entry["last_error"]
-    assert parked not in {d.idempotency_key for d in collector.deliveries}
+    assert parked not in {d.idempotency_key for d in deliveries}
     assert result.lost == result.leaked == result.unexpected == result.order_violations == 0, str(result)
     assert_no_crash_loop(relay, code, dead=2)
 
@@ -329,16 +344,11 @@ def test_13_an_unknown_or_invalid_kafka_topic_is_dead_lettered_at_once(
         bad_name = events.bad(conn, invalid, "invalid topic name")
         events.write_good(conn, topic, 20, keys=6)
     # Tansu creates topics on demand; a producer that does not ask for it sees them missing.
-    relay = Tapped(relay_process(database_url, f"kafka://{kafka_bootstrap}?allow.auto.create.topics=false"))
-    with KafkaCollector(kafka_bootstrap, topic) as collector:
-        try:
-            wait_until(counts_are(database_url, failed=2, pending=0), timeout=60)
-            dead = dead_letters(database_url)
-            collector.wait_for(lambda ds: len(ds) >= len(events.ledger.committed), timeout=30)
-            time.sleep(1.0)
-        finally:
-            code = relay.stop()
-    result = verdict(events.ledger, collector.deliveries)
+    relay, code, dead, deliveries = relay_to_kafka_until(
+        database_url, f"kafka://{kafka_bootstrap}?allow.auto.create.topics=false", kafka_bootstrap, topic, events,
+        failed=2, pending=0,
+    )  # fmt: skip
+    result = verdict(events.ledger, deliveries)
     record("13/bad input: unknown and invalid Kafka topics", result, note="2 dead-lettered at once")
     assert set(dead) == {unknown, bad_name}
     assert dead[unknown]["attempts"] == dead[bad_name]["attempts"] == 1

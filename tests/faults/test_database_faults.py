@@ -41,7 +41,7 @@ from relay.config import TableName
 from relay.store import postgres
 from relay.store.migrate import migrate
 from relay.store.postgres import PostgresStore
-from tests.faults.checker import KafkaCollector, Verdict, Writers, verdict
+from tests.faults.checker import KafkaCollector, Verdict, Watcher, Writers, verdict
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.proxy import FaultProxy
 from tests.integration.kafka_support import unique_topic
@@ -158,23 +158,16 @@ class CallClock:
             return name, self.longest[name]
 
 
-class Sampler:
+class Sampler(Watcher):
     """Samples the clock and the relay loop's heartbeat in a thread."""
+
+    join_seconds = 5.0
 
     def __init__(self, clock: CallClock, relay: RelayThread) -> None:
         self.clock = clock
         self.relay = relay
         self.loop_stall = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
+        super().__init__()
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):

@@ -44,7 +44,7 @@ from relay.sinks import kafka as kafka_sink
 from relay.sinks import rabbitmq as rabbitmq_sink
 from relay.sinks.kafka import KafkaSink
 from relay.sinks.rabbitmq import RabbitMQSink
-from tests.faults.checker import Delivery, KafkaCollector, Ledger, Verdict, Writers, verdict
+from tests.faults.checker import Delivery, KafkaCollector, Ledger, Verdict, Watcher, Writers, verdict
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.proxy import FaultProxy
 from tests.integration.kafka_support import unique_topic
@@ -210,7 +210,7 @@ class PublishClock:
         return timed
 
 
-class Progress:
+class Progress(Watcher):
     """Samples the relay's published counter; the longest stretch without progress while work waited."""
 
     def __init__(self, relay: RelayThread, database_url: str) -> None:
@@ -219,16 +219,7 @@ class Progress:
         self.longest_gap = 0.0
         self.gap_ended_at = ""
         self.phase = "start"
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Progress:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        super().__init__()
 
     def published(self) -> float:
         relay = self.relay.relay

@@ -15,7 +15,6 @@ import contextlib
 import json
 import re
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +25,7 @@ import psycopg
 import pytest
 
 import producers
-from tests.faults.checker import Delivery, Ledger, Writers, verdict
+from tests.faults.checker import Delivery, Ledger, Watcher, Writers, verdict
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.test_process_faults import Tapped, unsettled
 from tests.integration.rabbit_support import unique_name
@@ -140,7 +139,7 @@ def deliveries(messages: list[dict[str, Any]]) -> list[Delivery]:
 # --- watching the relay from the database --------------------------------------
 
 
-class HoldWatch:
+class HoldWatch(Watcher):
     """Samples, from the table, how long the oldest live lease has been held."""
 
     def __init__(self, database_url: str, lease_seconds: float) -> None:
@@ -148,16 +147,7 @@ class HoldWatch:
         self.lease_seconds = lease_seconds
         self.worst = 0.0
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> HoldWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        super().__init__()
 
     def _run(self) -> None:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
