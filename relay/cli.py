@@ -35,8 +35,13 @@ from relay.store.base import RequeueFilter
 PROG = "outbox-relay"
 
 
+def _env_name(flag: str) -> str:
+    """``--batch-size`` -> ``RELAY_BATCH_SIZE``."""
+    return "RELAY_" + flag.lstrip("-").replace("-", "_").upper()
+
+
 def _env(flag: str) -> str | None:
-    value = os.environ.get("RELAY_" + flag.lstrip("-").replace("-", "_").upper())
+    value = os.environ.get(_env_name(flag))
     if value is None and flag == "--database-url":
         value = os.environ.get("DATABASE_URL")
     return value
@@ -72,6 +77,34 @@ def _port(text: str) -> int:
     return value
 
 
+def add_env_flag(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    env: str,
+    raw: str | None,
+    prog: str,
+    help: str,
+    type: Callable[[str], Any] = str,
+    default: Any = None,
+    metavar: str | None = None,
+    show_default: bool = True,
+) -> None:
+    """Add ``flag``; ``raw``, the value of variable ``env`` when set, replaces the default.
+
+    A value the flag's ``type`` refuses ends the program with a one-line error
+    naming the variable. The help names the variable (and the default, unless
+    ``show_default`` is off, as for URLs that may hold a password).
+    """
+    if raw is not None:
+        try:
+            default = type(raw)
+        except argparse.ArgumentTypeError as exc:
+            parser.exit(2, f"{prog}: error: {env}: {exc}\n")
+    shown = f" (default: {default})" if show_default and default is not None else ""
+    parser.add_argument(flag, type=type, default=default, metavar=metavar, help=f"{help} [env {env}]{shown}")
+
+
 def _flag(
     parser: argparse.ArgumentParser,
     flag: str,
@@ -81,24 +114,20 @@ def _flag(
     default: Any = None,
     metavar: str | None = None,
 ) -> None:
-    """Add ``flag`` with its environment fallback named in the help."""
-    env_name = "RELAY_" + flag.lstrip("-").replace("-", "_").upper()
-    raw = _env(flag)
-    if raw is not None:
-        try:
-            default = type(raw)
-        except argparse.ArgumentTypeError as exc:
-            parser.exit(2, f"{PROG}: error: {env_name}: {exc}\n")
-    shown = "" if default is None or flag in ("--database-url", "--sink") else f" (default: {default})"
-    parser.add_argument(flag, type=type, default=default, metavar=metavar, help=f"{help} [env {env_name}]{shown}")
+    """Add ``flag`` with its ``RELAY_*`` fallback named in the help."""
+    add_env_flag(
+        parser, flag, env=_env_name(flag), raw=_env(flag), prog=PROG, help=help, type=type, default=default,
+        metavar=metavar, show_default=flag not in ("--database-url", "--sink"),
+    )  # fmt: skip
 
 
 def _switch(parser: argparse.ArgumentParser, flag: str, *, help: str, default: bool) -> None:
     raw = _env(flag)
     if raw is not None:
         default = raw.strip().lower() in ("1", "true", "yes", "on")
-    env_name = "RELAY_" + flag.lstrip("-").replace("-", "_").upper()
-    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=f"{help} [env {env_name}]")
+    parser.add_argument(
+        flag, action=argparse.BooleanOptionalAction, default=default, help=f"{help} [env {_env_name(flag)}]"
+    )
 
 
 class _Routes(argparse.Action):

@@ -36,6 +36,7 @@ import psycopg
 from confluent_kafka import KafkaException
 
 from consumers import DEFAULT_INBOX_TABLE
+from relay.cli import add_env_flag
 from relay.config import DEFAULT_TABLE, KafkaSinkConfig, TableName, check_database_url, parse_sink_url
 from relay.demo_consumers import InboxConsumer
 from relay.demo_shop import TOPIC, Shop
@@ -109,13 +110,10 @@ class _Flags:
         raw = self.environ.get(name)
         if raw is None and flag == "--database-url":
             raw = self.environ.get("DATABASE_URL")
-        if raw is not None:
-            try:
-                default = type(raw)
-            except argparse.ArgumentTypeError as exc:
-                self.parser.exit(2, f"{PROG} {self.command}: error: {name}: {exc}\n")
-        shown = "" if default is None or flag == "--database-url" else f" (default: {default})"
-        self.parser.add_argument(flag, type=type, default=default, metavar=metavar, help=f"{help} [env {name}]{shown}")
+        add_env_flag(
+            self.parser, flag, env=name, raw=raw, prog=f"{PROG} {self.command}", help=help, type=type,
+            default=default, metavar=metavar, show_default=flag != "--database-url",
+        )  # fmt: skip
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
@@ -120,15 +120,9 @@ class RoutingSink:
         self._raise_crash()
         # A sink being probed is left to its probe: two starts at once could race.
         todo = [t for t in self._targets if t.probe is None or t.probe.done()]
-        results = await asyncio.gather(*(t.sink.start() for t in todo), return_exceptions=True)
-        for target, result in zip(todo, results, strict=True):
-            if isinstance(result, SinkUnavailable):
-                self._mark_down(target, result)
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                target.started = True
-                self._mark_up(target)
+        for target in await self._reachable(todo, lambda sink: sink.start()):
+            target.started = True
+            self._mark_up(target)
         self._raise_if_all_down()
 
     async def publish(self, events: Sequence[Event]) -> list[Outcome]:
@@ -168,13 +162,7 @@ class RoutingSink:
         ``down()`` then names the sinks that are down; readiness uses it.
         """
         self._raise_crash()
-        up = [t for t in self._targets if not t.down]
-        results = await asyncio.gather(*(t.sink.check() for t in up), return_exceptions=True)
-        for target, result in zip(up, results, strict=True):
-            if isinstance(result, SinkUnavailable):
-                self._mark_down(target, result)
-            elif isinstance(result, BaseException):
-                raise result
+        await self._reachable([t for t in self._targets if not t.down], lambda sink: sink.check())
         self._raise_if_all_down()
 
     async def close(self) -> None:
@@ -190,6 +178,22 @@ class RoutingSink:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+
+    async def _reachable(self, targets: list[_Target], call: Callable[[Sink], Awaitable[None]]) -> list[_Target]:
+        """Run ``call`` on every target's sink at once; mark the unreachable down, return the others.
+
+        Any error other than ``SinkUnavailable`` (a refused login, say) is raised.
+        """
+        results = await asyncio.gather(*(call(t.sink) for t in targets), return_exceptions=True)
+        reached = []
+        for target, result in zip(targets, results, strict=True):
+            if isinstance(result, SinkUnavailable):
+                self._mark_down(target, result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                reached.append(target)
+        return reached
 
     def _target(self, topic: str) -> _Target | None:
         try:
