@@ -21,7 +21,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Any, Self
 
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -122,33 +122,47 @@ class Writers:
         rng = random.Random(seed)
         seqs = {f"w{writer}-k{k}": 0 for k in range(keys)}
         written = 0
+        conn: psycopg.Connection[Any] | None = None
         try:
-            with psycopg.connect(self.database_url) as conn:
-                while written < self._per_writer and not self._stop.is_set():
-                    batch: list[tuple[str, str, int]] = []
-                    rollback = rng.random() < self.rollback_ratio
-                    with conn.transaction(force_rollback=rollback):
-                        for _ in range(min(self.per_tx, self._per_writer - written)):
-                            key = rng.choice(list(seqs))
-                            seq = seqs[key] + len([b for b in batch if b[1] == key]) + 1
-                            idem = f"{uuid.uuid4()}"
-                            producers.publish(
-                                conn, self.topic, {"key": key, "seq": seq}, key=key, idempotency_key=idem,
-                                table=self.table,
-                            )  # fmt: skip
-                            batch.append((idem, key, seq))
-                    with self.ledger.lock:
-                        if rollback:
-                            self.ledger.rolled_back.update(b[0] for b in batch)
-                        else:
-                            for idem, key, seq in batch:
-                                self.ledger.committed[idem] = (key, seq)
-                                seqs[key] = max(seqs[key], seq)
-                    written += len(batch)
-                    if self.pause:
-                        time.sleep(self.pause)
+            while written < self._per_writer and not self._stop.is_set():
+                rollback = rng.random() < self.rollback_ratio
+                batch: list[tuple[str, str, int]] = []
+                for _ in range(min(self.per_tx, self._per_writer - written)):
+                    key = rng.choice(list(seqs))
+                    seq = seqs[key] + len([b for b in batch if b[1] == key]) + 1
+                    batch.append((str(uuid.uuid4()), key, seq))
+                conn = self._commit(conn, batch, rollback)
+                with self.ledger.lock:
+                    if rollback:
+                        self.ledger.rolled_back.update(b[0] for b in batch)
+                    else:
+                        for idem, key, seq in batch:
+                            self.ledger.committed[idem] = (key, seq)
+                            seqs[key] = max(seqs[key], seq)
+                written += len(batch)
+                if self.pause:
+                    time.sleep(self.pause)
         except BaseException as exc:  # noqa: BLE001 - re-raised by join()
             self.errors.append(exc)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _commit(
+        self, conn: psycopg.Connection[Any] | None, batch: list[tuple[str, str, int]], rollback: bool
+    ) -> psycopg.Connection[Any]:
+        """Write ``batch`` in one transaction (rolled back if ``rollback``); the connection to use next."""
+        if conn is None:
+            conn = psycopg.connect(self.database_url)
+        self._publish(conn, batch, rollback)
+        return conn
+
+    def _publish(self, conn: psycopg.Connection[Any], batch: list[tuple[str, str, int]], rollback: bool) -> None:
+        with conn.transaction(force_rollback=rollback):
+            for idem, key, seq in batch:
+                producers.publish(
+                    conn, self.topic, {"key": key, "seq": seq}, key=key, idempotency_key=idem, table=self.table
+                )
 
 
 class Watcher:

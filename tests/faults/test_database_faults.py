@@ -26,7 +26,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -35,7 +34,6 @@ from typing import Any
 import psycopg
 import pytest
 
-import producers
 from relay import devservices
 from relay.config import TableName
 from relay.store import postgres
@@ -192,36 +190,6 @@ class ResilientWriters(Writers):
         self.outage_limit = outage_limit
         self.retries = 0
 
-    def _write(self, writer: int, keys: int, seed: int) -> None:
-        rng = random.Random(seed)
-        seqs = {f"w{writer}-k{k}": 0 for k in range(keys)}
-        written = 0
-        conn: psycopg.Connection[Any] | None = None
-        try:
-            while written < self._per_writer and not self._stop.is_set():
-                rollback = rng.random() < self.rollback_ratio
-                batch: list[tuple[str, str, int]] = []
-                for _ in range(min(self.per_tx, self._per_writer - written)):
-                    key = rng.choice(list(seqs))
-                    seq = seqs[key] + len([b for b in batch if b[1] == key]) + 1
-                    batch.append((str(uuid.uuid4()), key, seq))
-                conn = self._commit(conn, batch, rollback)
-                with self.ledger.lock:
-                    if rollback:
-                        self.ledger.rolled_back.update(b[0] for b in batch)
-                    else:
-                        for idem, key, seq in batch:
-                            self.ledger.committed[idem] = (key, seq)
-                            seqs[key] = max(seqs[key], seq)
-                written += len(batch)
-                if self.pause:
-                    time.sleep(self.pause)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by join()
-            self.errors.append(exc)
-        finally:
-            if conn is not None:
-                conn.close()
-
     def _commit(
         self, conn: psycopg.Connection[Any] | None, batch: list[tuple[str, str, int]], rollback: bool
     ) -> psycopg.Connection[Any]:
@@ -232,12 +200,7 @@ class ResilientWriters(Writers):
                     if conn is not None:
                         conn.close()
                     conn = psycopg.connect(self.database_url, connect_timeout=2)
-                with conn.transaction(force_rollback=rollback):
-                    for idem, key, seq in batch:
-                        producers.publish(
-                            conn, self.topic, {"key": key, "seq": seq}, key=key, idempotency_key=idem,
-                            table=self.table,
-                        )  # fmt: skip
+                self._publish(conn, batch, rollback)
                 return conn
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:
