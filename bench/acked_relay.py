@@ -5,8 +5,11 @@ acknowledgement: this runs the real CLI in its own process, as
 :class:`bench.relayproc.RelayProcess` does, with the loop's judging step
 wrapped to stamp each acknowledged event with ``time.monotonic()`` (one clock
 for every process on the machine, so the writers' commit stamps compare with
-it). The stamps go to the JSON file named by ``BENCH_ACK_LOG`` when the relay
-stops. A benchmark harness only: nothing here ships in the relay.
+it). The store's claim is wrapped too, stamping each event when its claim
+returns, which splits the latency into the database leg (commit to claimed)
+and the broker leg (claimed to acknowledged). The stamps go to the JSON file
+named by ``BENCH_ACK_LOG`` when the relay stops. A benchmark harness only:
+nothing here ships in the relay.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 from relay import cli
 from relay.events import Event, Outcome
 from relay.loop import Relay
+from relay.store.base import Claim
+from relay.store.postgres import PostgresStore
 
 ACK_LOG_ENV = "BENCH_ACK_LOG"
 
@@ -28,7 +33,9 @@ ACK_LOG_ENV = "BENCH_ACK_LOG"
 def main() -> int:
     path = Path(os.environ[ACK_LOG_ENV])
     acked: dict[str, float] = {}
+    claimed: dict[str, float] = {}
     judge = Relay._judge
+    claim = PostgresStore.claim
 
     def stamping(self: Relay, events: Sequence[Event], outcomes: Sequence[Outcome]) -> object:
         now = time.monotonic()
@@ -37,11 +44,19 @@ def main() -> int:
                 acked.setdefault(event.idempotency_key, now)
         return judge(self, events, outcomes)
 
+    async def stamped_claim(self: PostgresStore, limit: int, *, max_attempts: int) -> Claim:
+        result = await claim(self, limit, max_attempts=max_attempts)
+        now = time.monotonic()
+        for event in result.events:
+            claimed.setdefault(event.idempotency_key, now)
+        return result
+
     Relay._judge = stamping  # type: ignore[method-assign,assignment]
+    PostgresStore.claim = stamped_claim  # type: ignore[method-assign]
     try:
         return cli.main(sys.argv[1:])
     finally:
-        path.write_text(json.dumps(acked))
+        path.write_text(json.dumps({"acked": acked, "claimed": claimed}))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from pika import spec
 from pika.adapters.asyncio_connection import AsyncioConnection
 
-from bench import stats
+from bench import cpu, stats
 from bench.services import DISTINCT_KEYS, payload_for
 from relay.config import PUBLISH_TIMEOUT_SECONDS, KafkaSinkConfig
 from relay.events import IDEMPOTENCY_HEADER
@@ -44,6 +44,7 @@ def l_db(database_url: str, events: int) -> dict[str, Any]:
     """Drain the outbox with the bare DELETE ... RETURNING loop; events per second."""
     drained = 0
     with psycopg.connect(database_url, autocommit=True) as conn:
+        before = cpu.snapshot()
         started = time.perf_counter()
         while True:
             rows = conn.execute(DRAIN_SQL).fetchall()
@@ -51,7 +52,13 @@ def l_db(database_url: str, events: int) -> dict[str, Any]:
                 break
             drained += len(rows)
         elapsed = time.perf_counter() - started
-    return {"events": drained, "seconds": elapsed, "rate": drained / elapsed if elapsed else 0.0}
+        after = cpu.snapshot()
+    return {
+        "events": drained,
+        "seconds": elapsed,
+        "rate": drained / elapsed if elapsed else 0.0,
+        "cpu": cpu.per_event(before, after, drained),
+    }
 
 
 def l_kafka(bootstrap: str, topic: str, events: int, *, keyed: bool = True) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from bench import stats
+from bench import cpu, stats
 from bench.consumers import KafkaReceiver, RabbitReceiver, Receiver
 from bench.relayproc import RelayProcess
 from bench.services import AMQP_URL, KAFKA_PARTITIONS, Cleanup
@@ -68,6 +68,7 @@ def _drain(
 ) -> dict[str, Any]:
     total = drain.events
     cpu_at: dict[float, float] = {}
+    machine_at: dict[float, cpu.Snapshot] = {}
     started = time.monotonic()
     with RelayProcess(url, sink_url, *extra) as relay:
         cpu_start = relay.cpu_seconds()
@@ -81,6 +82,7 @@ def _drain(
             for fraction in (0.1, 0.9):
                 if fraction not in cpu_at and count >= fraction * total:
                     cpu_at[fraction] = relay.cpu_seconds()
+                    machine_at[fraction] = cpu.snapshot(relay.pid)
             if count != last_count:
                 last_count, last_change = count, now
             elif now - last_change > STALL_SECONDS:
@@ -91,6 +93,7 @@ def _drain(
             time.sleep(MONITOR_SECONDS)
         finished = time.monotonic()
         cpu_at.setdefault(0.9, relay.cpu_seconds())
+        machine_at.setdefault(0.9, cpu.snapshot(relay.pid))
         cpu_total = relay.cpu_seconds() - cpu_start
         peak_rss = relay.peak_rss_bytes()
         claim_sum, claim_count = relay.claim_histogram()
@@ -105,6 +108,7 @@ def _drain(
     late = stats.window_rate(marks, total, 0.8, 0.9)
     window_events = 0.8 * total
     cpu_window = cpu_at.get(0.9, math.nan) - cpu_at.get(0.1, math.nan)
+    machine_cpu = cpu.per_event(machine_at[0.1], machine_at[0.9], round(window_events)) if 0.1 in machine_at else {}
     return {
         "events": total,
         "received": receiver.count,
@@ -118,6 +122,8 @@ def _drain(
         "cpu_seconds_total": cpu_total,
         "cpu_share_of_one_core": cpu_window / (window_events / rate) if rate and not math.isnan(rate) else None,
         "peak_rss_mb": peak_rss / 1024 / 1024,
+        # The whole machine between 10% and 90% received, by group of processes.
+        "machine_cpu": machine_cpu,
         "claim_mean_ms": claim_sum / claim_count * 1000 if claim_count else None,
         "claims": claim_count,
         "relay_log_lines": warnings,

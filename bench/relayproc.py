@@ -28,7 +28,7 @@ class RelayProcess:
     """``python -m relay run`` with default settings plus ``extra``; log level WARNING.
 
     With ``note_acks`` it runs :mod:`bench.acked_relay` instead, the same CLI
-    that also stamps each acknowledged event; :meth:`acked_at` reads the stamps
+    that also stamps each acknowledged event; :meth:`stamps` reads the stamps
     once the relay has stopped.
     """
 
@@ -126,12 +126,14 @@ class RelayProcess:
         self._log.close()
         return code
 
-    def acked_at(self) -> dict[str, float]:
-        """Idempotency key -> monotonic time the broker's ack reached the relay (after ``stop``)."""
+    def stamps(self) -> dict[str, dict[str, float]]:
+        """Idempotency key -> monotonic time, after ``stop``: ``acked`` when the broker's
+        ack reached the relay, ``claimed`` when the event's claim returned."""
         if self._ack_log is None:
             raise RuntimeError("this relay was not started with note_acks")
         text = self._ack_log.read_text()
-        return {str(key): float(at) for key, at in json.loads(text).items()} if text else {}
+        data = json.loads(text) if text else {}
+        return {kind: {str(key): float(at) for key, at in data.get(kind, {}).items()} for kind in ("acked", "claimed")}
 
     def discard_log(self) -> None:
         for path in (Path(self._log.name), self._ack_log):

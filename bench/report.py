@@ -125,6 +125,26 @@ def _missing(result: dict[str, Any]) -> str:
     return text
 
 
+_CPU_GROUPS = (
+    ("relay", "relay"),
+    ("postgres", "PostgreSQL"),
+    ("broker", "broker"),
+    ("bench", "bench (client or consumer)"),
+    ("kernel", "kernel threads"),
+    ("other", "other"),
+)
+
+
+def _machine_cpu(entry: Any) -> tuple[str, str]:
+    """(value, note) for a ``bench.cpu.per_event`` result: total per event, then by group."""
+    if not entry:
+        return "-", ""
+    groups = entry["groups_us_per_event"]
+    parts = ", ".join(f"{label} {groups[key]:.1f}" for key, label in _CPU_GROUPS if key in groups)
+    note = f"{parts}; machine {entry['machine_busy_share']:.0%} busy, {entry['steal_share']:.0%} stolen"
+    return f"{entry['machine_us_per_event']:.1f} us", note
+
+
 def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(figure, value, ratio or note) for every figure the run produced."""
     r = results
@@ -173,6 +193,10 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"{_num(dig(r, f'{key}.cpu_share_of_one_core'), '.0%')} of a core while draining",
         )
         add(f"relay peak RSS ({name})", _num(dig(r, f"{key}.peak_rss_mb"), ".0f", " MB"))
+        add(f"machine CPU per event ({name})", *_machine_cpu(dig(r, f"{key}.machine_cpu")))
+    runs = dig(r, "baselines.l_db.runs") or []
+    if runs:
+        add("machine CPU per event (L_db, last run)", *_machine_cpu(runs[-1].get("cpu")))
     for mode in ("notify", "no_notify"):
         s2 = dig(r, f"s2.{mode}")
         if not s2:
@@ -186,6 +210,17 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                 f"{_num(ack['p50_ms'], '.1f')}/{_num(ack['p99_ms'], '.1f')}/{_num(ack['p999_ms'], '.1f')} ms",
                 "writer's COMMIT returning to the broker's ack reaching the relay",
             )
+        for leg, name, note in (
+            ("claim_latency", "commit-to-claimed", "the database leg: COMMIT to the claim returning the event"),
+            ("claim_to_ack", "claimed-to-ack", "the broker leg: claim returned to the broker's ack, per event"),
+        ):
+            part = s2.get(leg)
+            if part:
+                add(
+                    f"S2 {label}: {name} p50/p99/p99.9",
+                    f"{_num(part['p50_ms'], '.1f')}/{_num(part['p99_ms'], '.1f')}/{_num(part['p999_ms'], '.1f')} ms",
+                    note,
+                )
         add(
             f"S2 {label}: commit-to-consume p50/p99/p99.9",
             f"{_num(lat['p50_ms'], '.1f')}/{_num(lat['p99_ms'], '.1f')}/{_num(lat['p999_ms'], '.1f')} ms",

@@ -141,7 +141,8 @@ def run_steady(steady: Steady, label: str, seconds: float, *, notify: bool) -> d
         missing = _await_all(steady, label, url, writers, receiver)
         acks = stats.bucket_delta(stats.histogram_buckets(relay.metrics(), PUBLISH_HISTOGRAM), acks_start)
         relay.stop()
-        acked_at = relay.acked_at()
+        stamps = relay.stamps()
+    acked_at, claimed_at = stamps["acked"], stamps["claimed"]
     return {
         "notify": notify,
         "seconds": seconds,
@@ -154,6 +155,14 @@ def run_steady(steady: Steady, label: str, seconds: float, *, notify: bool) -> d
         # The target's figure: from COMMIT returning in the writer to the
         # broker's acknowledgement reaching the relay.
         "ack_latency": stats.latency_summary(_latencies(writers, acked_at, since, until)),
+        # Its two legs: the database's (COMMIT to the claim returning the event
+        # to the relay) and the broker's (claim returned to ack), event by event.
+        "claim_latency": stats.latency_summary(_latencies(writers, claimed_at, since, until)),
+        "claim_to_ack": stats.latency_summary(
+            acked_at[key] - claimed_at[key]
+            for key, committed in writers.committed_at.items()
+            if since <= committed < until and key in acked_at and key in claimed_at
+        ),
         # The relay's own view: from the row's created_at (the writer's transaction
         # start) to the broker's ack, read from its histogram's buckets.
         "insert_to_ack_p50_ms": stats.bucket_quantile(acks, 0.5) * 1000,

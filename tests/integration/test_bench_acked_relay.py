@@ -1,4 +1,4 @@
-"""The benchmark's commit-to-ack probe: the real CLI, stamping each acknowledged event."""
+"""The benchmark's commit-to-ack probe: the real CLI, stamping each event when claimed and when acknowledged."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from bench.relayproc import RelayProcess
 from tests.integration.kafka_support import unique_topic
 
 
-def test_the_acked_relay_stamps_every_acknowledged_event_once(database_url: str, kafka_bootstrap: str) -> None:
+def test_the_acked_relay_stamps_every_event_once_when_claimed_and_when_acknowledged(
+    database_url: str, kafka_bootstrap: str
+) -> None:
     topic = unique_topic("bench-acks")
     before = time.monotonic()
     with RelayProcess(database_url, f"kafka://{kafka_bootstrap}", note_acks=True) as relay:
@@ -26,7 +28,9 @@ def test_the_acked_relay_stamps_every_acknowledged_event_once(database_url: str,
                 time.sleep(0.05)
         assert relay.stop() == 0
         after = time.monotonic()
-        acked = relay.acked_at()
+        stamps = relay.stamps()
         relay.discard_log()
+    acked, claimed = stamps["acked"], stamps["claimed"]
     assert sorted(acked) == sorted(keys)
-    assert all(before < at < after for at in acked.values())
+    assert sorted(claimed) == sorted(keys)
+    assert all(before < claimed[key] <= acked[key] < after for key in keys)

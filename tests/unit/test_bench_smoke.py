@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+import time
 from typing import Any
 
 import pytest
 
-from bench import attribution, docs, gauges, report, stats
+from bench import attribution, cpu, docs, gauges, report, stats
 from bench.writers import connections_for, trimmed_mean
 
 
@@ -277,3 +279,30 @@ def test_the_gauges_section_renders_and_a_partial_run_replaces_only_it() -> None
     )
     added = docs.replace_section("# Performance\n\n## Reproduce\n\nmake bench\n", docs.GAUGES_HEADING, "figures")
     assert added == f"# Performance\n\n{docs.GAUGES_HEADING}\n\nfigures\n\n## Reproduce\n\nmake bench\n"
+
+
+def test_machine_cpu_per_event_splits_the_busy_time_by_group() -> None:
+    start = cpu.Snapshot(at=10.0, busy=100.0, steal=1.0, groups=dict.fromkeys(("relay", "postgres", "bench"), 0.0))
+    end = cpu.Snapshot(
+        at=12.0, busy=103.0, steal=1.4, groups={"relay": 1.0, "postgres": 1.5, "bench": 0.25}
+    )  # 3 CPU-seconds busy over 2 s of wall time
+    result = cpu.per_event(start, end, 1000)
+    assert result["machine_us_per_event"] == pytest.approx(3000)
+    assert result["groups_us_per_event"] == pytest.approx({"relay": 1000, "postgres": 1500, "bench": 250, "other": 250})
+    cpus = os.cpu_count() or 1
+    assert result["machine_busy_share"] == pytest.approx(1.5 / cpus)
+    assert result["steal_share"] == pytest.approx(0.2 / cpus)
+    assert cpu.per_event(start, end, 0) == {}
+    value, note = report._machine_cpu(result)
+    assert value == "3000.0 us"
+    assert note.startswith("relay 1000.0, PostgreSQL 1500.0, bench (client or consumer) 250.0, other 250.0;")
+
+
+def test_a_cpu_snapshot_counts_this_process_as_the_bench() -> None:
+    before = cpu.snapshot()
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:
+        pass
+    after = cpu.snapshot()
+    assert after.groups["bench"] - before.groups["bench"] >= 0.04
+    assert after.busy >= before.busy
