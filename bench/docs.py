@@ -72,7 +72,10 @@ Scenarios:
   returning to the broker's acknowledgement reaching the relay. The relay
   runs as `python -m bench.acked_relay run ...`, the same CLI with the
   loop's judging step wrapped to note `time.monotonic()` per acknowledged
-  event (one clock for all processes on the machine). **Commit-to-consume**
+  event (one clock for all processes on the machine); the store's claim is
+  wrapped the same way, which splits commit-to-ack into the database leg
+  (**commit-to-claimed**: the claim returned the event to the relay) and the
+  broker leg (**claimed-to-ack**, event by event). **Commit-to-consume**
   (to a consumer fetching the message) is shown too; it adds the broker's
   hand-over to a consumer (see L_latency). The first 10% of each run is
   warm-up and left out. The relay's own metric, from the row's `created_at`
@@ -95,6 +98,14 @@ Scenarios:
 - **Relay cost**: CPU seconds (utime + stime of the relay process, all
   threads, from `/proc/PID/stat`) per 1,000 events between 10% and 90% of S1,
   and peak RSS (`VmHWM`).
+- **Machine CPU per event** (`bench/cpu.py`): the whole machine's busy time
+  (`/proc/stat`, without idle, iowait and steal) between 10% and 90% of each
+  drain, and during each L_db loop, split by process group: the relay,
+  PostgreSQL (every `postgres` process), the broker (Tansu, or RabbitMQ's
+  Erlang VM), the bench's own process (L_db's client, or the measuring
+  consumer), kernel threads, and the rest. It says where a ratio below 1
+  goes: L_db has PostgreSQL and one client to itself, S1 also carries the
+  relay, the broker and a consumer on the same two cores.
 """
 
 
@@ -119,22 +130,64 @@ was busy.
   1,000 keyed rows executes in 9.3 ms (its per-key `NOT EXISTS` probe 3 ms;
   EXPLAIN ANALYZE's per-node timing, used in the profile above, inflates
   both, the loop times the statements without it).
-  The end-to-end S1 ratio (0.55-0.60) is lower because the drain shares two
-  cores between PostgreSQL (~0.75 of a core), the relay (~0.55), Tansu
-  (~0.17), the measuring consumer and the kernel's writeback of PostgreSQL's
-  pages (~0.8 of a core in `kworker` threads, sampled from `/proc`); L_db
-  runs with neither broker nor consumer. A lock-holding claim (`SELECT ...
-  FOR UPDATE SKIP LOCKED` kept open while publishing, `DELETE` in the same
-  transaction) would save the claim's row versions, but would lose the
-  claim-time attempt count that dead-letters events whose relay keeps
-  crashing, and the lease columns operators read; with the database side
-  already at 0.84 x L_db it was not tried.
+  The end-to-end S1 ratio (0.55-0.66) is lower because the drain shares two
+  cores between PostgreSQL, the relay, Tansu and the measuring consumer;
+  L_db runs with neither broker nor consumer. Per-process accounting
+  (`bench/cpu.py`, three 100,000-event keyed drains on a quiet machine):
+  PostgreSQL 20.8-23.4 us of CPU per event, the relay 18.6-22.3 us, Tansu
+  4.9-6.2 us, the consumer about 2.5 us, kernel threads under 1 us (an
+  earlier reading of "0.8 of a core of `kworker` writeback" came from
+  system-wide counters and does not survive per-process counting), with the
+  machine 75-78% busy: the loop waits on one claim at a time rather than
+  for CPU. L_db in the same runs: PostgreSQL 10.9 us per event, its Python
+  client 19.4 us (psycopg decodes every payload's JSON; the relay fetches it
+  as text).
+- **A lock-holding claim, database side only** (`SELECT ... FOR UPDATE SKIP
+  LOCKED` with the claim's own per-key rule, then `DELETE` in the same
+  transaction, against the relay's claim and `ack_delete`; one connection,
+  100,000 keyed rows, three rounds): 1.38-1.46 x L_db against 1.10-1.25 x for
+  the lease, about a fifth faster; 497 bytes of WAL per event against 636,
+  18-20 us of machine CPU per event against 22-24. Against the 47-54 us the
+  whole S1 drain spends per event, that is worth under a tenth of S1, and it
+  would give up the claim-time attempt count that dead-letters events whose
+  relay keeps crashing (it would need a claim journal instead) and the lease
+  columns operators read. Not built.
+- **Rows found by ctid instead of id** (the claim joining its candidates on
+  `ctid`, the settle deleting `ctid = ANY(...)` with the token check): on the
+  server, EXPLAIN ANALYZE gave the claim 14.7 ms against 15.5-19.3 ms and the
+  settle 1.35 ms against 2.6 ms per 1,000 rows; end to end, three keyed
+  100,000-event drains back to back with the committed relay gave
+  31,157/31,047/29,391 events/s against 33,387/30,838/29,432. A gain the drain
+  cannot show does not pay for reasoning about reused slots; dropped.
+- **A floor at the claim frontier** (a measurement-only prototype, unsafe for
+  late commits): PostgreSQL's CPU per event 20.9-24.2 us against 27.2-27.7,
+  drain rate within the noise (23,685-26,388/s against 23,231-23,845/s);
+  turning the full scans off changed nothing either. The floor's lag of about
+  a second of dead index entries is not what holds S1 back.
 - **`linger.ms` (S1 and S2 back to back, two rounds, 200,000 events):**
   5 ms gave S1 0.60 and 0.58 x L_db, 1 ms 0.54 and 0.52, 0 ms 0.48 and
   0.46; S2 commit-to-ack p50 was 16.7/17.0 ms at 5, 16.0/15.7 at 1 and
   13.1/14.5 at 0, at 978 events/s with the writers themselves running up to
   120 ms behind schedule. The relay keeps 5; `kafka://...?linger.ms=0` buys
-  about 3 ms of latency for about a fifth of the drain rate.
+  about 3 ms of latency for about a fifth of the drain rate. Per-process
+  accounting later showed why: at 0 ms Tansu spends 11.3-11.6 us of CPU per
+  event against 5.9-7.8 at 5 ms (one request per few messages), CPU the
+  drain needs for PostgreSQL.
+- **Sending each batch at once** (the produce thread calling
+  `producer.flush(0.005)` after enqueueing a batch: while a flush runs,
+  librdkafka ignores `linger.ms`; a flush of 1 ms or `flush(0)` returns
+  before the broker thread wakes and changes nothing). Alone, ten messages
+  were acknowledged in 1.7-1.9 ms against 7-8 ms at `linger.ms` 5. In S2
+  (700 events/s, 15 s per mode, three rounds alternated), commit-to-ack p50
+  13.4/21.2/15.1 ms against 16.7/16.3/17.2 ms without, but p99
+  38.6/70.2/81.2 ms against 48.0/41.1/43.5: the flush holds the one produce
+  thread for up to 5 ms per batch, so the next batch waits. Not kept.
+- **Where S2's commit-to-ack goes** (the stamping relay stamping at other
+  points, 700 events/s, NOTIFY on): commit to the claim returning the event
+  p50 4.8 ms, p99 16.6 ms; commit to the publish call starting 5.3/20.9 ms;
+  commit to ack 16-27 ms at p50. The database leg meets the target; the broker
+  leg (librdkafka's linger, Tansu's acknowledgement, the hand-back to the
+  event loop) is most of the rest. `make bench` now reports both legs.
 - **Pipeline depth 3 and batches of 500 or 2,000** moved S1 by less than the
   run-to-run noise (30,400-36,300/s).
 - **Two claims at once.** The profile shows the loop waiting on one claim at a
