@@ -30,6 +30,12 @@ class Event:
         """The headers a broker message carries: the row's plus the idempotency key."""
         return {**self.headers, IDEMPOTENCY_HEADER: self.idempotency_key}
 
+    def message_header_pairs(self) -> list[tuple[str, str | bytes | None]]:
+        """:meth:`message_headers` as (name, value) pairs, the form Kafka clients take."""
+        if not self.headers:  # the common case, on the hot path
+            return [(IDEMPOTENCY_HEADER, self.idempotency_key)]
+        return list(self.message_headers().items())
+
 
 @dataclass(frozen=True, slots=True)
 class Failure:

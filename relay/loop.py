@@ -246,12 +246,12 @@ class Relay:
         held: dict[float, list[int]] = {}
         now = datetime.now(UTC)
         per_topic: Counter[str] = Counter()
-        observe = self.metrics.publish_latency.observe
+        latencies: list[float] = []
         for event, outcome in zip(events, outcomes, strict=True):
             if outcome is None:
                 sent.append(event.id)
                 per_topic[event.topic] += 1
-                observe(max(0.0, (now - event.created_at).total_seconds()))
+                latencies.append(max(0.0, (now - event.created_at).total_seconds()))
                 continue
             if outcome.unavailable:
                 delay = outcome.retry_after_seconds or self.settings.backoff_initial_seconds
@@ -276,6 +276,7 @@ class Relay:
                     outcome.error,
                     extra={"action": "retry", "event_id": event.id, "attempts": event.attempts},
                 )
+        self.metrics.observe_publish_latencies(latencies)
         for topic, count in per_topic.items():
             self.metrics.published.labels(topic).inc(count)
         if held:

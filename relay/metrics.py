@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from bisect import bisect_right
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -60,6 +61,10 @@ class Metrics:
             registry=r,
         )
 
+    def observe_publish_latencies(self, seconds: Sequence[float]) -> None:
+        """Observe a batch's publish latencies at once (what ``observe`` does for each, in one pass)."""
+        observe_many(self.publish_latency, seconds)
+
     def track_sinks(self, states: Callable[[], Mapping[str, bool]]) -> None:
         """Export ``outbox_relay_sink_up{sink}``, read from ``states`` at each scrape."""
         self.registry.register(_SinkStates(states))
@@ -97,3 +102,26 @@ class _SinkStates(Collector):
         return GaugeMetricFamily(
             "outbox_relay_sink_up", "1 while a routed sink is up, 0 while its events are held back.", labels=["sink"]
         )
+
+
+def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
+    """``histogram.observe(v)`` for every value, with one bucket search in C and one lock per bucket.
+
+    The relay observes one latency per published event; at tens of thousands a
+    second, ``observe``'s per-call Python loop and lock cost several percent of
+    the relay's CPU. This reaches into prometheus_client's ``Histogram`` (its
+    ``_upper_bounds``, ``_buckets`` and ``_sum``, unchanged since 0.4); a test
+    checks it against ``observe``.
+    """
+    if not values:
+        return
+    ordered = sorted(values)
+    counted = 0
+    # observe() counts a value in the first bucket whose bound is >= it; the
+    # last bound is +Inf, so every value lands somewhere.
+    for bucket, bound in zip(histogram._buckets, histogram._upper_bounds, strict=True):
+        upto = bisect_right(ordered, bound)
+        if upto > counted:
+            bucket.inc(upto - counted)
+            counted = upto
+    histogram._sum.inc(sum(ordered))

@@ -511,14 +511,12 @@ class KafkaSink:
         for index, event in enumerate(events):
             if client.broken is not None:
                 return  # mark_broken already failed this batch
-            key = None if event.key is None else event.key.encode()
-            headers: list[tuple[str, str | bytes | None]] = [
-                (name, value.encode()) for name, value in event.message_headers().items()
-            ]
+            # confluent-kafka encodes str keys and header values as UTF-8 itself, in C.
+            headers = event.message_header_pairs()
             callback = functools.partial(client.on_delivery, batch, index)
             while True:
                 try:
-                    produce(event.topic, event.payload, key, on_delivery=callback, headers=headers)
+                    produce(event.topic, event.payload, event.key, on_delivery=callback, headers=headers)
                     break
                 except BufferError:
                     if time.monotonic() < deadline:

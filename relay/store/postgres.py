@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import uuid4
@@ -87,6 +87,15 @@ def translate_errors(dsn: str, table: TableName) -> Iterator[None]:
         raise StoreUnavailable(describe(exc, dsn)) from exc
     except psycopg.Error as exc:
         raise StoreError(describe(exc, dsn)) from exc
+
+
+def _id_array(ids: Iterable[int]) -> str:
+    """Event ids as one PostgreSQL array literal, for ``%(ids)s::bigint[]``.
+
+    psycopg adapts a list item by item in Python; a batch's thousand ids cost
+    about a millisecond that way, as one string a tenth of that.
+    """
+    return "{" + ",".join(map(str, ids)) + "}"
 
 
 def describe(exc: BaseException, dsn: str) -> str:
@@ -296,7 +305,9 @@ class PostgresStore:
         done = retried = buried = 0
         if sent:
             done = await self._run(
-                "ack_keep" if self._keep_sent else "ack_delete", {"ids": list(sent), "token": claim.token}, settle=True
+                "ack_keep" if self._keep_sent else "ack_delete",
+                {"ids": _id_array(sent), "token": claim.token},
+                settle=True,
             )
         if retry:
             retried = await self._run(
@@ -322,7 +333,9 @@ class PostgresStore:
         """Give unpublished events back without counting the attempt, due again after ``delay_seconds``."""
         self._floor.finished(claim.token)
         if ids:
-            await self._run("release", {"ids": list(ids), "token": claim.token, "delay": delay_seconds}, settle=True)
+            await self._run(
+                "release", {"ids": _id_array(ids), "token": claim.token, "delay": delay_seconds}, settle=True
+            )
 
     async def reap(self, *, max_attempts: int) -> int:
         """Dead-letter events whose expired lease used their last attempt."""
