@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pika
@@ -198,26 +198,27 @@ class RabbitMQSink:
             if channel is None or link.channel is not channel or not channel.is_open:
                 batch.fail(indices[start:], f"not sent: {link.last_error}")
                 return
-            for position in range(start, min(start + YIELD_EVERY_MESSAGES, len(indices))):
-                index = indices[position]
-                event = events[index]
-                properties = pika.BasicProperties(
-                    content_type="application/json",
-                    delivery_mode=2,
-                    message_id=event.idempotency_key,
-                    headers=event.message_headers(),
-                )
-                try:
-                    channel.basic_publish(self._exchange, event.topic, event.payload, properties, mandatory=True)
-                except (pika.exceptions.ShortStringTooLong, ValueError, TypeError) as exc:
-                    # pika encodes every frame before writing any, so nothing went out.
-                    failure = Failure(f"cannot encode message: {exc}", permanent=True)
-                    batch.resolve(index, failure, settled=True)
-                    continue
-                except pika.exceptions.AMQPError as exc:
-                    batch.fail(indices[position:], f"not sent: {_describe(exc)}")
-                    return
-                link.track(batch, index)
+            with link.corked():
+                for position in range(start, min(start + YIELD_EVERY_MESSAGES, len(indices))):
+                    index = indices[position]
+                    event = events[index]
+                    properties = pika.BasicProperties(
+                        content_type="application/json",
+                        delivery_mode=2,
+                        message_id=event.idempotency_key,
+                        headers=event.message_headers(),
+                    )
+                    try:
+                        channel.basic_publish(self._exchange, event.topic, event.payload, properties, mandatory=True)
+                    except (pika.exceptions.ShortStringTooLong, ValueError, TypeError) as exc:
+                        # pika encodes every frame before writing any, so nothing went out.
+                        failure = Failure(f"cannot encode message: {exc}", permanent=True)
+                        batch.resolve(index, failure, settled=True)
+                        continue
+                    except pika.exceptions.AMQPError as exc:
+                        batch.fail(indices[position:], f"not sent: {_describe(exc)}")
+                        return
+                    link.track(batch, index)
 
     async def _connected(self, deadline: float, *, attempts: int, refusal_is_fatal: bool) -> _Link:
         """The open link, reconnecting with backoff until ``deadline`` if needed."""
@@ -340,6 +341,42 @@ class _Batch:
             self.resolve(index, Failure(error), settled=False)
 
 
+class _CorkedConnection(AsyncioConnection):
+    """An ``AsyncioConnection`` that can hold its outgoing bytes and write them as one.
+
+    pika hands the transport every frame on its own (a message is a method, a
+    header and a body frame), and its transport sends each with its own
+    ``send`` call: three system calls per message, a fifth of the relay's CPU
+    when publishing to RabbitMQ. While :meth:`corked`, frames are collected in
+    order and written once at the end, so a chunk of messages leaves in a few
+    ``send`` calls. ``_adapter_emit_data`` is pika's hook between the protocol
+    and the transport (``BaseConnection``); nothing else changes.
+    """
+
+    _held: list[bytes] | None = None
+
+    def _adapter_emit_data(self, data: bytes) -> None:
+        if self._held is None:
+            self._emit(data)
+        else:
+            self._held.append(data)
+
+    def _emit(self, data: bytes) -> None:
+        # pika's typing leaves BaseConnection's hook out of AsyncioConnection.
+        super()._adapter_emit_data(data)  # type: ignore[misc]
+
+    @contextlib.contextmanager
+    def corked(self) -> Iterator[None]:
+        """Hold every frame written inside the block; write them all, in order, when it ends."""
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if held:
+                self._emit(b"".join(held))
+
+
 class _LinkError(Exception):
     """Opening failed; ``refused`` when the broker said no (login, vhost, exchange)."""
 
@@ -358,7 +395,7 @@ class _Link:
         self._exchange = exchange
         self._url = url
         self._learn_max_size = learn_max_size
-        self._connection: AsyncioConnection | None = None
+        self._connection: _CorkedConnection | None = None
         self.channel: Channel | None = None
         #: The broker's reason while it blocks publishers (memory or disk alarm).
         self.blocked: str | None = None
@@ -379,9 +416,13 @@ class _Link:
     def usable(self) -> bool:
         return self.connection_open and self.channel is not None and self.channel.is_open
 
+    def corked(self) -> contextlib.AbstractContextManager[None]:
+        """Write what is published inside the block in one go (see :class:`_CorkedConnection`)."""
+        return self._connection.corked() if self._connection is not None else contextlib.nullcontext()
+
     async def open(self, params: pika.URLParameters) -> None:
         self._waiter = self._loop.create_future()
-        self._connection = AsyncioConnection(
+        self._connection = _CorkedConnection(
             params,
             on_open_callback=self._on_open,
             on_open_error_callback=self._on_open_error,

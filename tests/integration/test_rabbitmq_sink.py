@@ -15,7 +15,7 @@ from relay.config import AmqpSinkConfig, parse_sink_url
 from relay.devservices import free_port
 from relay.errors import ConfigError, SinkError, SinkUnavailable
 from relay.events import IDEMPOTENCY_HEADER, Event, Failure, Outcome
-from relay.sinks.rabbitmq import MAX_MESSAGE_BYTES, RabbitMQSink
+from relay.sinks.rabbitmq import MAX_MESSAGE_BYTES, RabbitMQSink, _CorkedConnection
 from tests.integration.kafka_support import make_event
 from tests.integration.rabbit_support import (
     Message,
@@ -117,6 +117,38 @@ def test_named_exchange_routes_by_topic_and_keeps_order(amqp_url: str) -> None:
             assert [m.message_id for m in received] == [e.idempotency_key for e in expected]
             for message in received:
                 assert_contract_shape(message, by_id[message.message_id or ""], exchange=exchange)
+
+
+def test_a_batch_leaves_in_a_few_writes_rather_than_three_per_message(
+    amqp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes: list[int] = []
+    write = _CorkedConnection._emit
+
+    def counted(connection: _CorkedConnection, data: bytes) -> None:
+        writes.append(len(data))
+        write(connection, data)
+
+    monkeypatch.setattr(_CorkedConnection, "_emit", counted)
+    with temp_queue(amqp_url) as queue:
+        events = [make_event(queue.name, key=f"k{i % 4}") for i in range(300)]
+
+        async def publish() -> tuple[list[Outcome], int]:
+            sink = make_sink(amqp_url)
+            await sink.start()
+            try:
+                writes.clear()
+                outcomes = await sink.publish(events)
+                return outcomes, len(writes)
+            finally:
+                await sink.close()
+
+        outcomes, during_publish = asyncio.run(publish())
+        assert outcomes == [None] * 300
+        # 300 messages are 900 frames; pika would hand each to the socket alone.
+        assert during_publish == 1
+        received = queue.collect(300)
+        assert [m.message_id for m in received] == [e.idempotency_key for e in events]
 
 
 def test_an_unroutable_event_fails_alone(amqp_url: str) -> None:
