@@ -59,7 +59,8 @@ Scenarios:
   reading every partition (Kafka, 4 partitions) or the queue named after the
   topic (RabbitMQ, default exchange) timestamps arrivals; the rate is taken
   between 10% and 90% received. Run again with every key null for the
-  unordered path.
+  unordered path, right after each keyed drain (with `--repeat`, the pairs
+  alternate), so the ordered/unordered ratio compares neighbours.
 - **S3 backlog**: in S1, the rate between 80% and 90% received over the rate
   between 10% and 20%: does the claim slow down as the front of the table
   fills with dead rows?

@@ -184,12 +184,19 @@ class Run:
             self.cleanup.delete_topic(topic)
         self._record_drain(key, result)
 
-    def s1(self) -> None:
-        """S1 Kafka with keys (plus S3 and the relay's cost), between its two baselines."""
+    def s1(self, *, with_unordered: bool = False) -> None:
+        """S1 Kafka with keys (plus S3 and the relay's cost), between its two baselines.
+
+        ``with_unordered`` runs the null-key drain right after each keyed one,
+        so the ordered/unordered ratio compares drains moments apart rather
+        than a minute or more, which on this machine can be 2x of noise.
+        """
         self.l_db()
         self.l_kafka()
         for _ in range(self.repeat):
             self._kafka_drain("s1_kafka", "seed")
+            if with_unordered:
+                self._kafka_drain("s1_kafka_unordered", "seedu")
             self.l_kafka()
             self.l_db()
 
