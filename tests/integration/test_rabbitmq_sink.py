@@ -15,7 +15,7 @@ from relay.config import AmqpSinkConfig, parse_sink_url
 from relay.devservices import free_port
 from relay.errors import ConfigError, SinkError, SinkUnavailable
 from relay.events import IDEMPOTENCY_HEADER, Event, Failure, Outcome
-from relay.sinks.rabbitmq import MAX_MESSAGE_BYTES, RabbitMQSink, _CorkedConnection
+from relay.sinks.rabbitmq import CORK_MAX_BYTES, MAX_MESSAGE_BYTES, RabbitMQSink, _CorkedConnection
 from tests.integration.kafka_support import make_event
 from tests.integration.rabbit_support import (
     Message,
@@ -148,6 +148,15 @@ def test_a_batch_leaves_in_a_few_writes_rather_than_three_per_message(
         # 300 messages are 900 frames; pika would hand each to the socket alone.
         assert during_publish == 1
         received = queue.collect(300)
+        assert [m.message_id for m in received] == [e.idempotency_key for e in events]
+
+        # Big messages are written every CORK_MAX_BYTES rather than joined into one copy.
+        payload = json.dumps({"blob": "x" * 100_000}).encode()
+        events = [make_event(queue.name, payload=payload) for _ in range(10)]
+        outcomes, during_publish = asyncio.run(publish())
+        assert outcomes == [None] * 10
+        assert 10 * len(payload) // CORK_MAX_BYTES <= during_publish < 30
+        received = queue.collect(10)
         assert [m.message_id for m in received] == [e.idempotency_key for e in events]
 
 
