@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -204,16 +205,10 @@ class RabbitMQSink:
                 for position in range(start, min(start + YIELD_EVERY_MESSAGES, len(indices))):
                     index = indices[position]
                     event = events[index]
-                    properties = pika.BasicProperties(
-                        content_type="application/json",
-                        delivery_mode=2,
-                        message_id=event.idempotency_key,
-                        headers=event.message_headers(),
-                    )
                     try:
-                        channel.basic_publish(self._exchange, event.topic, event.payload, properties, mandatory=True)
+                        link.publish(channel, event)
                     except (pika.exceptions.ShortStringTooLong, ValueError, TypeError) as exc:
-                        # pika encodes every frame before writing any, so nothing went out.
+                        # Every frame is encoded before any is written, so nothing went out.
                         failure = Failure(f"cannot encode message: {exc}", permanent=True)
                         batch.resolve(index, failure, settled=True)
                         continue
@@ -368,6 +363,12 @@ class _CorkedConnection(AsyncioConnection):
             # Large messages gain nothing from joining, and joining copies them.
             self._release()
 
+    def send_frames(self, data: bytes, count: int) -> None:
+        """Write ``count`` marshalled frames, keeping pika's byte and frame counters."""
+        self.bytes_sent += len(data)
+        self.frames_sent += count
+        self._adapter_emit_data(data)
+
     def _emit(self, data: bytes) -> None:
         # pika's typing leaves BaseConnection's hook out of AsyncioConnection.
         super()._adapter_emit_data(data)  # type: ignore[misc]
@@ -430,6 +431,19 @@ class _Link:
     @property
     def usable(self) -> bool:
         return self.connection_open and self.channel is not None and self.channel.is_open
+
+    def publish(self, channel: Channel, event: Event) -> None:
+        """Send ``event`` as a persistent, mandatory message on ``channel`` (what
+        ``channel.basic_publish`` sends, packed by :func:`publish_frames`)."""
+        connection = self._connection
+        if connection is None or connection.is_closed or connection.params is None:
+            raise pika.exceptions.ConnectionWrongStateError("the connection is closed")
+        if not channel.is_open:
+            raise pika.exceptions.ChannelWrongStateError("the channel is closed")
+        # What pika splits bodies by: the negotiated frame size less a frame's header and end.
+        body_max = connection.params.frame_max - spec.FRAME_HEADER_SIZE - spec.FRAME_END_SIZE
+        data = publish_frames(channel.channel_number, self._exchange, event, body_max)
+        connection.send_frames(data, 2 + -(-len(event.payload) // body_max))
 
     def corked(self) -> contextlib.AbstractContextManager[None]:
         """Write what is published inside the block in one go (see :class:`_CorkedConnection`)."""
@@ -698,3 +712,61 @@ def _describe(error: str | BaseException) -> str:
         detail = " ".join(str(arg) for arg in root.args)
         return f"{type(root).__name__}: {detail}" if detail else type(root).__name__
     return root
+
+
+# -- AMQP 0-9-1 frames of one persistent, mandatory Basic.Publish -------------
+# pika builds these in Python object by object; the sink's messages always have
+# the same shape, so they are packed here directly. A test checks the bytes
+# against pika's own encoding.
+
+_FRAME_END = b"\xce"
+_FRAME_HEAD = struct.Struct(">BHI")  # type, channel, payload size
+_METHOD, _HEADER, _BODY = 1, 2, 3
+_BASIC_PUBLISH = struct.pack(">HHH", 60, 40, 0)  # class Basic, method Publish, reserved ticket
+_MANDATORY = b"\x01"
+_CONTENT_HEADER = struct.Struct(">HHQ")  # class Basic, weight 0, body size
+# Property flags: content-type, headers, delivery-mode, message-id.
+_PROPERTY_FLAGS = struct.pack(">H", 0x8000 | 0x2000 | 0x1000 | 0x0080)
+_CONTENT_TYPE = b"\x10application/json"
+_PERSISTENT = b"\x02"
+_LONG = struct.Struct(">I")
+
+
+def _short_string(text: str) -> bytes:
+    raw = text.encode()
+    if len(raw) > _SHORTSTR_MAX_BYTES:
+        raise ValueError(f"{text[:40]!r}... is longer than {_SHORTSTR_MAX_BYTES} bytes")
+    return bytes((len(raw),)) + raw
+
+
+def _string_table(table: dict[str, str]) -> bytes:
+    parts = []
+    for name, value in table.items():
+        raw = value.encode()
+        parts.append(_short_string(name) + b"S" + _LONG.pack(len(raw)) + raw)
+    body = b"".join(parts)
+    return _LONG.pack(len(body)) + body
+
+
+def _frame(kind: int, channel: int, payload: bytes) -> bytes:
+    return _FRAME_HEAD.pack(kind, channel, len(payload)) + payload + _FRAME_END
+
+
+def publish_frames(channel: int, exchange: str, event: Event, body_max: int) -> bytes:
+    """The frames pika's ``basic_publish`` sends for ``event``: persistent, mandatory,
+    ``application/json``, ``message_id`` the idempotency key, the message headers."""
+    method = _BASIC_PUBLISH + _short_string(exchange) + _short_string(event.topic) + _MANDATORY
+    properties = (
+        _PROPERTY_FLAGS
+        + _CONTENT_TYPE
+        + _string_table(event.message_headers())
+        + _PERSISTENT
+        + _short_string(event.idempotency_key)
+    )
+    body = event.payload
+    frames = [
+        _frame(_METHOD, channel, method),
+        _frame(_HEADER, channel, _CONTENT_HEADER.pack(60, 0, len(body)) + properties),
+    ]
+    frames.extend(_frame(_BODY, channel, body[start : start + body_max]) for start in range(0, len(body), body_max))
+    return b"".join(frames)
