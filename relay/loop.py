@@ -24,7 +24,7 @@ from relay.backoff import Backoff, OutageBackoff
 from relay.config import RelaySettings
 from relay.errors import SinkUnavailable, StoreUnavailable
 from relay.events import Event, Outcome
-from relay.metrics import Metrics
+from relay.metrics import Metrics, observe_many
 from relay.sinks.base import Sink
 from relay.store.base import Claim, Dead, Retry, Settlement, Store
 from relay.tracing import batch_span
@@ -276,7 +276,7 @@ class Relay:
                     outcome.error,
                     extra={"action": "retry", "event_id": event.id, "attempts": event.attempts},
                 )
-        self.metrics.observe_publish_latencies(latencies)
+        observe_many(self.metrics.publish_latency, latencies)
         for topic, count in per_topic.items():
             self.metrics.published.labels(topic).inc(count)
         if held:

@@ -61,10 +61,6 @@ class Metrics:
             registry=r,
         )
 
-    def observe_publish_latencies(self, seconds: Sequence[float]) -> None:
-        """Observe a batch's publish latencies at once (what ``observe`` does for each, in one pass)."""
-        observe_many(self.publish_latency, seconds)
-
     def track_sinks(self, states: Callable[[], Mapping[str, bool]]) -> None:
         """Export ``outbox_relay_sink_up{sink}``, read from ``states`` at each scrape."""
         self.registry.register(_SinkStates(states))

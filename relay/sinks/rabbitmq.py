@@ -207,8 +207,9 @@ class RabbitMQSink:
                     event = events[index]
                     try:
                         link.publish(channel, event)
-                    except (pika.exceptions.ShortStringTooLong, ValueError, TypeError) as exc:
-                        # Every frame is encoded before any is written, so nothing went out.
+                    except ValueError as exc:
+                        # A name too long for AMQP: publish_frames encodes every
+                        # frame before writing any, so nothing went out.
                         failure = Failure(f"cannot encode message: {exc}", permanent=True)
                         batch.resolve(index, failure, settled=True)
                         continue
@@ -319,7 +320,7 @@ class _Batch:
         self.outcomes: list[Outcome] = [None] * len(events)
         self.unresolved: set[int] = set()
         #: Outcomes that do not depend on the connection: the broker's answers
-        #: (ack, nack, return, size rejection) and events pika cannot encode.
+        #: (ack, nack, return, size rejection) and events that cannot be encoded.
         self.settled = 0
         self.done: asyncio.Future[None] = loop.create_future()
 
@@ -363,10 +364,10 @@ class _CorkedConnection(AsyncioConnection):
             # Large messages gain nothing from joining, and joining copies them.
             self._release()
 
-    def send_frames(self, data: bytes, count: int) -> None:
-        """Write ``count`` marshalled frames, keeping pika's byte and frame counters."""
+    def send_frames(self, data: bytes) -> None:
+        """Write marshalled frames, counted in ``bytes_sent`` as pika's own writes are
+        (its heartbeat checker reads that count to tell an idle connection)."""
         self.bytes_sent += len(data)
-        self.frames_sent += count
         self._adapter_emit_data(data)
 
     def _emit(self, data: bytes) -> None:
@@ -442,8 +443,7 @@ class _Link:
             raise pika.exceptions.ChannelWrongStateError("the channel is closed")
         # What pika splits bodies by: the negotiated frame size less a frame's header and end.
         body_max = connection.params.frame_max - spec.FRAME_HEADER_SIZE - spec.FRAME_END_SIZE
-        data = publish_frames(channel.channel_number, self._exchange, event, body_max)
-        connection.send_frames(data, 2 + -(-len(event.payload) // body_max))
+        connection.send_frames(publish_frames(channel.channel_number, self._exchange, event, body_max))
 
     def corked(self) -> contextlib.AbstractContextManager[None]:
         """Write what is published inside the block in one go (see :class:`_CorkedConnection`)."""
