@@ -67,8 +67,8 @@ def _drain(
     drain: Drain, label: str, url: str, sink_url: str, receiver: Receiver, extra: tuple[str, ...]
 ) -> dict[str, Any]:
     total = drain.events
-    cpu_at: dict[float, float] = {}
-    machine_at: dict[float, cpu.Snapshot] = {}
+    # The machine at 10% and 90% received; each snapshot holds the relay's own CPU too.
+    at: dict[float, cpu.Snapshot] = {}
     started = time.monotonic()
     with RelayProcess(url, sink_url, *extra) as relay:
         cpu_start = relay.cpu_seconds()
@@ -80,9 +80,8 @@ def _drain(
             now = time.monotonic()
             count = receiver.count
             for fraction in (0.1, 0.9):
-                if fraction not in cpu_at and count >= fraction * total:
-                    cpu_at[fraction] = relay.cpu_seconds()
-                    machine_at[fraction] = cpu.snapshot(relay.pid)
+                if fraction not in at and count >= fraction * total:
+                    at[fraction] = cpu.snapshot(relay.pid)
             if count != last_count:
                 last_count, last_change = count, now
             elif now - last_change > STALL_SECONDS:
@@ -92,8 +91,7 @@ def _drain(
                 drain.progress(f"{label}: {count:,}/{total:,} received ({count / total:.0%})")
             time.sleep(MONITOR_SECONDS)
         finished = time.monotonic()
-        cpu_at.setdefault(0.9, relay.cpu_seconds())
-        machine_at.setdefault(0.9, cpu.snapshot(relay.pid))
+        at.setdefault(0.9, cpu.snapshot(relay.pid))
         cpu_total = relay.cpu_seconds() - cpu_start
         peak_rss = relay.peak_rss_bytes()
         claim_sum, claim_count = relay.claim_histogram()
@@ -107,8 +105,11 @@ def _drain(
     early = stats.window_rate(marks, total, 0.1, 0.2)
     late = stats.window_rate(marks, total, 0.8, 0.9)
     window_events = 0.8 * total
-    cpu_window = cpu_at.get(0.9, math.nan) - cpu_at.get(0.1, math.nan)
-    machine_cpu = cpu.per_event(machine_at[0.1], machine_at[0.9], round(window_events)) if 0.1 in machine_at else {}
+    if 0.1 in at:
+        cpu_window = at[0.9].groups["relay"] - at[0.1].groups["relay"]
+        machine_cpu = cpu.per_event(at[0.1], at[0.9], round(window_events))
+    else:
+        cpu_window, machine_cpu = math.nan, {}
     return {
         "events": total,
         "received": receiver.count,

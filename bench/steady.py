@@ -101,12 +101,21 @@ def _await_all(
     return {"not_received": len(missing), "lost": len(missing) - still_there, "undelivered": still_there}
 
 
-def _latencies(writers: OpenLoopWriters, arrived_at: dict[str, float], since: float, until: float) -> list[float]:
-    """From each event's commit (between ``since`` and ``until``) to its time in ``arrived_at``."""
+def _latencies(
+    writers: OpenLoopWriters,
+    arrived_at: dict[str, float],
+    since: float,
+    until: float,
+    *,
+    left_at: dict[str, float] | None = None,
+) -> list[float]:
+    """For each event committed between ``since`` and ``until``: from its commit (or its
+    time in ``left_at``, when given) to its time in ``arrived_at``."""
+    start = writers.committed_at if left_at is None else left_at
     return [
-        max(0.0, arrived_at[key] - committed)
+        max(0.0, arrived_at[key] - start[key])
         for key, committed in writers.committed_at.items()
-        if since <= committed < until and key in arrived_at
+        if since <= committed < until and key in arrived_at and key in start
     ]
 
 
@@ -158,11 +167,7 @@ def run_steady(steady: Steady, label: str, seconds: float, *, notify: bool) -> d
         # Its two legs: the database's (COMMIT to the claim returning the event
         # to the relay) and the broker's (claim returned to ack), event by event.
         "claim_latency": stats.latency_summary(_latencies(writers, claimed_at, since, until)),
-        "claim_to_ack": stats.latency_summary(
-            acked_at[key] - claimed_at[key]
-            for key, committed in writers.committed_at.items()
-            if since <= committed < until and key in acked_at and key in claimed_at
-        ),
+        "claim_to_ack": stats.latency_summary(_latencies(writers, acked_at, since, until, left_at=claimed_at)),
         # The relay's own view: from the row's created_at (the writer's transaction
         # start) to the broker's ack, read from its histogram's buckets.
         "insert_to_ack_p50_ms": stats.bucket_quantile(acks, 0.5) * 1000,
