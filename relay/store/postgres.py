@@ -280,7 +280,13 @@ class PostgresStore:
                 "lease_seconds": self._lease_seconds,
             },
         )
-        self._floor.claimed(token, [r[0] for r in rows], after=after, took=time.perf_counter() - started)
+        self._floor.claimed(
+            token,
+            [r[0] for r in rows],
+            after=after,
+            took=time.perf_counter() - started,
+            snapshot=(rows[0][10], rows[0][11]) if rows else None,
+        )
         rows.sort(key=lambda r: (-r[8], r[0]))
         events = [
             Event(

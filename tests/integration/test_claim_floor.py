@@ -10,6 +10,7 @@ import psycopg
 
 from relay.config import TableName
 from relay.events import Event
+from relay.store.floor import CONFIRM_MARGIN_SECONDS
 from relay.store.postgres import PostgresStore
 
 INTERVAL = 0.5
@@ -28,10 +29,17 @@ def committed(database_url: str, topic: str, key: str | None = None) -> int:
         return insert(conn, topic, key)
 
 
-def store_for(database_url: str) -> PostgresStore:
+def store_for(database_url: str, interval: float = INTERVAL) -> PostgresStore:
     return PostgresStore(
-        database_url, TableName.parse("outbox"), owner="t", lease_seconds=30, listen=False, full_scan_interval=INTERVAL
+        database_url, TableName.parse("outbox"), owner="t", lease_seconds=30, listen=False, full_scan_interval=interval
     )
+
+
+async def claim_only(store: PostgresStore, topic: str) -> None:
+    """Claim and settle; the claim must return exactly one event, of ``topic``."""
+    batch = await store.claim(10, max_attempts=5)
+    assert [e.topic for e in batch.events] == [topic]
+    await store.settle(batch, sent=[e.id for e in batch.events], retry=[], dead=[])
 
 
 def test_an_event_committed_late_below_the_floor_is_found_by_the_next_full_scan(database_url: str) -> None:
@@ -82,6 +90,49 @@ def test_the_next_event_of_a_key_is_claimed_as_soon_as_its_head_is_settled(datab
             await store.settle(claimed, sent=[head], retry=[], dead=[])
             # Well inside the interval, so a hinted claim: it must reach down to the follower.
             assert [e.id for e in (await store.claim(10, max_attempts=5)).events] == [follower]
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_floor_trails_the_claims_by_a_moment_while_no_writer_is_open(database_url: str) -> None:
+    async def scenario() -> None:
+        store = store_for(database_url, interval=30.0)  # no full scan, and no floor moved by age, in this test
+        await store.open()
+        try:
+            spare = committed(database_url, "spare")
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                conn.execute("DELETE FROM outbox WHERE id = %s", [spare])
+            for topic in ("b1", "b2"):
+                committed(database_url, topic)
+                await claim_only(store, topic)  # the first is the full scan
+                await asyncio.sleep(CONFIRM_MARGIN_SECONDS * 3)
+            with psycopg.connect(database_url, autocommit=True) as conn:  # an id below both claims'
+                conn.execute("INSERT INTO outbox (id, topic, payload) VALUES (%s, 'below', '{}')", [spare])
+            # Nothing was running at either claim, so the floor has passed the spare id
+            # a margin after them, not an interval: a hinted claim does not look there.
+            assert (await store.claim(10, max_attempts=5)).events == []
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_writer_still_open_keeps_the_floor_below_its_event(database_url: str) -> None:
+    async def scenario() -> None:
+        store = store_for(database_url, interval=30.0)
+        await store.open()
+        try:
+            with psycopg.connect(database_url) as slow_writer:
+                late = insert(slow_writer, "late")  # takes its id (and a transaction id) now, commits later
+                for topic in ("b1", "b2", "b3"):
+                    committed(database_url, topic)
+                    await claim_only(store, topic)
+                    await asyncio.sleep(CONFIRM_MARGIN_SECONDS * 3)
+                slow_writer.commit()
+            # Many margins later, but the writer was running at every claim: the floor is still below it.
+            assert [e.id for e in (await store.claim(10, max_attempts=5)).events] == [late]
         finally:
             await store.close()
 

@@ -86,3 +86,54 @@ def test_slow_full_scans_are_spaced_out_but_not_past_the_cap() -> None:
     assert floor.next_after() == 5
     clock.now += 0.2
     assert floor.next_after() == 0
+
+
+def test_a_claim_moves_the_floor_once_the_transactions_it_could_not_see_have_ended() -> None:
+    clock = Clock()
+    floor = ClaimFloor(1.0, clock, confirm_margin=0.05)
+    first, second = uuid4(), uuid4()
+    # Transactions 100 to 104 were running at the first claim: one of them may hold an id below 50.
+    floor.claimed(first, [50], after=0, took=0.3, snapshot=(100, 105))
+    floor.finished(first)
+    clock.now += 0.1
+    floor.claimed(second, [80], after=1, snapshot=(103, 110))  # 103 and 104 still running
+    floor.finished(second)
+    clock.now += 0.1
+    assert floor.next_after() == 0  # not 50: what 103 or 104 commit below it must still be found
+    floor.claimed(uuid4(), [90], after=1, snapshot=(105, 112))  # all of them have ended
+    assert floor.next_after() == 50  # the second claim waits for 105 to 109
+    clock.now += 0.01
+    floor.claimed(uuid4(), [95], after=50, snapshot=(112, 112))  # nothing running
+    assert floor.next_after() == 80  # the claim of 90 is not yet the margin old
+    clock.now += 0.05
+    assert floor.next_after() == 90
+
+
+def test_a_claim_without_its_snapshot_moves_the_floor_only_an_interval_later() -> None:
+    clock = Clock()
+    floor = ClaimFloor(1.0, clock, confirm_margin=0.05)
+    first, second = uuid4(), uuid4()
+    floor.claimed(first, [50], after=0, took=0.3)
+    floor.finished(first)
+    clock.now += 0.5
+    floor.claimed(second, [80], after=1, snapshot=(200, 200))
+    floor.finished(second)
+    assert floor.next_after() == 0  # no snapshot: nothing says the first claim's blind spot is clear
+    clock.now += 0.5
+    assert floor.next_after() == 80  # an interval later; the second claim is past its margin and clear
+
+
+def test_a_writer_open_longer_than_an_interval_does_not_hold_the_floor_back() -> None:
+    clock = Clock()
+    floor = ClaimFloor(1.0, clock, confirm_margin=0.05)
+    first = uuid4()
+    floor.claimed(first, [50], after=0, took=0.3, snapshot=(100, 105))
+    floor.finished(first)
+    for step in range(9):
+        clock.now += 0.1
+        token = uuid4()
+        floor.claimed(token, [60 + step], after=1, snapshot=(100, 110 + step))  # 100 never ends
+        floor.finished(token)
+    assert floor.next_after() == 0
+    clock.now += 0.11
+    assert floor.next_after() == 50  # the first claim is an interval old: the old rule takes over
