@@ -67,16 +67,20 @@ def test_future_deliver_at_is_not_published_before_its_time(database_url: str, k
 
 def test_two_relays_deliver_every_event_exactly_once_without_crashes(database_url: str, kafka_bootstrap: str) -> None:
     topic = unique_topic()
-    with psycopg.connect(database_url) as conn:
-        conn.execute(
-            "INSERT INTO outbox (topic, key, payload) SELECT %s, CASE WHEN g %% 2 = 0 THEN 'k' || (g %% 50) END,"
-            " jsonb_build_object('n', g) FROM generate_series(1, 3000) g",
-            [topic],
-        )
     with (
         RelayThread(database_url, f"kafka://{kafka_bootstrap}") as a,
         RelayThread(database_url, f"kafka://{kafka_bootstrap}") as b,
+        psycopg.connect(database_url, autocommit=True) as conn,
     ):
+        # Written while both relays run, in ten commits: a backlog written before
+        # the second one started could all go to the first on a fast machine.
+        for start in range(1, 3001, 300):
+            conn.execute(
+                "INSERT INTO outbox (topic, key, payload) SELECT %s, CASE WHEN g %% 2 = 0 THEN 'k' || (g %% 50) END,"
+                " jsonb_build_object('n', g) FROM generate_series(%s::int, %s::int) g",
+                [topic, start, start + 299],
+            )
+            time.sleep(0.02)
         wait_until(lambda: not outbox_counts(database_url), timeout=60)
     received = consume(kafka_bootstrap, topic, count=3000, settle_seconds=1.0)
     keys = [m.headers["idempotency-key"] for m in received]
