@@ -24,7 +24,7 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 
 from bench import cpu, stats
 from bench.services import DISTINCT_KEYS, payload_for
-from relay.config import PUBLISH_TIMEOUT_SECONDS, KafkaSinkConfig
+from relay.config import BATCH_SIZE, PIPELINE_DEPTH, PUBLISH_TIMEOUT_SECONDS, KafkaSinkConfig
 from relay.events import IDEMPOTENCY_HEADER
 from relay.sinks.kafka import producer_config
 
@@ -35,8 +35,8 @@ DRAIN_SQL = (
 )
 KAFKA_POLL_EVERY = 1000
 RABBIT_YIELD_EVERY = 250
-#: Unconfirmed messages in flight at most: the relay has two 1,000-event batches out.
-RABBIT_WINDOW = 2000
+#: Unconfirmed messages in flight at most: what the relay's batches in flight hold.
+RABBIT_WINDOW = BATCH_SIZE * PIPELINE_DEPTH
 RABBIT_TIMEOUT_SECONDS = 600.0
 
 

@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 from relay.errors import ConfigError
 
 DEFAULT_TABLE = "outbox"
-BATCH_SIZE = 1000
+BATCH_SIZE = 2000
 MAX_ATTEMPTS = 10
 BACKOFF_INITIAL_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 300.0
