@@ -267,6 +267,51 @@ was busy.
   ms, p99 13-23 ms. The relay's own path (NOTIFY, claim of about one event in
   1.4 ms, produce, ack) fits the 5 ms target; S2 measures it on a machine
   saturated by 24 writer connections at 50% of their capacity.
+
+Measured 2026-11-30, on a faster machine: the same tree gave L_db 116,838/s
+(34,570/s the day before), L_kafka 268,077/s, L_rmq 32,079/s and L_commit
+3,072/s, and S1 Kafka 62,624/s, 0.54 x L_db: the relay did not speed up as
+much as the bare SQL loop.
+
+- **Claim batch size.** Keyed 200,000-event Kafka drains, two rounds back
+  to back: 1,000 per claim 56,802/55,910 events/s, 2,000 67,991/67,891,
+  4,000 70,307/69,602. A second sitting: 2,000 69,661/70,555, 4,000
+  68,832/69,829, 8,000 62,261/63,062. PostgreSQL's CPU per event went from
+  12.1-12.5 us at 1,000 to 10.9-11.5 at 2,000 and 4,000 (12.6-13.2 at
+  8,000), Tansu's from 2.9-3.1 to 2.2 (fewer, larger produce requests). The
+  default is now 2,000: the peak RSS is 57-58 MB against 63-65 MB at 4,000.
+  On the slower machine of 29 November, 500 and 2,000 were within the noise.
+- **Two claim loops.** Two relay loops in one process, sharing the sink and
+  each with its own connections: 63,557/63,004 events/s against 58,378/58,911
+  for one (+7-9%); two relay processes 66,363/63,049 (+7-14%). PostgreSQL's
+  CPU per event rises from 12.2 to 14.5-15.7 us (the claims step over each
+  other's rows) and the machine is 92-94% busy. Not built: a tenth more does
+  not change the verdict, and running a second relay gives it to whoever
+  wants it.
+- **The keyed claim on the server** (EXPLAIN ANALYZE, timing off, fresh copies
+  of the 200,000-row table, 1,000 rows, median of five): 8.6 ms; 4.7 ms
+  without the per-key check; 8.1 ms with the key column in the "C" collation
+  (this database's is C.UTF-8, compared through the C library); 8.5 ms with
+  the check written as a plain `NOT EXISTS` (an anti join) instead of `key IS
+  NULL OR NOT EXISTS`. Neither change is worth a migration. Under a drain
+  (auto_explain, batches of 2,000) the claim executes in 21.3 ms of the 26
+  ms the relay waits for it.
+- **The floor follows the claims' snapshots** (S4 at 1,800 events/s,
+  auto_explain on 3% of statements). During the held transaction a hinted
+  claim read 2,118 buffers on average with the floor a second behind the
+  claims, 937 with it a quarter of a second behind, and 465 with the
+  snapshot rule; its server time was 1.07, 0.88 and 0.84 ms. Full scans are
+  about 1% of the claims but take 30-40 ms each. The S4 ratio itself stays
+  in the noise of the time before the transaction (0.69-1.30 ms between
+  runs): 1.82-2.57x with the snapshot rule against 1.88-3.70x without it.
+  Spacing full scans by 50 times their duration instead of 20 changed
+  nothing measurable (2.38/2.52x against 2.50/1.82x).
+- **S2 on this machine** (1,800 events/s, NOTIFY on, two rounds each):
+  `linger.ms` 0 gave commit-to-ack p50 7.2/9.7 ms against 12.3/12.1 ms, but
+  p99 47.7/62.8 against 27.3/27.7; pipeline depth 4 and 8 cut the database
+  leg's p50 to 1.2-2.0 ms (3.6-5.0 at depth 2) and commit-to-ack p50 to
+  9.7-12.8 ms (11.2-14.4), but p99 reached 143-155 ms in two of the four
+  runs. Neither kept.
 """
 
 
