@@ -19,8 +19,8 @@ a hinted claim skips is rare and waits at most one interval:
   below that id that the claim could not see yet belongs to such a
   transaction (ids are taken in order, when the row is inserted), so a later
   claim, scanning from the old floor, saw it once it committed. Each claim
-  returns its snapshot's bounds: the claim is settled when a later claim's
-  oldest running transaction (``xmin``) is at or past this claim's ``xmax``.
+  returns its snapshot's bounds: a claim is confirmed once a claim's oldest
+  running transaction (``xmin``) is at or past its own ``xmax``.
   A transaction that writes for longer than an interval does not hold the
   floor back further: past an interval the claim moves the floor anyway, and
   an event that transaction commits below it waits for the next full scan.
@@ -91,7 +91,7 @@ class ClaimFloor:
         self._next_full_scan = 0.0
         self._floor = 0
         self._recent: deque[_Recent] = deque()
-        # The newest claim's snapshot xmin: every transaction below it has ended.
+        # The highest snapshot xmin of any claim so far: every transaction below it has ended.
         self._ended_below = 0
         self._in_flight: dict[UUID, int] = {}
 
@@ -101,13 +101,13 @@ class ClaimFloor:
         # A claim's lowest id becomes the floor once the transactions it could not
         # see have ended (a later claim, scanning from the old floor, saw what they
         # committed), or once it is an interval old, whichever comes first.
-        while self._recent and self._settled(self._recent[0], now):
+        while self._recent and self._confirmed(self._recent[0], now):
             self._floor = max(self._floor, self._recent.popleft().lowest)
         if now >= self._next_full_scan:
             return 0
         return min(self._floor, *self._in_flight.values()) if self._in_flight else self._floor
 
-    def _settled(self, claim: _Recent, now: float) -> bool:
+    def _confirmed(self, claim: _Recent, now: float) -> bool:
         age = now - claim.at
         return age >= self._interval or (age >= self._margin and claim.xmax <= self._ended_below)
 

@@ -110,8 +110,8 @@ def test_the_floor_trails_the_claims_by_a_moment_while_no_writer_is_open(databas
                 await asyncio.sleep(CONFIRM_MARGIN_SECONDS * 3)
             with psycopg.connect(database_url, autocommit=True) as conn:  # an id below both claims'
                 conn.execute("INSERT INTO outbox (id, topic, payload) VALUES (%s, 'below', '{}')", [spare])
-            # Nothing was running at either claim, so the floor has passed the spare id
-            # a margin after them, not an interval: a hinted claim does not look there.
+            # What was running at the first claim had ended by the second, so the floor
+            # passed the spare id a margin later, not an interval: a hinted claim does not look there.
             assert (await store.claim(10, max_attempts=5)).events == []
         finally:
             await store.close()
