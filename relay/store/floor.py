@@ -14,29 +14,35 @@ full scan that took d seconds waits 20 d, up to 10 s, so the dead entries
 cost at most about 5% of the claim's time). The floor is chosen so that what
 a hinted claim skips is rare and waits at most one interval:
 
-- it is the lowest id returned by an earlier claim, once every transaction
-  that was running when that claim took its snapshot has ended. An event
-  below that id that the claim could not see yet belongs to such a
-  transaction (ids are taken in order, when the row is inserted), so a later
-  claim, scanning from the old floor, saw it once it committed. Each claim
-  returns its snapshot's bounds: a claim is confirmed once a claim's oldest
-  running transaction (``xmin``) is at or past its own ``xmax``.
-  A transaction that writes for longer than an interval does not hold the
-  floor back further: past an interval the claim moves the floor anyway, and
-  an event that transaction commits below it waits for the next full scan.
-  The claim must also be ``confirm_margin`` old, which covers a writer
-  between taking its id and being given a transaction id;
+- it is the lowest id returned by an earlier claim C, once every writer
+  that took a lower id before C ran has ended. Ids are taken in order as rows
+  are inserted (the column's identity default, which caches one value), so a
+  lower id that C could not see belonged to a writer already running; a
+  claim after that writer's end, still scanning from the old floor, saw what
+  it committed. The relay knows that moment from transaction ids: each claim
+  returns its own transaction id (assigned while it runs, so above every id
+  assigned before it started) and its snapshot's ``xmin`` (every transaction
+  below it had ended). C is confirmed once some claim's ``xmin`` reaches the
+  transaction id of the first claim that started ``confirm_margin`` after C
+  returned: the margin covers a writer between taking its event's id and
+  being given its transaction id, which PostgreSQL does a moment later, in
+  the same INSERT. A writer open for longer than an interval does not hold
+  the floor back further: past an interval C moves the floor anyway, and an
+  event that writer commits below it waits for the next full scan;
 - it never passes the lowest id of a batch this relay has in flight, nor,
   once that batch is settled, the batch's lowest id: the later events of those
   keys (higher ids) become claimable exactly then, and must not wait;
-- retries, releases, requeued dead letters, expired leases and lower-priority
-  events a full batch of higher-priority ones passed over, below the floor, are
-  found by the next full scan, at most an interval later (a retry waits its
-  backoff anyway).
+- retries, releases, requeued dead letters, expired leases, events whose
+  ``deliver_at`` comes, events with ids not taken from the column's default
+  and lower-priority events a full batch of higher-priority ones passed over,
+  below the floor, are found by the next full scan, at most an interval later
+  (a retry waits its backoff anyway).
 
-With no transaction writing for long, the floor trails the newest claims by
-the margin, so a hinted claim steps over a few milliseconds of dead entries
-rather than an interval's worth.
+While writers are short, the floor trails the newest claims by little more
+than the margin, so a hinted claim steps over that much of dead entries
+rather than an interval's worth. A long reader (S4's REPEATABLE READ
+transaction, a report) has no transaction id and does not hold it back; a
+long writer anywhere in the cluster does, for at most an interval.
 
 Order and delivery do not depend on the floor: the per-key check still looks
 at every earlier event of the key, and every due event is seen by a full scan.
@@ -44,7 +50,6 @@ at every earlier event of the key, and every due event is seen by a full scan.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -59,9 +64,8 @@ FULL_SCAN_INTERVAL_SECONDS = 1.0
 FULL_SCAN_SPACING = 20.0
 #: ... but never more than this long apart.
 FULL_SCAN_MAX_INTERVAL_SECONDS = 10.0
-#: A claim moves the floor no sooner than this, even once the transactions it
-#: could not see have ended (a writer is given its transaction id a moment
-#: after its event's id).
+#: A writer is given its transaction id at most this long after taking its event's id
+#: (both happen in the same INSERT); see the module docstring.
 CONFIRM_MARGIN_SECONDS = 0.05
 
 
@@ -71,8 +75,10 @@ class _Recent:
 
     at: float
     lowest: int
-    #: The claim's snapshot xmax: every transaction running at the claim is below it.
-    xmax: float
+    #: The transaction id of the first claim that started a margin after this one
+    #: returned: every writer that took a lower id than ``lowest`` before this
+    #: claim had its transaction id, below this one, by then.
+    guard: int | None = None
 
 
 class ClaimFloor:
@@ -91,15 +97,15 @@ class ClaimFloor:
         self._next_full_scan = 0.0
         self._floor = 0
         self._recent: deque[_Recent] = deque()
-        # The highest snapshot xmin of any claim so far: every transaction below it has ended.
-        self._ended_below = 0
+        # The highest snapshot xmin of any claim so far: every transaction below it had ended.
+        self._max_xmin = 0
         self._in_flight: dict[UUID, int] = {}
 
     def next_after(self) -> int:
         """The lowest id the next claim considers: 0 for a full scan."""
         now = self._clock()
-        # A claim's lowest id becomes the floor once the transactions it could not
-        # see have ended (a later claim, scanning from the old floor, saw what they
+        # A claim's lowest id becomes the floor once the writers it could not see
+        # have ended (a later claim, scanning from the old floor, saw what they
         # committed), or once it is an interval old, whichever comes first.
         while self._recent and self._confirmed(self._recent[0], now):
             self._floor = max(self._floor, self._recent.popleft().lowest)
@@ -108,8 +114,9 @@ class ClaimFloor:
         return min(self._floor, *self._in_flight.values()) if self._in_flight else self._floor
 
     def _confirmed(self, claim: _Recent, now: float) -> bool:
-        age = now - claim.at
-        return age >= self._interval or (age >= self._margin and claim.xmax <= self._ended_below)
+        if now - claim.at >= self._interval:
+            return True
+        return claim.guard is not None and claim.guard <= self._max_xmin
 
     def claimed(
         self,
@@ -118,20 +125,27 @@ class ClaimFloor:
         *,
         after: int,
         took: float = 0.0,
-        snapshot: tuple[int, int] | None = None,
+        xids: tuple[int, int] | None = None,
     ) -> None:
         """Note a claim made with ``after`` (from :meth:`next_after`) that returned ``ids`` in ``took`` seconds.
 
-        ``snapshot`` is the claim's ``(xmin, xmax)``; without it the claim
-        moves the floor only once it is an interval old.
+        ``xids`` is the claim's snapshot ``xmin`` and its own transaction id;
+        without them, earlier claims move the floor only once an interval old.
         """
         now = self._clock()
-        if snapshot is not None:
-            self._ended_below = max(self._ended_below, snapshot[0])
+        if xids is not None:
+            xmin, own = xids
+            self._max_xmin = max(self._max_xmin, xmin)
+            started = now - took
+            for claim in self._recent:  # oldest first
+                if started - claim.at < self._margin:
+                    break
+                if claim.guard is None:
+                    claim.guard = own
         if ids:
             lowest = min(ids)
             self._in_flight[token] = lowest
-            self._recent.append(_Recent(now, lowest, math.inf if snapshot is None else snapshot[1]))
+            self._recent.append(_Recent(now, lowest))
         if after == 0:
             spacing = min(max(self._interval, took * FULL_SCAN_SPACING), FULL_SCAN_MAX_INTERVAL_SECONDS)
             self._next_full_scan = now + spacing

@@ -285,7 +285,7 @@ class PostgresStore:
             [r[0] for r in rows],
             after=after,
             took=time.perf_counter() - started,
-            snapshot=(rows[0][10], rows[0][11]) if rows else None,
+            xids=(rows[0][10], rows[0][11]) if rows else None,
         )
         rows.sort(key=lambda r: (-r[8], r[0]))
         events = [

@@ -7,8 +7,8 @@
 -- that key, and only while no earlier event of the key is pending, in flight
 -- or dead-lettered), any number without a key. attempts counts claims, so a
 -- lease that expires because its relay died still counts as an attempt.
--- The last two columns, the same in every row, are the bounds of the claim's
--- snapshot, for the keyset hint (relay/store/floor.py).
+-- The last two columns, the same in every row, are the xmin of the claim's
+-- snapshot and its own transaction id, for the keyset hint (relay/store/floor.py).
 WITH candidates AS (
     SELECT o.id, o.lease_expires_at AS old_lease
     FROM {table} AS o
@@ -36,7 +36,7 @@ WHERE o.id = c.id
 RETURNING o.id, o.topic, o.key, o.payload::text, nullif(o.headers, '{{}}'::jsonb)::text, o.idempotency_key,
           o.attempts, o.created_at, o.priority, c.old_lease IS NOT NULL AS reaped,
           (SELECT pg_snapshot_xmin(pg_current_snapshot()))::text::bigint,
-          (SELECT pg_snapshot_xmax(pg_current_snapshot()))::text::bigint;
+          (SELECT pg_current_xact_id())::text::bigint;
 
 -- name: reap_exhausted
 -- Dead-letter events whose lease expired with no attempts left: the relays

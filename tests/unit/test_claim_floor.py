@@ -88,51 +88,72 @@ def test_slow_full_scans_are_spaced_out_but_not_past_the_cap() -> None:
     assert floor.next_after() == 0
 
 
-def test_a_claim_moves_the_floor_once_the_transactions_it_could_not_see_have_ended() -> None:
+def test_a_claim_moves_the_floor_once_the_writers_it_could_not_see_have_ended() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock, confirm_margin=0.05)
-    first, second = uuid4(), uuid4()
-    # Transactions 100 to 104 were running at the first claim: one of them may hold an id below 50.
-    floor.claimed(first, [50], after=0, took=0.3, snapshot=(100, 105))
-    floor.finished(first)
+
+    def claim(ids: list[int], xmin: int, own: int, *, after: int = 1, took: float = 0.01) -> None:
+        token = uuid4()
+        floor.claimed(token, ids, after=after, took=took, xids=(xmin, own))
+        floor.finished(token)
+
+    claim([50], xmin=100, own=105, after=0, took=0.01)  # a full scan; the next one 1 s later
+    clock.now += 0.02
+    claim([80], xmin=103, own=110)  # started within the margin of the first: no guard for it
+    clock.now += 0.08
+    # Started a margin after both returned: a writer that took an id below theirs
+    # before they ran had its transaction id by then, so below 112.
+    claim([90], xmin=104, own=112)
+    assert floor.next_after() == 0  # 104 to 111 may still be running
     clock.now += 0.1
-    floor.claimed(second, [80], after=1, snapshot=(103, 110))  # 103 and 104 still running
-    floor.finished(second)
+    claim([95], xmin=112, own=115)  # every transaction below 112 has ended
+    assert floor.next_after() == 80  # not 90: its guard is 115
     clock.now += 0.1
-    assert floor.next_after() == 0  # not 50: what 103 or 104 commit below it must still be found
-    floor.claimed(uuid4(), [90], after=1, snapshot=(105, 112))  # all of them have ended
-    assert floor.next_after() == 50  # the second claim waits for 105 to 109
-    clock.now += 0.01
-    floor.claimed(uuid4(), [95], after=50, snapshot=(112, 112))  # nothing running
-    assert floor.next_after() == 80  # the claim of 90 is not yet the margin old
-    clock.now += 0.05
+    claim([99], xmin=116, own=120)
     assert floor.next_after() == 90
 
 
-def test_a_claim_without_its_snapshot_moves_the_floor_only_an_interval_later() -> None:
+def test_a_later_claims_xmin_alone_does_not_confirm_a_claim() -> None:
+    # A writer whose transaction id is above every completed one is in no
+    # snapshot's xmin yet: only the guard, a transaction id assigned a margin
+    # after the claim, bounds the writers that took lower ids.
+    clock = Clock()
+    floor = ClaimFloor(1.0, clock, confirm_margin=0.05)
+    first = uuid4()
+    floor.claimed(first, [50], after=0, took=0.3, xids=(100, 101))
+    floor.finished(first)
+    clock.now += 0.01
+    second = uuid4()
+    floor.claimed(second, [60], after=1, took=0.005, xids=(500, 501))  # high xmin, but too soon to guard
+    floor.finished(second)
+    clock.now += 0.5
+    assert floor.next_after() == 0
+
+
+def test_claims_without_transaction_ids_move_the_floor_only_an_interval_later() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock, confirm_margin=0.05)
     first, second = uuid4(), uuid4()
     floor.claimed(first, [50], after=0, took=0.3)
     floor.finished(first)
     clock.now += 0.5
-    floor.claimed(second, [80], after=1, snapshot=(200, 200))
+    floor.claimed(second, [80], after=1)
     floor.finished(second)
-    assert floor.next_after() == 0  # no snapshot: nothing says the first claim's blind spot is clear
+    assert floor.next_after() == 0
     clock.now += 0.5
-    assert floor.next_after() == 80  # an interval later; the second claim is past its margin and clear
+    assert floor.next_after() == 50  # the first is an interval old; the second is not
 
 
 def test_a_writer_open_longer_than_an_interval_does_not_hold_the_floor_back() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock, confirm_margin=0.05)
     first = uuid4()
-    floor.claimed(first, [50], after=0, took=0.3, snapshot=(100, 105))
+    floor.claimed(first, [50], after=0, took=0.3, xids=(100, 105))
     floor.finished(first)
     for step in range(9):
         clock.now += 0.1
         token = uuid4()
-        floor.claimed(token, [60 + step], after=1, snapshot=(100, 110 + step))  # 100 never ends
+        floor.claimed(token, [60 + step], after=1, took=0.01, xids=(100, 110 + step))  # 100 never ends
         floor.finished(token)
     assert floor.next_after() == 0
     clock.now += 0.11
