@@ -88,28 +88,31 @@ def test_slow_full_scans_are_spaced_out_but_not_past_the_cap() -> None:
     assert floor.next_after() == 0
 
 
+def settled_claim(
+    floor: ClaimFloor, ids: list[int], *, after: int = 1, took: float = 0.01, xids: tuple[int, int] | None = None
+) -> None:
+    """A claim whose batch is settled at once."""
+    token = uuid4()
+    floor.claimed(token, ids, after=after, took=took, xids=xids)
+    floor.finished(token)
+
+
 def test_a_claim_moves_the_floor_once_the_writers_it_could_not_see_have_ended() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock, confirm_margin=0.05)
-
-    def claim(ids: list[int], xmin: int, own: int, *, after: int = 1, took: float = 0.01) -> None:
-        token = uuid4()
-        floor.claimed(token, ids, after=after, took=took, xids=(xmin, own))
-        floor.finished(token)
-
-    claim([50], xmin=100, own=105, after=0, took=0.01)  # a full scan; the next one 1 s later
+    settled_claim(floor, [50], after=0, xids=(100, 105))  # a full scan; the next one 1 s later
     clock.now += 0.02
-    claim([80], xmin=103, own=110)  # started within the margin of the first: no guard for it
+    settled_claim(floor, [80], xids=(103, 110))  # started within the margin of the first: no guard for it
     clock.now += 0.08
     # Started a margin after both returned: a writer that took an id below theirs
     # before they ran had its transaction id by then, so below 112.
-    claim([90], xmin=104, own=112)
+    settled_claim(floor, [90], xids=(104, 112))
     assert floor.next_after() == 0  # 104 to 111 may still be running
     clock.now += 0.1
-    claim([95], xmin=112, own=115)  # every transaction below 112 has ended
+    settled_claim(floor, [95], xids=(112, 115))  # every transaction below 112 has ended
     assert floor.next_after() == 80  # not 90: its guard is 115
     clock.now += 0.1
-    claim([99], xmin=116, own=120)
+    settled_claim(floor, [99], xids=(116, 120))
     assert floor.next_after() == 90
 
 
@@ -119,13 +122,9 @@ def test_a_later_claims_xmin_alone_does_not_confirm_a_claim() -> None:
     # after the claim, bounds the writers that took lower ids.
     clock = Clock()
     floor = ClaimFloor(1.0, clock, confirm_margin=0.05)
-    first = uuid4()
-    floor.claimed(first, [50], after=0, took=0.3, xids=(100, 101))
-    floor.finished(first)
+    settled_claim(floor, [50], after=0, took=0.3, xids=(100, 101))
     clock.now += 0.01
-    second = uuid4()
-    floor.claimed(second, [60], after=1, took=0.005, xids=(500, 501))  # high xmin, but too soon to guard
-    floor.finished(second)
+    settled_claim(floor, [60], took=0.005, xids=(500, 501))  # high xmin, but too soon to guard
     clock.now += 0.5
     assert floor.next_after() == 0
 
@@ -133,12 +132,9 @@ def test_a_later_claims_xmin_alone_does_not_confirm_a_claim() -> None:
 def test_claims_without_transaction_ids_move_the_floor_only_an_interval_later() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock, confirm_margin=0.05)
-    first, second = uuid4(), uuid4()
-    floor.claimed(first, [50], after=0, took=0.3)
-    floor.finished(first)
+    settled_claim(floor, [50], after=0, took=0.3)
     clock.now += 0.5
-    floor.claimed(second, [80], after=1)
-    floor.finished(second)
+    settled_claim(floor, [80])
     assert floor.next_after() == 0
     clock.now += 0.5
     assert floor.next_after() == 50  # the first is an interval old; the second is not
@@ -147,14 +143,10 @@ def test_claims_without_transaction_ids_move_the_floor_only_an_interval_later() 
 def test_a_writer_open_longer_than_an_interval_does_not_hold_the_floor_back() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock, confirm_margin=0.05)
-    first = uuid4()
-    floor.claimed(first, [50], after=0, took=0.3, xids=(100, 105))
-    floor.finished(first)
+    settled_claim(floor, [50], after=0, took=0.3, xids=(100, 105))
     for step in range(9):
         clock.now += 0.1
-        token = uuid4()
-        floor.claimed(token, [60 + step], after=1, took=0.01, xids=(100, 110 + step))  # 100 never ends
-        floor.finished(token)
+        settled_claim(floor, [60 + step], xids=(100, 110 + step))  # 100 never ends
     assert floor.next_after() == 0
     clock.now += 0.11
     assert floor.next_after() == 50  # the first claim is an interval old: the old rule takes over
