@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from relay.config import BATCH_SIZE
+
 _METRICS_MARKERS = ("Histogram.", "Counter.", "Gauge.", "MetricWrapperBase", "MutexValue")
 
 
@@ -130,7 +132,7 @@ def findings(result: dict[str, Any]) -> list[str]:
         )
     claim_wall = phases.get("claim (whole call)")
     if claim_wall:
-        batch = result.get("phases", {}).get("batch_size", 1000)
+        batch = result.get("phases", {}).get("batch_size", BATCH_SIZE)
         notes.append(
             f"The loop awaits one claim at a time, and claims took {claim_wall['share']:.0%} of the drain's "
             f"wall time: at {claim_wall['per_batch_ms']:.1f} ms per claim of {batch:,} the loop cannot pass "

@@ -28,9 +28,10 @@ from relay.config import BATCH_SIZE, PIPELINE_DEPTH, PUBLISH_TIMEOUT_SECONDS, Ka
 from relay.events import IDEMPOTENCY_HEADER
 from relay.sinks.kafka import producer_config
 
+#: Fixed at 1,000, as issue 5 defines L_db; the relay's own batch size is a lever it may pull.
 DB_BATCH = 1000
 DRAIN_SQL = (
-    "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)"
+    f"DELETE FROM outbox WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT {DB_BATCH} FOR UPDATE SKIP LOCKED)"
     " RETURNING id, topic, key, payload, headers, idempotency_key"
 )
 KAFKA_POLL_EVERY = 1000

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
+from bench.baselines import RABBIT_WINDOW
 from relay.config import BATCH_SIZE, PIPELINE_DEPTH
 from relay.sinks.kafka import LINGER_MS
 
@@ -32,9 +33,9 @@ Baselines:
 - **L_kafka**: confluent-kafka producing the same number of messages with the
   relay's own producer settings (`relay.sinks.kafka.producer_config`), a
   delivery callback per message, until every report is in.
-- **L_rmq**: pika with pipelined publisher confirms (at most 4,000
-  unconfirmed, what the relay's two batches of 2,000 in flight hold),
-  persistent and mandatory, to a
+- **L_rmq**: pika with pipelined publisher confirms (at most {RABBIT_WINDOW:,}
+  unconfirmed, what the relay's {PIPELINE_DEPTH} batches of {BATCH_SIZE:,} in
+  flight hold), persistent and mandatory, to a
   durable queue on the default exchange, until every confirm is in.
 - **L_commit**: back-to-back one-row business transactions (`INSERT INTO
   business`) on one connection.

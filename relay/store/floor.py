@@ -12,7 +12,7 @@ on the index entry, no heap visit), and a full scan runs at least every
 ``full_scan_interval`` seconds (further apart when full scans are slow: a
 full scan that took d seconds waits 20 d, up to 10 s, so the dead entries
 cost at most about 5% of the claim's time). The floor is chosen so that what
-a hinted claim skips is rare and waits at most one interval:
+a hinted claim skips is rare and waits only for the next full scan:
 
 - it is the lowest id returned by an earlier claim C, once every writer
   that took a lower id before C ran has ended. Ids are taken in order as rows
@@ -20,7 +20,7 @@ a hinted claim skips is rare and waits at most one interval:
   lower id that C could not see belonged to a writer already running; a
   claim after that writer's end, still scanning from the old floor, saw what
   it committed. The relay knows that moment from transaction ids: each claim
-  returns its own transaction id (assigned while it runs, so above every id
+  that returns events also returns its own transaction id (assigned while it runs, so above every id
   assigned before it started) and its snapshot's ``xmin`` (every transaction
   below it had ended). C is confirmed once some claim's ``xmin`` reaches the
   transaction id of the first claim that started ``confirm_margin`` after C
@@ -35,8 +35,9 @@ a hinted claim skips is rare and waits at most one interval:
 - retries, releases, requeued dead letters, expired leases, events whose
   ``deliver_at`` comes, events with ids not taken from the column's default
   and lower-priority events a full batch of higher-priority ones passed over,
-  below the floor, are found by the next full scan, at most an interval later
-  (a retry waits its backoff anyway).
+  below the floor, are found by the next full scan, an interval later (up to
+  ``FULL_SCAN_MAX_INTERVAL_SECONDS`` while full scans are slow; a retry waits
+  its backoff anyway).
 
 While writers are short, the floor trails the newest claims by little more
 than the margin, so a hinted claim steps over that much of dead entries
