@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 
 from relay.config import TableName
 from relay.events import Event
+from relay.store.base import Claim
 from relay.store.floor import CONFIRM_MARGIN_SECONDS
 from relay.store.postgres import PostgresStore
 
@@ -29,10 +32,21 @@ def committed(database_url: str, topic: str, key: str | None = None) -> int:
         return insert(conn, topic, key)
 
 
-def store_for(database_url: str, interval: float = INTERVAL) -> PostgresStore:
-    return PostgresStore(
+@contextlib.asynccontextmanager
+async def opened_store(database_url: str, interval: float = INTERVAL) -> AsyncIterator[PostgresStore]:
+    store = PostgresStore(
         database_url, TableName.parse("outbox"), owner="t", lease_seconds=30, listen=False, full_scan_interval=interval
     )
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def send_all(store: PostgresStore, batch: Claim) -> None:
+    """Settle every event of ``batch`` as sent."""
+    await store.settle(batch, sent=[e.id for e in batch.events], retry=[], dead=[])
 
 
 async def claim_each(store: PostgresStore, database_url: str, topics: list[str]) -> None:
@@ -41,24 +55,20 @@ async def claim_each(store: PostgresStore, database_url: str, topics: list[str])
         committed(database_url, topic)
         batch = await store.claim(10, max_attempts=5)
         assert [e.topic for e in batch.events] == [topic]
-        await store.settle(batch, sent=[e.id for e in batch.events], retry=[], dead=[])
+        await send_all(store, batch)
         await asyncio.sleep(CONFIRM_MARGIN_SECONDS * 3)
 
 
 def test_an_event_committed_late_below_the_floor_is_found_by_the_next_full_scan(database_url: str) -> None:
     async def scenario() -> None:
-        store = store_for(database_url)
-        await store.open()
-        try:
+        async with opened_store(database_url) as store:
             with psycopg.connect(database_url) as slow_writer:
                 late = insert(slow_writer, "late")  # takes its id now, commits much later
                 committed(database_url, "b1")
-                first = await store.claim(10, max_attempts=5)  # full scan
-                await store.settle(first, sent=[e.id for e in first.events], retry=[], dead=[])
+                await send_all(store, await store.claim(10, max_attempts=5))  # full scan
                 await asyncio.sleep(INTERVAL * 1.2)
                 committed(database_url, "b2")
-                second = await store.claim(10, max_attempts=5)  # full scan: the floor is now above `late`
-                await store.settle(second, sent=[e.id for e in second.events], retry=[], dead=[])
+                await send_all(store, await store.claim(10, max_attempts=5))  # full scan: the floor is now above `late`
                 slow_writer.commit()
             started = time.monotonic()
             hinted = await store.claim(10, max_attempts=5)
@@ -69,17 +79,13 @@ def test_an_event_committed_late_below_the_floor_is_found_by_the_next_full_scan(
                 await asyncio.sleep(0.05)
                 found = (await store.claim(10, max_attempts=5)).events
             assert [e.id for e in found] == [late]
-        finally:
-            await store.close()
 
     asyncio.run(scenario())
 
 
 def test_the_next_event_of_a_key_is_claimed_as_soon_as_its_head_is_settled(database_url: str) -> None:
     async def scenario() -> None:
-        store = store_for(database_url)
-        await store.open()
-        try:
+        async with opened_store(database_url) as store:
             head = committed(database_url, "orders", "order-1")
             claimed = await store.claim(10, max_attempts=5)  # full scan; the head stays in flight
             assert [e.id for e in claimed.events] == [head]
@@ -93,8 +99,6 @@ def test_the_next_event_of_a_key_is_claimed_as_soon_as_its_head_is_settled(datab
             await store.settle(claimed, sent=[head], retry=[], dead=[])
             # Well inside the interval, so a hinted claim: it must reach down to the follower.
             assert [e.id for e in (await store.claim(10, max_attempts=5)).events] == [follower]
-        finally:
-            await store.close()
 
     asyncio.run(scenario())
 
@@ -102,9 +106,7 @@ def test_the_next_event_of_a_key_is_claimed_as_soon_as_its_head_is_settled(datab
 def test_the_floor_trails_the_claims_by_a_moment_while_writers_are_short(database_url: str) -> None:
     async def scenario() -> None:
         # No full scan (one runs at most 10 s apart; this test takes under 3 s) and no floor moved by age.
-        store = store_for(database_url, interval=30.0)
-        await store.open()
-        try:
+        async with opened_store(database_url, interval=30.0) as store:
             spares = [committed(database_url, "spare") for _ in range(3)]
             with psycopg.connect(database_url, autocommit=True) as conn:
                 conn.execute("DELETE FROM outbox WHERE id = ANY(%s)", [spares])
@@ -119,26 +121,20 @@ def test_the_floor_trails_the_claims_by_a_moment_while_writers_are_short(databas
                 if not found.events:  # the floor passed it a moment after the claims, not an interval
                     passed = True
                     break
-                await store.settle(found, sent=[e.id for e in found.events], retry=[], dead=[])
+                await send_all(store, found)
             assert passed, "the floor stayed below the claims' ids for every try"
-        finally:
-            await store.close()
 
     asyncio.run(scenario())
 
 
 def test_a_writer_still_open_keeps_the_floor_below_its_event(database_url: str) -> None:
     async def scenario() -> None:
-        store = store_for(database_url, interval=30.0)
-        await store.open()
-        try:
+        async with opened_store(database_url, interval=30.0) as store:
             with psycopg.connect(database_url) as slow_writer:
                 late = insert(slow_writer, "late")  # takes its id (and a transaction id) now, commits later
                 await claim_each(store, database_url, ["b1", "b2", "b3"])
                 slow_writer.commit()
             # Many margins later, but the writer was running at every claim: the floor is still below it.
             assert [e.id for e in (await store.claim(10, max_attempts=5)).events] == [late]
-        finally:
-            await store.close()
 
     asyncio.run(scenario())
