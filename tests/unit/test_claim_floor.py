@@ -15,6 +15,15 @@ class Clock:
         return self.now
 
 
+def settled_claim(
+    floor: ClaimFloor, ids: list[int], *, after: int = 1, took: float = 0.01, xids: tuple[int, int] | None = None
+) -> None:
+    """A claim whose batch is settled at once."""
+    token = uuid4()
+    floor.claimed(token, ids, after=after, took=took, xids=xids)
+    floor.finished(token)
+
+
 def test_a_full_scan_comes_first_and_then_every_interval() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock)
@@ -30,12 +39,9 @@ def test_a_full_scan_comes_first_and_then_every_interval() -> None:
 def test_a_claim_moves_the_floor_to_its_lowest_id_once_it_is_an_interval_old() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock)
-    first, second = uuid4(), uuid4()
-    floor.claimed(first, [50, 51], after=0, took=0.3)  # slow full scan: the next one 6 s later
-    floor.finished(first)
+    settled_claim(floor, [50, 51], after=0, took=0.3)  # slow full scan: the next one 6 s later
     clock.now += 0.5
-    floor.claimed(second, [80, 90], after=1)  # a hinted claim
-    floor.finished(second)
+    settled_claim(floor, [80, 90])  # a hinted claim
     # Not 80: a writer that took id 60 before the second claim and commits after it must not wait.
     clock.now += 0.6
     assert floor.next_after() == 50
@@ -46,11 +52,10 @@ def test_a_claim_moves_the_floor_to_its_lowest_id_once_it_is_an_interval_old() -
 def test_a_batch_in_flight_or_just_settled_keeps_the_floor_at_its_lowest_id() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock)
-    early, late = uuid4(), uuid4()
+    early = uuid4()
     floor.claimed(early, [10, 30], after=0, took=0.3)  # id 10 is the head of a key; its next event waits
     clock.now += 0.5
-    floor.claimed(late, [40], after=1)  # a hinted claim
-    floor.finished(late)
+    settled_claim(floor, [40])  # a hinted claim
     clock.now += 1.0
     assert floor.next_after() == 10  # 40 without the batch in flight
     floor.finished(early)
@@ -86,15 +91,6 @@ def test_slow_full_scans_are_spaced_out_but_not_past_the_cap() -> None:
     assert floor.next_after() == 5
     clock.now += 0.2
     assert floor.next_after() == 0
-
-
-def settled_claim(
-    floor: ClaimFloor, ids: list[int], *, after: int = 1, took: float = 0.01, xids: tuple[int, int] | None = None
-) -> None:
-    """A claim whose batch is settled at once."""
-    token = uuid4()
-    floor.claimed(token, ids, after=after, took=took, xids=xids)
-    floor.finished(token)
 
 
 def test_a_claim_moves_the_floor_once_the_writers_it_could_not_see_have_ended() -> None:
