@@ -10,8 +10,8 @@ with every second the transaction stays open (seed 003, Brandur's 15x).
 So most claims only look at ids from a *floor* up (``id >= after``, checked
 on the index entry, no heap visit), and a full scan runs at least every
 ``full_scan_interval`` seconds (further apart when full scans are slow: a
-full scan that took d seconds waits 20 d, up to 10 s, so the dead entries
-cost at most about 5% of the claim's time). The floor is chosen so that what
+full scan that took d seconds waits 100 d, up to 10 s, so the dead entries
+cost at most about 1% of the claim connection's time). The floor is chosen so that what
 a hinted claim skips is rare and waits only for the next full scan:
 
 - it is the lowest id returned by an earlier claim C, once every writer
@@ -60,9 +60,9 @@ from uuid import UUID
 #: At most this long between two full scans of the claim index, while they are cheap.
 FULL_SCAN_INTERVAL_SECONDS = 1.0
 #: A full scan that took d seconds is not repeated for ``d * FULL_SCAN_SPACING`` seconds,
-#: so full scans take at most about 5% of the claim connection's time, however
+#: so full scans take at most about 1% of the claim connection's time, however
 #: many dead entries a long transaction keeps in the index ...
-FULL_SCAN_SPACING = 20.0
+FULL_SCAN_SPACING = 100.0
 #: ... but never more than this long apart.
 FULL_SCAN_MAX_INTERVAL_SECONDS = 10.0
 #: A writer is given its transaction id at most this long after taking its event's id

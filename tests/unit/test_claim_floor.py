@@ -81,12 +81,12 @@ def test_a_settle_also_caps_claims_not_yet_old_enough_to_move_the_floor() -> Non
 def test_slow_full_scans_are_spaced_out_but_not_past_the_cap() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock)
-    floor.claimed(uuid4(), [5], after=0, took=0.2)  # 0.2 s: the next full scan 4 s later
+    floor.claimed(uuid4(), [5], after=0, took=0.04)  # 40 ms: the next full scan 4 s later
     clock.now += 3.9
     assert floor.next_after() == 5
     clock.now += 0.2
     assert floor.next_after() == 0
-    floor.claimed(uuid4(), [7], after=0, took=5.0)  # would be 100 s: capped at 10
+    floor.claimed(uuid4(), [7], after=0, took=1.0)  # would be 100 s: capped at 10
     clock.now += 9.9
     assert floor.next_after() == 5
     clock.now += 0.2
