@@ -7,8 +7,14 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from relay.config import BATCH_SIZE
 from relay.events import IDEMPOTENCY_HEADER, Event
-from relay.metrics import LATENCY_BUCKETS, observe_many
+from relay.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, observe_many
+
+
+def test_a_full_default_batch_has_a_bucket_of_its_own() -> None:
+    # Full batches mean a backlog: an operator reads them off the bucket at the batch size.
+    assert BATCH_SIZE in BATCH_BUCKETS
 
 
 def test_observe_many_counts_exactly_as_observe_does() -> None:
