@@ -317,6 +317,57 @@ much as the bare SQL loop.
   leg's p50 to 1.2-2.0 ms (3.6-5.0 at depth 2) and commit-to-ack p50 to
   9.7-12.8 ms (11.2-14.4), but p99 reached 143-155 ms in two of the four
   runs. Neither kept.
+
+Measured later on 2026-11-30 (the next session), with the relay stamping more
+points and librdkafka's debug log where said; S2 at 1,900 events/s, 20 s per
+run, variants alternated round by round.
+
+- **Sending small batches at once.** After a batch of fewer than 500 events
+  a thread called `producer.flush()` for up to `linger.ms`: librdkafka sends
+  without lingering while a flush runs. On this machine even a 1 ms flush
+  now works (alone, 10-event batches at 1,900/s with a consumer fetching:
+  acknowledged p50/p99 1.5/7.6 ms against 6.1/8.9 at `linger.ms` 5). S2,
+  three rounds against the relay at `linger.ms` 5: commit-to-ack p50
+  8.1/11.1/11.7 ms against 12.1/13.4/13.9, but p99 42-152 ms against 24-42.
+  librdkafka's log shows Tansu answering some produce requests in 110-115
+  ms; with up to five requests in flight its round trip was p50 1.4-1.6 ms,
+  p99 19-25 ms, with one (`max.in.flight` 1) 0.3 ms and 7-8 ms, and the
+  tails went (p99 33/55/50 against 35/49/50, p50 8.9/13.1/11.2 against
+  14.1/16.2/13.1; a keyed drain within 1%). One request at a time per
+  broker connection would cap a real cluster's throughput, so that is no
+  default to ship for one broker's queueing. Nudging only a batch that is
+  all the producer holds: p50 10.1-11.3 against 13.6-15.0 ms, p99 34-94
+  against 32-74 (six rounds). Not kept: the p50 target stays out of reach
+  and the p99 one moves further away.
+- **Where S2's database leg goes** (pipeline depth 2, `linger.ms` 5): per
+  event, waiting for a free pipeline slot 6.2 ms on average, waiting for a
+  NOTIFY 1.0 ms, the claim itself 4.1 ms (a slow run: commit-to-ack p50
+  18.3 ms). The slot wait is the batch before waiting out `linger.ms` and
+  its acknowledgement; a deeper pipeline moves that wait into librdkafka's
+  queue (depth 8: database leg p50 2.1-3.0 ms, broker leg 11.0-13.1 ms,
+  against 4.3-5.2 and 8.0-9.5 at depth 2).
+- **Full scans during a long transaction** (S4, 60 s, the relay timing each
+  claim): spaced by 20 times their duration, they took 30-80 ms each in the
+  last 20 s and still ran every second, 13-15% of the relay's time in
+  claims; spaced by 100 times, 2-6%. Kept. Whole-run S4 ratios, 2.30x and
+  1.93x, sit inside the noise of the mean before the transaction (0.93 and
+  1.28 ms). The hinted claims' own time grows over the 60 s (p50 1.5 to 2.4
+  ms relay-side) and is now most of the rise.
+- **A byte budget per claim** (a running sum of `pg_column_size(payload)`
+  over the locked candidates, the batch cut once it passes the budget), on a
+  200,000-row table, 2,000-row claims, EXPLAIN ANALYZE median of ten: 13.8
+  ms against 13.1 (13.7 without an ORDER BY in the window). 4-5% of the
+  claim, which is what bounds S1; not built. Lowering `--batch-size` for
+  large payloads stays the advice.
+- **What `publish()` costs** (one connection, seven kinds of transaction
+  taking turns for 40 s, 1%-trimmed means): the business row alone 324-335
+  us; a second INSERT into a two-column table +23-24%, into a two-column
+  jsonb table +28%; `publish()` +54%; the outbox INSERT with only topic and
+  payload +44-47%, +38% without the outbox's CHECK constraints (the headers
+  check alone about 3%), +42% without the idempotency key's unique index;
+  without the claim, key and dead-letter indexes +51% against +54%;
+  `publish()`'s Python work alone (building its parameters) +5%. The +10%
+  target is below the cost of any second statement here.
 """
 
 
