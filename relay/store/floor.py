@@ -7,8 +7,10 @@ index from the start then visits the heap for every one of those entries:
 with a long transaction open beside a steady load, the claim slows down
 with every second the transaction stays open (seed 003, Brandur's 15x).
 
-So most claims only look at ids from a *floor* up (``id >= after``, checked
-on the index entry, no heap visit), and a full scan runs at least every
+So most claims only look at ids from a *floor* up (``id >= after``), and for
+each priority seen so far they enter the index at (priority, floor): the
+entries below the floor are neither visited nor read. A full scan (the
+whole index, every priority) runs at least every
 ``full_scan_interval`` seconds (further apart when full scans are slow: a
 full scan that took d seconds waits 100 d, up to 10 s, so the dead entries
 cost at most about 1% of the claim connection's time). The floor is chosen so that what
@@ -37,7 +39,8 @@ a hinted claim skips is rare and waits only for the next full scan:
   and lower-priority events a full batch of higher-priority ones passed over,
   below the floor, are found by the next full scan, an interval later (up to
   ``FULL_SCAN_MAX_INTERVAL_SECONDS`` while full scans are slow; a retry waits
-  its backoff anyway).
+  its backoff anyway). So are events of a priority no claim has returned
+  yet (the relay starts out knowing only 0, the default), wherever their ids.
 
 While writers are short, the floor trails the newest claims by little more
 than the margin, so a hinted claim steps over that much of dead entries
@@ -53,7 +56,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -65,6 +68,9 @@ FULL_SCAN_INTERVAL_SECONDS = 1.0
 FULL_SCAN_SPACING = 100.0
 #: ... but never more than this long apart.
 FULL_SCAN_MAX_INTERVAL_SECONDS = 10.0
+#: Past this many priorities seen, every claim is a full scan (each priority costs a hinted
+#: claim one descent of the index).
+MAX_HINT_PRIORITIES = 64
 #: A writer is given its transaction id at most this long after taking its event's id
 #: (both happen in the same INSERT); see the module docstring.
 CONFIRM_MARGIN_SECONDS = 0.05
@@ -101,6 +107,12 @@ class ClaimFloor:
         # The highest snapshot xmin of any claim so far: every transaction below it had ended.
         self._max_xmin = 0
         self._in_flight: dict[UUID, int] = {}
+        # The priorities of every event claimed so far: hinted claims look at these only.
+        self._priorities = {0}
+
+    def priorities(self) -> list[int]:
+        """The priorities a hinted claim looks at: 0 and every one a claim has returned."""
+        return sorted(self._priorities)
 
     def next_after(self) -> int:
         """The lowest id the next claim considers: 0 for a full scan."""
@@ -110,7 +122,7 @@ class ClaimFloor:
         # committed), or once it is an interval old, whichever comes first.
         while self._recent and self._confirmed(self._recent[0], now):
             self._floor = max(self._floor, self._recent.popleft().lowest)
-        if now >= self._next_full_scan:
+        if now >= self._next_full_scan or len(self._priorities) > MAX_HINT_PRIORITIES:
             return 0
         return min(self._floor, *self._in_flight.values()) if self._in_flight else self._floor
 
@@ -127,13 +139,16 @@ class ClaimFloor:
         after: int,
         took: float = 0.0,
         xids: tuple[int, int] | None = None,
+        priorities: Iterable[int] = (),
     ) -> None:
         """Note a claim made with ``after`` (from :meth:`next_after`) that returned ``ids`` in ``took`` seconds.
 
         ``xids`` is the claim's snapshot ``xmin`` and its own transaction id;
         without them, earlier claims move the floor only once an interval old.
+        ``priorities`` are those of the events it returned.
         """
         now = self._clock()
+        self._priorities.update(priorities)
         if xids is not None:
             xmin, own = xids
             self._max_xmin = max(self._max_xmin, xmin)

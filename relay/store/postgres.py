@@ -268,24 +268,25 @@ class PostgresStore:
         """Lease up to ``limit`` due events (one per key), ordered by priority then id."""
         token = uuid4()
         after = self._floor.next_after()
+        params = {
+            "after": after,
+            "limit": limit,
+            "max_attempts": max_attempts,
+            "token": token,
+            "owner": self._owner,
+            "lease_seconds": self._lease_seconds,
+        }
+        if after:
+            params["priorities"] = self._floor.priorities()
         started = time.perf_counter()
-        rows = await self._fetch(
-            "claim",
-            {
-                "after": after,
-                "limit": limit,
-                "max_attempts": max_attempts,
-                "token": token,
-                "owner": self._owner,
-                "lease_seconds": self._lease_seconds,
-            },
-        )
+        rows = await self._fetch("claim_hinted" if after else "claim", params)
         self._floor.claimed(
             token,
             [r[0] for r in rows],
             after=after,
             took=time.perf_counter() - started,
             xids=(rows[0][10], rows[0][11]) if rows else None,
+            priorities={r[8] for r in rows},
         )
         rows.sort(key=lambda r: (-r[8], r[0]))
         events = [

@@ -9,6 +9,8 @@
 -- lease that expires because its relay died still counts as an attempt.
 -- The last two columns, the same in every row, are the xmin of the claim's
 -- snapshot and its own transaction id, for the keyset hint (relay/store/floor.py).
+-- A hinted claim runs this as claim_hinted (relay/store/sql.py), which enters
+-- the claim index at (priority, after) for each priority seen so far.
 WITH candidates AS (
     SELECT o.id, o.lease_expires_at AS old_lease
     FROM {table} AS o

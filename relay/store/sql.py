@@ -18,6 +18,11 @@ from psycopg import sql
 from relay.config import TableName
 
 _NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+#: The claim's keyset hint (relay/store/floor.py), and the hinted claim's: the
+#: same ids, but for each priority seen so far, so that the index scan starts
+#: at (priority, floor) instead of reading every index entry below the floor.
+_HINT: LiteralString = "AND o.id >= %(after)s"
+_HINT_BY_PRIORITY: LiteralString = "AND o.priority = ANY(%(priorities)s::int[]) AND o.id >= %(after)s"
 _MIGRATION_RE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 
 
@@ -29,14 +34,18 @@ def _read(path: str) -> LiteralString:
 
 @cache
 def queries() -> dict[str, LiteralString]:
-    """Every named query of ``queries.sql``."""
+    """Every named query of ``queries.sql``, and ``claim_hinted``, derived from ``claim``."""
     text = _read("queries.sql")
     pieces = _NAME_RE.split(text)
     # split gives [preamble, name1, body1, name2, body2, ...]
-    return {
+    found = {
         name: cast(LiteralString, body.strip().rstrip(";"))
         for name, body in zip(pieces[1::2], pieces[2::2], strict=True)
     }
+    if found["claim"].count(_HINT) != 1:
+        raise RuntimeError(f"queries.sql: the claim must contain {_HINT!r} exactly once")
+    found["claim_hinted"] = found["claim"].replace(_HINT, _HINT_BY_PRIORITY)
+    return found
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from uuid import uuid4
 
-from relay.store.floor import ClaimFloor
+from relay.store.floor import MAX_HINT_PRIORITIES, ClaimFloor
 
 
 class Clock:
@@ -146,3 +146,23 @@ def test_a_writer_open_longer_than_an_interval_does_not_hold_the_floor_back() ->
     assert floor.next_after() == 0
     clock.now += 0.11
     assert floor.next_after() == 50  # the first claim is an interval old: the old rule takes over
+
+
+def test_hinted_claims_look_at_priority_0_and_every_priority_claimed_so_far() -> None:
+    clock = Clock()
+    floor = ClaimFloor(1.0, clock)
+    assert floor.priorities() == [0]
+    floor.claimed(uuid4(), [5, 6], after=0, priorities={9, -2})
+    floor.claimed(uuid4(), [], after=0, priorities=())
+    assert floor.priorities() == [-2, 0, 9]
+
+
+def test_past_too_many_priorities_every_claim_is_a_full_scan() -> None:
+    clock = Clock()
+    floor = ClaimFloor(1.0, clock)
+    settled_claim(floor, [5], after=0)
+    clock.now += 1.1
+    settled_claim(floor, [7], after=0)  # the next full scan an interval from now
+    assert floor.next_after() == 5  # the first claim is an interval old: it moved the floor
+    floor.claimed(uuid4(), [8], after=5, priorities=range(1, MAX_HINT_PRIORITIES + 1))
+    assert floor.next_after() == 0
