@@ -353,6 +353,19 @@ run, variants alternated round by round.
   1.93x, sit inside the noise of the mean before the transaction (0.93 and
   1.28 ms). The hinted claims' own time grows over the 60 s (p50 1.5 to 2.4
   ms relay-side) and is now most of the rise.
+- **Hinted claims entering the index at the floor.** auto_explain on a
+  quarter of the relay's statements during S4: the hinted claims' buffers
+  rose from 146 to 697 over the 60 s and their server time from p50 0.20 to
+  1.57 ms, while the floor stayed 150-170 ids behind the newest claim. The
+  index leads with priority, so `id >= floor` was checked entry by entry
+  from its start, through every entry of an event sent since the
+  transaction began. With `priority = ANY(the priorities seen)` added, the
+  scan starts at (priority, floor). Two S4 runs: the relay's mean claim
+  during the transaction 1.70 and 1.70 ms (2.15-2.94 in six runs before),
+  1.61 and 2.07 ms in its last 10 s (2.99-3.52 before); the ratios, 1.61x
+  and 2.00x, follow the means before the transaction (1.05 and 0.85 ms).
+  Kept. Two keyed drains after it: 62,114 and 65,840 events/s, within the
+  day's range.
 - **A byte budget per claim** (a running sum of `pg_column_size(payload)`
   over the locked candidates, the batch cut once it passes the budget), on a
   200,000-row table, 2,000-row claims, EXPLAIN ANALYZE median of ten: 13.8
