@@ -8,12 +8,14 @@ with a long transaction open beside a steady load, the claim slows down
 with every second the transaction stays open (seed 003, Brandur's 15x).
 
 So most claims only look at ids from a *floor* up (``id >= after``), and for
-each priority seen so far they enter the index at (priority, floor): the
-entries below the floor are neither visited nor read. A full scan (the
+each priority seen so far (up to ``MAX_HINT_PRIORITIES``) they enter the
+index at (priority, floor): the entries below the floor are neither visited
+nor read. A full scan (the
 whole index, every priority) runs at least every
 ``full_scan_interval`` seconds (further apart when full scans are slow: a
 full scan that took d seconds waits 100 d, up to 10 s, so the dead entries
-cost at most about 1% of the claim connection's time). The floor is chosen so that what
+cost about 1% of the claim connection's time while full scans take under
+0.1 s). The floor is chosen so that what
 a hinted claim skips is rare and waits only for the next full scan:
 
 - it is the lowest id returned by an earlier claim C, once every writer
@@ -40,7 +42,8 @@ a hinted claim skips is rare and waits only for the next full scan:
   below the floor, are found by the next full scan, an interval later (up to
   ``FULL_SCAN_MAX_INTERVAL_SECONDS`` while full scans are slow; a retry waits
   its backoff anyway). So are events of a priority no claim has returned
-  yet (the relay starts out knowing only 0, the default), wherever their ids.
+  yet (the relay starts out knowing only 0, the default), wherever their ids,
+  provided the full scan has room for them after the higher priorities.
 
 While writers are short, the floor trails the newest claims by little more
 than the margin, so a hinted claim steps over that much of dead entries
@@ -63,13 +66,13 @@ from uuid import UUID
 #: At most this long between two full scans of the claim index, while they are cheap.
 FULL_SCAN_INTERVAL_SECONDS = 1.0
 #: A full scan that took d seconds is not repeated for ``d * FULL_SCAN_SPACING`` seconds,
-#: so full scans take at most about 1% of the claim connection's time, however
-#: many dead entries a long transaction keeps in the index ...
+#: so full scans take about 1% of the claim connection's time (while a full scan
+#: takes under 0.1 s), however many dead entries a long transaction keeps in the index ...
 FULL_SCAN_SPACING = 100.0
 #: ... but never more than this long apart.
 FULL_SCAN_MAX_INTERVAL_SECONDS = 10.0
-#: Past this many priorities seen, every claim is a full scan (each priority costs a hinted
-#: claim one descent of the index).
+#: Past this many priorities seen, hinted claims check the floor on every index entry
+#: instead (each priority costs them one descent of the index).
 MAX_HINT_PRIORITIES = 64
 #: A writer is given its transaction id at most this long after taking its event's id
 #: (both happen in the same INSERT); see the module docstring.
@@ -110,9 +113,12 @@ class ClaimFloor:
         # The priorities of every event claimed so far: hinted claims look at these only.
         self._priorities = {0}
 
-    def priorities(self) -> list[int]:
-        """The priorities a hinted claim looks at: 0 and every one a claim has returned."""
-        return sorted(self._priorities)
+    def priorities(self) -> list[int] | None:
+        """The priorities a hinted claim looks at: 0 and every one a claim has returned.
+
+        None past ``MAX_HINT_PRIORITIES``: then it looks at every priority.
+        """
+        return sorted(self._priorities) if len(self._priorities) <= MAX_HINT_PRIORITIES else None
 
     def next_after(self) -> int:
         """The lowest id the next claim considers: 0 for a full scan."""
@@ -122,7 +128,7 @@ class ClaimFloor:
         # committed), or once it is an interval old, whichever comes first.
         while self._recent and self._confirmed(self._recent[0], now):
             self._floor = max(self._floor, self._recent.popleft().lowest)
-        if now >= self._next_full_scan or len(self._priorities) > MAX_HINT_PRIORITIES:
+        if now >= self._next_full_scan:
             return 0
         return min(self._floor, *self._in_flight.values()) if self._in_flight else self._floor
 

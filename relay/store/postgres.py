@@ -276,10 +276,13 @@ class PostgresStore:
             "owner": self._owner,
             "lease_seconds": self._lease_seconds,
         }
-        if after:
-            params["priorities"] = self._floor.priorities()
+        # A hinted claim enters the index at the floor for each priority seen (claim_hinted);
+        # a full scan, or one past too many priorities, reads it from the start (claim).
+        priorities = self._floor.priorities() if after else None
+        if priorities is not None:
+            params["priorities"] = priorities
         started = time.perf_counter()
-        rows = await self._fetch("claim_hinted" if after else "claim", params)
+        rows = await self._fetch("claim" if priorities is None else "claim_hinted", params)
         self._floor.claimed(
             token,
             [r[0] for r in rows],
