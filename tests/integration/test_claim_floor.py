@@ -143,37 +143,51 @@ def test_a_writer_still_open_keeps_the_floor_below_its_event(database_url: str) 
     asyncio.run(scenario())
 
 
-def run_claim(conn: psycopg.Connection[Any], name: str, after: int, priorities: list[int]) -> list[tuple[Any, ...]]:
-    """One claim statement of the store's, by name, in a transaction rolled back afterwards."""
+def claim_statement(name: str, after: int, priorities: list[int]) -> tuple[sql.Composed, dict[str, Any]]:
+    """One of the store's claim statements, by name, and its parameters."""
     query = named.render(named.queries()[name], TableName.parse("outbox"))
     params = {"after": after, "priorities": priorities, "limit": 10, "max_attempts": 5, "token": uuid4(),
               "owner": "t", "lease_seconds": 30}  # fmt: skip
+    return query, params
+
+
+def run_claim(conn: psycopg.Connection[Any], name: str, after: int, priorities: list[int]) -> list[tuple[Any, ...]]:
+    """Run a claim statement in a transaction rolled back afterwards."""
+    query, params = claim_statement(name, after, priorities)
     with conn.transaction(force_rollback=True):
         return conn.execute(query, params).fetchall()
+
+
+def with_priority(conn: psycopg.Connection[Any], priority: int) -> int:
+    row = conn.execute(
+        "INSERT INTO outbox (topic, payload, priority) VALUES ('urgent', '{}', %s) RETURNING id", [priority]
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def test_a_hinted_claim_looks_only_at_the_priorities_it_is_given(database_url: str) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
         floor = insert(conn, "below")
         plain = insert(conn, "plain")
-        urgent = conn.execute("INSERT INTO outbox (topic, payload, priority) VALUES ('urgent', '{}', 7) RETURNING id")
-        urgent_id = urgent.fetchone()[0]  # type: ignore[index]
+        urgent = with_priority(conn, 7)
         assert [r[0] for r in run_claim(conn, "claim_hinted", floor + 1, [0])] == [plain]
-        assert [r[0] for r in run_claim(conn, "claim_hinted", floor + 1, [0, 7])] == [urgent_id, plain]
-        assert [r[0] for r in run_claim(conn, "claim", 0, [])] == [urgent_id, floor, plain]  # a full scan
+        assert [r[0] for r in run_claim(conn, "claim_hinted", floor + 1, [0, 7])] == [urgent, plain]
+        assert [r[0] for r in run_claim(conn, "claim", 0, [])] == [urgent, floor, plain]  # a full scan
 
 
 def test_a_hinted_claim_does_not_read_the_index_below_the_floor(database_url: str) -> None:
-    def buffers(conn: psycopg.Connection[Any], name: str, after: int) -> int:
-        """Buffers the claim's scan for candidates touched (not the UPDATE's own)."""
-        query = named.render(named.queries()[name], TableName.parse("outbox"))
-        params = {"after": after, "priorities": [0], "limit": 10, "max_attempts": 5, "token": uuid4(),
-                  "owner": "t", "lease_seconds": 30}  # fmt: skip
+    def candidates_scan(conn: psycopg.Connection[Any], name: str, after: int) -> tuple[str, int]:
+        """The index the claim's scan for candidates used, and the buffers it touched (not the UPDATE's)."""
+        query, params = claim_statement(name, after, [0])
         with conn.transaction(force_rollback=True):
             plan = conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + query, params).fetchone()
         assert plan is not None
-        [scan] = [node for node in plan[0][0]["Plan"]["Plans"] if node.get("Subplan Name") == "CTE candidates"]
-        return int(scan["Shared Hit Blocks"]) + int(scan["Shared Read Blocks"])
+        [cte] = [node for node in plan[0][0]["Plan"]["Plans"] if node.get("Subplan Name") == "CTE candidates"]
+        node = cte
+        while "Index Name" not in node:  # Limit -> LockRows -> the scan
+            node = node["Plans"][0]
+        return node["Index Name"], int(cte["Shared Hit Blocks"]) + int(cte["Shared Read Blocks"])
 
     with (
         psycopg.connect(database_url, autocommit=True) as conn,
@@ -183,10 +197,45 @@ def test_a_hinted_claim_does_not_read_the_index_below_the_floor(database_url: st
         # A long reader (S4's): vacuum may not remove what is deleted while its snapshot stands.
         reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         reader.execute("SELECT count(*) FROM outbox")
-        floor = conn.execute("DELETE FROM outbox RETURNING id").fetchall()[-1][0] + 1
+        row = conn.execute("SELECT max(id) + 1 FROM outbox").fetchone()
+        assert row is not None
+        floor = int(row[0])
+        conn.execute("DELETE FROM outbox")
         conn.execute("VACUUM outbox")
         live = insert(conn, "live")
         assert [r[0] for r in run_claim(conn, "claim_hinted", floor, [0])] == [live]
         # 20,000 dead index entries below the floor: the plain form reads their pages, the hinted one does not.
-        assert buffers(conn, "claim", floor) > 40
-        assert buffers(conn, "claim_hinted", floor) < 20
+        index, plain = candidates_scan(conn, "claim", floor)
+        assert index == "outbox_claim_idx"
+        assert plain > 40
+        index, hinted = candidates_scan(conn, "claim_hinted", floor)
+        assert index == "outbox_claim_idx"
+        assert hinted < 20
+
+
+def test_the_store_learns_priorities_from_its_claims(database_url: str) -> None:
+    async def scenario() -> None:
+        async with opened_store(database_url) as store:
+            committed(database_url, "first")
+            await send_all(store, await store.claim(10, max_attempts=5))  # a full scan
+            await asyncio.sleep(INTERVAL * 1.2)
+            # A full scan again (an interval passed); the first claim, an interval old, is the floor now.
+            assert (await store.claim(10, max_attempts=5)).events == []
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                urgent = with_priority(conn, 7)
+            started = time.monotonic()
+            assert (await store.claim(10, max_attempts=5)).events == []  # hinted, and 7 is not known yet
+            batch = Claim(token=uuid4(), events=[])
+            while not batch.events:
+                assert time.monotonic() - started < INTERVAL * 3, "no full scan found the event"
+                await asyncio.sleep(0.05)
+                batch = await store.claim(10, max_attempts=5)
+            assert [e.id for e in batch.events] == [urgent]  # the next full scan
+            await send_all(store, batch)
+            plain = committed(database_url, "plain")
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                again = with_priority(conn, 7)
+            # Within the interval: a hinted claim, which now enters the index at priority 7 too.
+            assert [e.id for e in (await store.claim(10, max_attempts=5)).events] == [again, plain]
+
+    asyncio.run(scenario())

@@ -157,12 +157,15 @@ def test_hinted_claims_look_at_priority_0_and_every_priority_claimed_so_far() ->
     assert floor.priorities() == [-2, 0, 9]
 
 
-def test_past_too_many_priorities_every_claim_is_a_full_scan() -> None:
+def test_past_too_many_priorities_hinted_claims_keep_the_floor_for_every_priority() -> None:
     clock = Clock()
     floor = ClaimFloor(1.0, clock)
     settled_claim(floor, [5], after=0)
     clock.now += 1.1
     settled_claim(floor, [7], after=0)  # the next full scan an interval from now
     assert floor.next_after() == 5  # the first claim is an interval old: it moved the floor
-    floor.claimed(uuid4(), [8], after=5, priorities=range(1, MAX_HINT_PRIORITIES + 1))
-    assert floor.next_after() == 0
+    floor.claimed(uuid4(), [8], after=5, priorities=range(1, MAX_HINT_PRIORITIES))  # 0 makes 64
+    assert floor.priorities() == list(range(MAX_HINT_PRIORITIES))
+    floor.claimed(uuid4(), [9], after=5, priorities=[MAX_HINT_PRIORITIES])
+    assert floor.priorities() is None  # one too many to enter one by one: all of them, from the start
+    assert floor.next_after() == 5  # still a hinted claim, not a full scan
