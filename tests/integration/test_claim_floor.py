@@ -13,7 +13,6 @@ import psycopg
 from psycopg import sql
 
 from relay.config import TableName
-from relay.events import Event
 from relay.store import sql as named
 from relay.store.base import Claim
 from relay.store.floor import CONFIRM_MARGIN_SECONDS
@@ -22,17 +21,18 @@ from relay.store.postgres import PostgresStore
 INTERVAL = 0.5
 
 
-def insert(conn: psycopg.Connection[Any], topic: str, key: str | None = None) -> int:
+def insert(conn: psycopg.Connection[Any], topic: str, key: str | None = None, *, priority: int = 0) -> int:
     row = conn.execute(
-        "INSERT INTO outbox (topic, key, payload) VALUES (%s, %s, '{}') RETURNING id", [topic, key]
+        "INSERT INTO outbox (topic, key, payload, priority) VALUES (%s, %s, '{}', %s) RETURNING id",
+        [topic, key, priority],
     ).fetchone()
     assert row is not None
     return int(row[0])
 
 
-def committed(database_url: str, topic: str, key: str | None = None) -> int:
+def committed(database_url: str, topic: str, key: str | None = None, *, priority: int = 0) -> int:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        return insert(conn, topic, key)
+        return insert(conn, topic, key, priority=priority)
 
 
 @contextlib.asynccontextmanager
@@ -50,6 +50,17 @@ async def opened_store(database_url: str, interval: float = INTERVAL) -> AsyncIt
 async def send_all(store: PostgresStore, batch: Claim) -> None:
     """Settle every event of ``batch`` as sent."""
     await store.settle(batch, sent=[e.id for e in batch.events], retry=[], dead=[])
+
+
+async def next_full_scan(store: PostgresStore) -> Claim:
+    """Claim until a claim returns events, which must happen within a few full-scan intervals."""
+    started = time.monotonic()
+    while True:
+        await asyncio.sleep(0.05)
+        batch = await store.claim(10, max_attempts=5)
+        if batch.events:
+            return batch
+        assert time.monotonic() - started < INTERVAL * 3, "no full scan found the event"
 
 
 async def claim_each(store: PostgresStore, database_url: str, topics: list[str]) -> None:
@@ -73,15 +84,9 @@ def test_an_event_committed_late_below_the_floor_is_found_by_the_next_full_scan(
                 committed(database_url, "b2")
                 await send_all(store, await store.claim(10, max_attempts=5))  # full scan: the floor is now above `late`
                 slow_writer.commit()
-            started = time.monotonic()
             hinted = await store.claim(10, max_attempts=5)
             assert hinted.events == []  # below the floor: a hinted claim does not look there
-            found: list[Event] = []
-            while not found:
-                assert time.monotonic() - started < INTERVAL * 3, "no full scan found the late event"
-                await asyncio.sleep(0.05)
-                found = (await store.claim(10, max_attempts=5)).events
-            assert [e.id for e in found] == [late]
+            assert [e.id for e in (await next_full_scan(store)).events] == [late]
 
     asyncio.run(scenario())
 
@@ -158,19 +163,11 @@ def run_claim(conn: psycopg.Connection[Any], name: str, after: int, priorities: 
         return conn.execute(query, params).fetchall()
 
 
-def with_priority(conn: psycopg.Connection[Any], priority: int) -> int:
-    row = conn.execute(
-        "INSERT INTO outbox (topic, payload, priority) VALUES ('urgent', '{}', %s) RETURNING id", [priority]
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def test_a_hinted_claim_looks_only_at_the_priorities_it_is_given(database_url: str) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
         floor = insert(conn, "below")
         plain = insert(conn, "plain")
-        urgent = with_priority(conn, 7)
+        urgent = insert(conn, "urgent", priority=7)
         assert [r[0] for r in run_claim(conn, "claim_hinted", floor + 1, [0])] == [plain]
         assert [r[0] for r in run_claim(conn, "claim_hinted", floor + 1, [0, 7])] == [urgent, plain]
         assert [r[0] for r in run_claim(conn, "claim", 0, [])] == [urgent, floor, plain]  # a full scan
@@ -221,20 +218,13 @@ def test_the_store_learns_priorities_from_its_claims(database_url: str) -> None:
             await asyncio.sleep(INTERVAL * 1.2)
             # A full scan again (an interval passed); the first claim, an interval old, is the floor now.
             assert (await store.claim(10, max_attempts=5)).events == []
-            with psycopg.connect(database_url, autocommit=True) as conn:
-                urgent = with_priority(conn, 7)
-            started = time.monotonic()
+            urgent = committed(database_url, "urgent", priority=7)
             assert (await store.claim(10, max_attempts=5)).events == []  # hinted, and 7 is not known yet
-            batch = Claim(token=uuid4(), events=[])
-            while not batch.events:
-                assert time.monotonic() - started < INTERVAL * 3, "no full scan found the event"
-                await asyncio.sleep(0.05)
-                batch = await store.claim(10, max_attempts=5)
-            assert [e.id for e in batch.events] == [urgent]  # the next full scan
+            batch = await next_full_scan(store)
+            assert [e.id for e in batch.events] == [urgent]
             await send_all(store, batch)
             plain = committed(database_url, "plain")
-            with psycopg.connect(database_url, autocommit=True) as conn:
-                again = with_priority(conn, 7)
+            again = committed(database_url, "urgent", priority=7)
             # Within the interval: a hinted claim, which now enters the index at priority 7 too.
             assert [e.id for e in (await store.claim(10, max_attempts=5)).events] == [again, plain]
 
