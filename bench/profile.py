@@ -132,7 +132,7 @@ def _timed_fetch(store: Any, timers: Timers) -> Callable[..., Awaitable[Any]]:
     psycopg.AsyncCursor.fetchall = timed_fetchall  # type: ignore[method-assign]
 
     async def fetch(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name != "claim":
+        if name not in ("claim", "claim_hinted"):
             return await original(name, *args, **kwargs)
         token = _IN_CLAIM.set(True)
         started = time.perf_counter()
