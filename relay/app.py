@@ -116,31 +116,38 @@ async def serve(config: RunConfig) -> None:
     relay = build_relay(config)
     stop = asyncio.Event()
     with stop_on_signals(stop):
-        await start(relay, config.startup_timeout_seconds)
         health = None
         if config.metrics_port is not None:
+            # Listen before connecting: a taken port fails at once, with nothing to close.
             health = HealthServer(relay, config.metrics_host, config.metrics_port)
             await health.start()
-        logger.info(
-            "relaying %s to %s",
-            config.table,
-            config.describe_sinks(),
-            extra={"action": "start", "batch_size": config.settings.batch_size},
-        )
-        side_tasks = []
-        if config.keep_sent and config.retention_seconds is not None and isinstance(relay.store, PostgresStore):
-            side_tasks.append(
-                asyncio.create_task(purge_forever(relay.store, config.retention_seconds, stop), name="retention")
-            )
-        for task in side_tasks:
-            # A side task that dies of a bug stops the relay loudly.
-            task.add_done_callback(lambda t: stop.set() if not t.cancelled() and t.exception() else None)
         try:
-            await relay.run(stop)
+            await _relay_until_stopped(relay, config, stop)
         finally:
-            stop.set()
             if health is not None:
                 await health.close()
-            for task in side_tasks:
-                await task
     logger.info("stopped", extra={"action": "stopped"})
+
+
+async def _relay_until_stopped(relay: Relay, config: RunConfig, stop: asyncio.Event) -> None:
+    await start(relay, config.startup_timeout_seconds)
+    logger.info(
+        "relaying %s to %s",
+        config.table,
+        config.describe_sinks(),
+        extra={"action": "start", "batch_size": config.settings.batch_size},
+    )
+    side_tasks = []
+    if config.keep_sent and config.retention_seconds is not None and isinstance(relay.store, PostgresStore):
+        side_tasks.append(
+            asyncio.create_task(purge_forever(relay.store, config.retention_seconds, stop), name="retention")
+        )
+    for task in side_tasks:
+        # A side task that dies of a bug stops the relay loudly.
+        task.add_done_callback(lambda t: stop.set() if not t.cancelled() and t.exception() else None)
+    try:
+        await relay.run(stop)
+    finally:
+        stop.set()
+        for task in side_tasks:
+            await task

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 
-from relay.errors import RelayError, SinkUnavailable
+from relay.errors import ConfigError, RelayError, SinkUnavailable
 from relay.loop import Relay
 from relay.sinks.routing import RoutingSink
 
@@ -27,8 +27,18 @@ class HealthServer:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        """Listen on ``host:port`` (port 0 picks a free one, stored back in ``port``)."""
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        """Listen on ``host:port`` (port 0 picks a free one, stored back in ``port``).
+
+        A port already taken or a host that does not resolve is a configuration
+        mistake: :class:`ConfigError`, one line.
+        """
+        try:
+            self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve metrics on {self.host}:{self.port}: {exc.strerror or exc} "
+                "(set --metrics-port / RELAY_METRICS_PORT, --metrics-host / RELAY_METRICS_HOST)"
+            ) from None
         self.port = self._server.sockets[0].getsockname()[1]
         logger.info("serving metrics on %s:%d", self.host, self.port, extra={"action": "metrics_listen"})
 

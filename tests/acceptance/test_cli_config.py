@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import psycopg
 import pytest
@@ -135,6 +136,20 @@ def test_routes_whose_brokers_are_all_unreachable_at_start_up(database_url: str)
     result = cli("run", "--database-url", database_url, timeout=90, RELAY_ROUTES=routes)
     assert_one_line_error(result, "every sink is down")
     assert str(port) in result.stderr
+
+
+def test_a_taken_metrics_port_or_unknown_metrics_host(database_url: str, amqp_url: str) -> None:
+    sink = amqp_url  # reachable: the port must fail on its own, before or after connecting
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = cli("run", "--database-url", database_url, "--sink", sink, "--metrics-port", str(port))
+        assert_one_line_error(result, f"cannot serve metrics on 127.0.0.1:{port}")
+    unknown_host = ("--metrics-port", "0", "--metrics-host", "no-such-host.invalid")
+    result = cli("run", "--database-url", database_url, "--sink", sink, *unknown_host)
+    assert_one_line_error(result, "cannot serve metrics on no-such-host.invalid")
+    assert result.returncode == 2
 
 
 def test_migrate_twice_and_status_json(empty_database: str) -> None:
