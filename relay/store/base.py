@@ -147,7 +147,7 @@ class Store(Protocol):
         """``status`` for the relay's gauges: exact on a small table, cheap on any (estimates past a bound)."""
 
     async def oldest_pending_age(self) -> float:
-        """Seconds since the oldest due, unsent event was written; cheap at any table size."""
+        """Seconds since the oldest due event that no live lease holds was written; cheap at any table size."""
 
     async def check(self) -> None:
         """Raise ``StoreUnavailable`` unless the database answers now."""

@@ -203,7 +203,7 @@ class MemoryStore:
             r for r in rows if r.state == "pending" and r.lease_expires_at is not None and r.lease_expires_at >= now
         ]
         pending = [r for r in rows if r.state == "pending" and r not in live]
-        due = [r.created_at for r in rows if r.state == "pending" and r.deliver_at <= now]
+        due = [r.created_at for r in pending if r.deliver_at <= now]
         failed = [r for r in rows if r.state == "failed"]
         return Status(
             pending=len(pending),

@@ -391,7 +391,7 @@ class PostgresStore:
         )
 
     async def oldest_pending_age(self) -> float:
-        """Seconds since the oldest due, unsent event was written (an index probe)."""
+        """Seconds since the oldest due event that no live lease holds was written (index probes)."""
         return float((await self._fetch("oldest_pending_age", {}, stats=True))[0][0])
 
     async def check(self) -> None:

@@ -101,9 +101,11 @@ FROM {table}
 WHERE state IN ('pending', 'failed');
 
 -- name: oldest_pending_age
+-- The age of the oldest event status counts as pending: due, and not leased.
 -- A loose index scan over the claim index: each distinct priority, then the
--- lowest due id of each (ids follow insertion, so that is the oldest up to
--- transactions still open when they inserted); a handful of index probes.
+-- lowest due id of each that no live lease holds (ids follow insertion, so
+-- that is the oldest up to transactions still open when they inserted): a
+-- handful of index probes, plus a step over each event in flight.
 WITH RECURSIVE priorities AS (
     (SELECT priority FROM {table} WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
     UNION ALL
@@ -118,6 +120,7 @@ FROM priorities AS p
 CROSS JOIN LATERAL (
     SELECT o.created_at FROM {table} AS o
     WHERE o.state = 'pending' AND o.priority = p.priority AND o.deliver_at <= now()
+      AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
     ORDER BY o.priority DESC, o.id
     LIMIT 1
 ) AS h
