@@ -93,16 +93,36 @@ def add_env_flag(
     """Add ``flag``; ``raw``, the value of variable ``env`` when set, replaces the default.
 
     A value the flag's ``type`` refuses ends the program with a one-line error
-    naming the variable. The help names the variable (and the default, unless
-    ``show_default`` is off, as for URLs that may hold a password).
+    naming the variable (:func:`reject_bad_env`), but only when the command
+    that has the flag runs: ``--help`` and other commands still work. The help
+    names the variable (and the default, unless ``show_default`` is off, as for
+    URLs that may hold a password).
     """
     if raw is not None:
         try:
             default = type(raw)
         except argparse.ArgumentTypeError as exc:
-            parser.exit(2, f"{prog}: error: {env}: {exc}\n")
+            default = _BadEnv(parser, f"{prog}: error: {env}: {exc}")
     shown = f" (default: {default})" if show_default and default is not None else ""
     parser.add_argument(flag, type=type, default=default, metavar=metavar, help=f"{help} [env {env}]{shown}")
+
+
+class _BadEnv:
+    """The default of a flag whose variable holds a value the flag refuses."""
+
+    def __init__(self, parser: argparse.ArgumentParser, error: str) -> None:
+        self.parser = parser
+        self.error = error
+
+    def __str__(self) -> str:
+        return "invalid"
+
+
+def reject_bad_env(args: argparse.Namespace) -> None:
+    """End with the one-line error of the first refused variable the parsed command uses."""
+    for value in vars(args).values():
+        if isinstance(value, _BadEnv):
+            value.parser.exit(2, f"{value.error}\n")
 
 
 def _flag(
@@ -565,6 +585,7 @@ def _secrets(args: argparse.Namespace) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``outbox-relay`` console script."""
     args = build_parser().parse_args(argv)
+    reject_bad_env(args)
     secrets = _secrets(args)
     if not configure_logging(PROG, args.log_level, args.log_format, secrets):
         return 2
@@ -586,4 +607,4 @@ def _scrub(text: str, secrets: list[str]) -> str:
     return " ".join(text.split())
 
 
-__all__ = ["build_parser", "main", "redact_url"]
+__all__ = ["add_env_flag", "build_parser", "main", "redact_url", "reject_bad_env"]

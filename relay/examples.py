@@ -36,7 +36,7 @@ import psycopg
 from confluent_kafka import KafkaException
 
 from consumers import DEFAULT_INBOX_TABLE
-from relay.cli import add_env_flag
+from relay.cli import add_env_flag, reject_bad_env
 from relay.config import DEFAULT_TABLE, KafkaSinkConfig, TableName, check_database_url, parse_sink_url
 from relay.demo_consumers import InboxConsumer
 from relay.demo_shop import TOPIC, Shop
@@ -332,6 +332,7 @@ def _password(url: str) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one example service; return the exit code."""
     args = build_parser().parse_args(argv)
+    reject_bad_env(args)
     name = f"{PROG} {args.command}"
     secrets = [s for s in (_password(args.database_url or ""), _kafka_password(args)) if s]
     if not configure_logging(name, args.log_level, args.log_format, secrets):

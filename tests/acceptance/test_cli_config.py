@@ -121,6 +121,10 @@ def test_bad_numbers_in_flags_and_env(database_url: str) -> None:
     assert result.returncode == 2 and "Traceback" not in result.stderr and "--batch-size" in result.stderr
     result = cli("run", "--database-url", database_url, "--sink", "kafka://h:1", RELAY_MAX_ATTEMPTS="many")
     assert result.returncode == 2 and "RELAY_MAX_ATTEMPTS" in result.stderr and "Traceback" not in result.stderr
+    # A bad variable fails only the command that reads it: help and other commands still work.
+    for args in (("--help",), ("status", "--help"), ("run", "--help")):
+        result = cli(*args, RELAY_BATCH_SIZE="abc", RELAY_METRICS_PORT="abc")
+        assert result.returncode == 0 and "--batch-size" in cli("run", "--help").stdout, result.stderr
 
 
 def test_unreachable_brokers_at_start_up(database_url: str) -> None:
