@@ -36,6 +36,7 @@ class Harness(Protocol):
     def expire_leases(self) -> None: ...
     def make_due(self) -> None: ...
     def state_of(self, idem: str) -> str | None: ...
+    def snapshot(self, idem: str) -> tuple[Any, ...]: ...
 
 
 class MemoryHarness:
@@ -56,6 +57,10 @@ class MemoryHarness:
 
     def state_of(self, idem: str) -> str | None:
         return next((r.state for r in self.store.rows.values() if r.idempotency_key == idem), None)
+
+    def snapshot(self, idem: str) -> tuple[Any, ...]:
+        row = next(r for r in self.store.rows.values() if r.idempotency_key == idem)
+        return (row.state, row.attempts, row.claim_token, row.lease_expires_at, row.deliver_at, row.last_error)
 
 
 class PostgresHarness:
@@ -81,6 +86,16 @@ class PostgresHarness:
         with psycopg.connect(self.url) as conn:
             row = conn.execute("SELECT state FROM outbox WHERE idempotency_key = %s", [idem]).fetchone()
             return row[0] if row else None
+
+    def snapshot(self, idem: str) -> tuple[Any, ...]:
+        with psycopg.connect(self.url) as conn:
+            row = conn.execute(
+                "SELECT state, attempts, claim_token, lease_expires_at, deliver_at, last_error"
+                " FROM outbox WHERE idempotency_key = %s",
+                [idem],
+            ).fetchone()
+            assert row is not None
+            return tuple(row)
 
 
 @pytest.fixture(params=["memory", "postgres"])
@@ -124,6 +139,22 @@ def test_one_event_per_key_in_flight_and_the_next_only_after_the_first_is_sent(h
     second = run(h.store.claim(10, max_attempts=MAX))
     assert [e.idempotency_key for e in second.events] == ["k1"]
     assert second.events[0].id > k0.id
+
+
+def test_priority_puts_unkeyed_events_first_but_never_reorders_a_key(h: Harness) -> None:
+    h.insert("t", {}, idempotency_key="low")
+    h.insert("t", {}, key="k", idempotency_key="k-first")
+    h.insert("t", {}, key="k", idempotency_key="k-second", priority=9)
+    h.insert("t", {}, idempotency_key="urgent", priority=9)
+    first = run(h.store.claim(1, max_attempts=MAX))
+    assert [e.idempotency_key for e in first.events] == ["urgent"]
+    second = run(h.store.claim(10, max_attempts=MAX))
+    assert [e.idempotency_key for e in second.events] == ["low", "k-first"]
+    # k-second outranks k-first, yet waits until k-first is sent.
+    assert run(h.store.claim(10, max_attempts=MAX)).events == []
+    for claim in (first, second):
+        run(h.store.settle(claim, sent=[e.id for e in claim.events], retry=[], dead=[]))
+    assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events] == ["k-second"]
 
 
 def test_two_claims_never_share_an_event(h: Harness) -> None:
@@ -239,6 +270,32 @@ def test_release_with_a_stale_token_changes_nothing(h: Harness) -> None:
     assert run(h.store.settle(new, sent=[new.events[0].id], retry=[], dead=[])).sent == 1
 
 
+def test_retry_with_a_stale_token_changes_nothing(h: Harness) -> None:
+    h.insert("t", {}, idempotency_key="x")
+    old = run(h.store.claim(10, max_attempts=MAX))
+    h.expire_leases()
+    new = run(h.store.claim(10, max_attempts=MAX))
+    before = h.snapshot("x")
+    result = run(h.store.settle(old, sent=[], retry=[Retry(old.events[0].id, 3600, "stale")], dead=[]))
+    assert result.retried == 0 and result.lost == 1
+    # Still leased to the new claim, due when it was, with no error recorded.
+    assert h.snapshot("x") == before
+    assert run(h.store.settle(new, sent=[new.events[0].id], retry=[], dead=[])).sent == 1
+
+
+def test_dead_letter_with_a_stale_token_changes_nothing(h: Harness) -> None:
+    h.insert("t", {}, idempotency_key="x")
+    old = run(h.store.claim(10, max_attempts=MAX))
+    h.expire_leases()
+    new = run(h.store.claim(10, max_attempts=MAX))
+    before = h.snapshot("x")
+    result = run(h.store.settle(old, sent=[], retry=[], dead=[Dead(old.events[0].id, "stale")]))
+    assert result.dead == 0 and result.lost == 1
+    assert h.snapshot("x") == before
+    assert run(h.store.dead()) == []
+    assert run(h.store.settle(new, sent=[new.events[0].id], retry=[], dead=[])).sent == 1
+
+
 def test_status_counts_pending_in_flight_and_failed(h: Harness) -> None:
     for i in range(4):
         h.insert("t", {}, idempotency_key=f"s{i}")
@@ -248,6 +305,18 @@ def test_status_counts_pending_in_flight_and_failed(h: Harness) -> None:
     assert (status.pending, status.in_flight, status.failed) == (2, 1, 1)
     assert status.oldest_pending_age_seconds >= 0
     assert run(h.store.claim(10, max_attempts=MAX)).events
+
+
+def test_the_oldest_pending_age_is_0_while_every_event_is_in_flight(h: Harness) -> None:
+    for i in range(2):
+        h.insert("t", {}, idempotency_key=f"a{i}")
+    run(h.store.claim(10, max_attempts=MAX))
+    status = run(h.store.status())
+    assert (status.pending, status.in_flight, status.oldest_pending_age_seconds) == (0, 2, 0)
+    assert run(h.store.oldest_pending_age()) == 0
+    h.expire_leases()  # pending again: aged again
+    status = run(h.store.status())
+    assert (status.pending, status.in_flight) == (2, 0) and status.oldest_pending_age_seconds > 0
 
 
 def test_gauges_on_a_small_table_are_the_status_counts(h: Harness) -> None:

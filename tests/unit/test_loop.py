@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from relay.config import RelaySettings
 from relay.events import Event, Failure, Outcome
 from relay.loop import Relay
 from relay.sinks.memory import MemorySink
+from relay.store.base import Claim, Dead, Retry, Settlement
 from relay.store.memory import MemoryStore
 
 FAST = RelaySettings(
@@ -79,6 +81,31 @@ def test_a_transient_failure_is_retried_and_not_overtaken_by_its_key() -> None:
     go(run_until(Relay(store, sink, FAST), lambda: not store.rows))
     assert [e.idempotency_key for e in sink.attempted] == ["first", "first", "first", "second"]
     assert [e.idempotency_key for e in sink.delivered] == ["first", "second"]
+
+
+def test_each_retry_of_an_event_waits_longer_than_the_last() -> None:
+    class RecordingStore(MemoryStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.delays: list[float] = []
+
+        async def settle(
+            self, claim: Claim, *, sent: Sequence[int], retry: Sequence[Retry], dead: Sequence[Dead]
+        ) -> Settlement:
+            self.delays.extend(r.delay_seconds for r in retry)
+            return await super().settle(claim, sent=sent, retry=retry, dead=dead)
+
+    store, sink = RecordingStore(), MemorySink(lambda e: Failure("broker hiccup"))
+    store.insert("t", {}, idempotency_key="flaky")
+    settings = replace(FAST, max_attempts=6, backoff_max_seconds=60)
+    go(run_until(Relay(store, sink, settings), lambda: next(iter(store.rows.values())).state == "failed"))
+    delays = store.delays
+    assert len(delays) == 5
+    # Jitter adds up to one initial delay, so neighbours may meet, but the
+    # exponential part doubles: no delay is shorter than the one before, and
+    # two retries later it has at least doubled.
+    assert delays == sorted(delays), delays
+    assert all(later >= 2 * earlier for earlier, later in zip(delays, delays[2:], strict=False)), delays
 
 
 def test_an_event_that_keeps_failing_is_dead_lettered_and_parks_only_its_key() -> None:
