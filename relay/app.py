@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -90,25 +91,30 @@ def build_relay(config: RunConfig) -> Relay:
     return Relay(store, sink, config.settings)
 
 
-async def start(relay: Relay, timeout: float) -> None:
-    """Connect the store and the sink, trying for up to ``timeout`` seconds.
+async def start(relay: Relay, timeout: float, stop: asyncio.Event | None = None) -> bool:
+    """Connect the store and the sink, trying for up to ``timeout`` seconds; False if stopped first.
 
     Past start-up the relay rides out outages; at start-up an unreachable
     server is more likely a configuration mistake, so it is reported. With
     routes, only when no sink answers: one broker down must not stop the
-    others' events (its own events wait, and ``/readyz`` says so).
+    others' events (its own events wait, and ``/readyz`` says so). A stop
+    while waiting ends the wait: nothing is in hand yet.
     """
+    stop = stop or asyncio.Event()
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:
             await relay.store.open()
             await relay.sink.start()
-            return
+            return True
         except RelayError:
             await relay.store.close()
             if asyncio.get_running_loop().time() >= deadline:
                 raise
-            await asyncio.sleep(1.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+            if stop.is_set():
+                return False
 
 
 async def serve(config: RunConfig) -> None:
@@ -130,7 +136,8 @@ async def serve(config: RunConfig) -> None:
 
 
 async def _relay_until_stopped(relay: Relay, config: RunConfig, stop: asyncio.Event) -> None:
-    await start(relay, config.startup_timeout_seconds)
+    if not await start(relay, config.startup_timeout_seconds, stop):
+        return
     logger.info(
         "relaying %s to %s",
         config.table,

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import time
 
 import psycopg
 import pytest
 
 from relay.cli import build_parser
 from relay.devservices import free_port
-from tests.acceptance.cli import CANARY, cli
+from tests.acceptance.cli import CANARY, cli, spawn
 
 
 def assert_one_line_error(result: object, needle: str) -> None:
@@ -132,6 +134,23 @@ def test_unreachable_brokers_at_start_up(database_url: str) -> None:
     for sink in (f"kafka://127.0.0.1:{port}", f"amqp://guest:{CANARY}@127.0.0.1:{port}/%2F"):
         result = cli("run", "--database-url", database_url, "--sink", sink, timeout=90)
         assert_one_line_error(result, str(port))
+
+
+def test_a_stop_while_waiting_for_servers_at_start_up_exits_0_at_once() -> None:
+    port = free_port()
+    relay = spawn(
+        "run", "--database-url", f"postgresql://app:{CANARY}@127.0.0.1:{port}/shop", "--sink", f"kafka://127.0.0.1:{port}",
+        "--startup-timeout", "120",
+    )  # fmt: skip
+    try:
+        time.sleep(2)  # trying, and failing, to reach the database
+        assert relay.poll() is None, relay.communicate()
+        relay.send_signal(signal.SIGTERM)
+        _, stderr = relay.communicate(timeout=10)
+    finally:
+        relay.kill()
+    assert relay.returncode == 0, stderr
+    assert "Traceback" not in stderr and CANARY not in stderr
 
 
 def test_routes_whose_brokers_are_all_unreachable_at_start_up(database_url: str) -> None:
