@@ -476,6 +476,9 @@ def cmd_dead(args: argparse.Namespace) -> int:
     """``outbox-relay dead``."""
 
     events = _on_store(args, lambda store: store.dead(args.limit))
+    if len(events) == args.limit:
+        # stderr, so that --json stays one parsable document.
+        print(f"{PROG}: showing the oldest {args.limit} dead letters; there may be more (--limit)", file=sys.stderr)
     if args.json:
         print(json.dumps([e.as_dict() for e in events]))
         return 0

@@ -27,6 +27,19 @@ def test_inspect_shows_one_event(database_url: str) -> None:
     assert missing.returncode == 1 and "no event 999999" in missing.stderr
 
 
+def test_dead_says_when_its_limit_cut_the_list(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox (topic, payload, state, last_error, attempts, failed_at)"
+            " SELECT 't', '{}', 'failed', 'boom ' || g, 3, now() FROM generate_series(1, 3) g"
+        )
+    cut = cli("dead", "--json", "--limit", "2", "--database-url", database_url)
+    assert [e["last_error"] for e in json.loads(cut.stdout)] == ["boom 1", "boom 2"]
+    assert "there may be more (--limit)" in cut.stderr
+    whole = cli("dead", "--json", "--database-url", database_url)
+    assert len(json.loads(whole.stdout)) == 3 and "--limit" not in whole.stderr
+
+
 def test_keep_sent_then_replay_and_purge_never_touches_unsent(database_url: str, amqp_url: str) -> None:
     with temp_queue(amqp_url) as q:
         with psycopg.connect(database_url) as conn:
