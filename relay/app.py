@@ -105,6 +105,7 @@ async def start(relay: Relay, timeout: float, stop: asyncio.Event | None = None)
     while True:
         try:
             await relay.store.open()
+            await relay.store.check()  # a standby answers, but cannot relay
             await relay.sink.start()
             return True
         except RelayError:

@@ -27,6 +27,10 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached right now; retry after a backoff."""
 
 
+class StoreReadOnly(StoreUnavailable):
+    """The database takes no writes now: a hot standby, or read-only by setting."""
+
+
 class SchemaError(StoreError):
     """The outbox table is missing or older than this relay needs."""
 

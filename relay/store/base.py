@@ -150,4 +150,4 @@ class Store(Protocol):
         """Seconds since the oldest due event that no live lease holds was written; cheap at any table size."""
 
     async def check(self) -> None:
-        """Raise ``StoreUnavailable`` unless the database answers now."""
+        """Raise ``StoreUnavailable`` unless the database answers now and takes writes."""

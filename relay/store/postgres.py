@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName, redact_url
-from relay.errors import SchemaError, StoreError, StoreUnavailable
+from relay.errors import SchemaError, StoreError, StoreReadOnly, StoreUnavailable
 from relay.events import Event
 from relay.store import sql as named
 from relay.store.base import Claim, Dead, DeadEvent, RequeueFilter, Retry, Settlement, Status
@@ -72,6 +72,9 @@ def password_of(dsn: str) -> str | None:
     return str(value) if value else None
 
 
+READ_ONLY = "the database is read-only (a hot standby, or default_transaction_read_only is on): writes need the primary"
+
+
 @contextlib.contextmanager
 def translate_errors(dsn: str, table: TableName) -> Iterator[None]:
     """Turn psycopg exceptions into the relay's hierarchy, without secrets."""
@@ -85,6 +88,10 @@ def translate_errors(dsn: str, table: TableName) -> Iterator[None]:
         ) from None
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(describe(exc, dsn)) from exc
+    except psycopg.errors.ReadOnlySqlTransaction:
+        # A failover's old primary, or a database made read-only for maintenance:
+        # unavailable, so the relay waits for writes instead of stopping.
+        raise StoreReadOnly(READ_ONLY) from None
     except psycopg.Error as exc:
         raise StoreError(describe(exc, dsn)) from exc
 
@@ -168,10 +175,18 @@ class PostgresStore:
         self._conn = self._settle_conn = self._stats_conn = self._listen_conn = None
 
     @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
+    def _errors(self, conn: psycopg.AsyncConnection[Any] | None = None) -> Iterator[None]:
         try:
             with translate_errors(self._dsn, self._table):
                 yield
+        except StoreReadOnly:
+            # A session can stay read-only after the database takes writes again
+            # (ALTER DATABASE ... SET default_transaction_read_only): hang up, so
+            # that the next call reconnects. Its statement has just failed: idle.
+            if conn is not None:
+                conn.pgconn.finish()
+            self._drop_broken()
+            raise
         except StoreUnavailable:
             self._drop_broken()
             raise
@@ -253,14 +268,14 @@ class PostgresStore:
     async def _fetch(self, name: str, params: dict[str, Any], *, stats: bool = False) -> list[tuple[Any, ...]]:
         async with self._deadline():
             conn = await (self._statistician() if stats else self._connection())
-            with self._errors():
+            with self._errors(conn):
                 cur = await conn.execute(self._queries[name], params)
                 return await cur.fetchall() if cur.description else []
 
     async def _run(self, name: str, params: dict[str, Any], *, settle: bool = False) -> int:
         async with self._deadline():
             conn = await (self._settler() if settle else self._connection())
-            with self._errors():
+            with self._errors(conn):
                 cur = await conn.execute(self._queries[name], params)
                 return cur.rowcount
 
@@ -395,8 +410,10 @@ class PostgresStore:
         return float((await self._fetch("oldest_pending_age", {}, stats=True))[0][0])
 
     async def check(self) -> None:
-        """Raise ``StoreUnavailable`` unless the database answers."""
-        await self._fetch("check_table", {})
+        """Raise ``StoreUnavailable`` unless the database answers and takes writes."""
+        [(writable,)] = await self._fetch("check_writable", {})
+        if not writable:
+            raise StoreReadOnly(READ_ONLY)
 
     async def dead(self, limit: int = 1000) -> list[DeadEvent]:
         """Dead-lettered events, oldest first."""

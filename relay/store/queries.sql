@@ -199,6 +199,11 @@ RETURNING id;
 -- name: check_table
 SELECT 1 FROM {table} LIMIT 0;
 
+-- name: check_writable
+-- Every claim writes: a hot standby, or a database where
+-- default_transaction_read_only is on, cannot relay (admin reads can).
+SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off';
+
 -- name: inspect
 SELECT id, topic, key, payload::text, headers, idempotency_key, deliver_at, priority, state,
        attempts, last_error, lease_owner, claim_token, lease_expires_at, created_at,

@@ -153,6 +153,19 @@ def test_a_stop_while_waiting_for_servers_at_start_up_exits_0_at_once() -> None:
     assert "Traceback" not in stderr and CANARY not in stderr
 
 
+def test_a_read_only_database_is_refused_at_start_up_but_admin_reads_work(
+    database_url: str, pg_admin_url: str, amqp_url: str
+) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(database_url)["dbname"]
+    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
+    result = cli("run", "--database-url", database_url, "--sink", amqp_url)
+    assert_one_line_error(result, "the database is read-only")
+    assert result.returncode == 1
+    status = cli("status", "--json", "--database-url", database_url)
+    assert status.returncode == 0 and json.loads(status.stdout)["pending"] == 0, status.stderr
+
+
 def test_routes_whose_brokers_are_all_unreachable_at_start_up(database_url: str) -> None:
     port = free_port()
     routes = f"billing.*=kafka://127.0.0.1:{port} *=amqp://guest:{CANARY}@127.0.0.1:{port}/%2F"

@@ -385,6 +385,54 @@ def test_relay_rides_out_backend_terminations_at_every_phase(
     assert_nothing_lost(result, events // 2)
 
 
+# --- 5a': a database that turns read-only ---------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_relay_waits_out_a_read_only_database_and_resumes_by_itself(
+    database_url: str, pg_admin_url: str, kafka_bootstrap: str, record: Recorder
+) -> None:
+    """A failover's old primary, or maintenance: claims fail read-only; the relay waits, then resumes.
+
+    ``ALTER DATABASE ... SET default_transaction_read_only`` reaches only new
+    sessions, and they keep it after the RESET: the relay must hang up a
+    read-only session to see the database take writes again. The writers'
+    sessions began before, so they go on writing throughout.
+    """
+    topic = unique_topic("readonly")
+    dbname = dbname_of(database_url)
+    with (
+        psycopg.connect(pg_admin_url, autocommit=True) as admin,
+        KafkaCollector(kafka_bootstrap, topic) as collector,
+        RelayThread(database_url, f"kafka://{kafka_bootstrap}", max_attempts=10) as relay,
+    ):
+        writers = Writers(database_url, topic, count=2, events=600, keys_per_writer=10, pause=0.05).start()
+        collector.wait_for(lambda ds: len(ds) >= 30, timeout=30)
+        admin.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
+        try:
+            terminate(admin, dbname, "any", patience=0.5)  # the relay reconnects into read-only sessions
+            time.sleep(2.0)  # batches in hand when the sessions went are settled or given up
+            frozen_from = collector.count()
+            time.sleep(3.0)
+            delivered_while_read_only = collector.count() - frozen_from
+            relay_alive = relay.error is None and relay.relay is not None
+            unsent_while_read_only = outbox_counts(database_url).get("pending", 0)
+        finally:
+            admin.execute(f'ALTER DATABASE "{dbname}" RESET default_transaction_read_only')
+        result, drained = drain_and_collect(database_url, writers, collector)
+    note = (
+        f"read-only for 5 s: {delivered_while_read_only} delivered in its last 3 s, "
+        f"{unsent_while_read_only} waiting; {'drained' if drained else 'not drained'} after the RESET, "
+        f"relay {'never stopped' if relay_alive else 'stopped'}"
+    )
+    record("5a'/database: turns read-only, then takes writes again", result, note=note)
+    assert relay_alive, "the relay stopped on a read-only database"
+    assert delivered_while_read_only == 0, "claims went on: the database was not read-only for the relay"
+    assert unsent_while_read_only > 0, "the writers wrote nothing while the relay waited"
+    assert drained, outbox_counts(database_url)
+    assert_nothing_lost(result, 300)
+
+
 # --- 5b: database restarts ------------------------------------------------------
 
 
