@@ -108,10 +108,11 @@ async def start(relay: Relay, timeout: float, stop: asyncio.Event | None = None)
             await relay.store.check()  # a standby answers, but cannot relay
             await relay.sink.start()
             return True
-        except RelayError:
+        except RelayError as exc:
             await relay.store.close()
             if asyncio.get_running_loop().time() >= deadline:
                 raise
+            logger.warning("not started yet, trying again: %s", exc, extra={"action": "start_retry"})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
             if stop.is_set():
@@ -129,16 +130,20 @@ async def serve(config: RunConfig) -> None:
             health = HealthServer(relay, config.metrics_host, config.metrics_port)
             await health.start()
         try:
-            await _relay_until_stopped(relay, config, stop)
+            await _relay_until_stopped(relay, config, stop, health)
         finally:
             if health is not None:
                 await health.close()
     logger.info("stopped", extra={"action": "stopped"})
 
 
-async def _relay_until_stopped(relay: Relay, config: RunConfig, stop: asyncio.Event) -> None:
+async def _relay_until_stopped(
+    relay: Relay, config: RunConfig, stop: asyncio.Event, health: HealthServer | None
+) -> None:
     if not await start(relay, config.startup_timeout_seconds, stop):
         return
+    if health is not None:
+        health.started = True
     logger.info(
         "relaying %s to %s",
         config.table,

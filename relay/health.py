@@ -25,6 +25,9 @@ class HealthServer:
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
+        #: Set once the relay has connected: until then it is not ready, and a
+        #: probe must not open connections that start-up would not close.
+        self.started = False
 
     async def start(self) -> None:
         """Listen on ``host:port`` (port 0 picks a free one, stored back in ``port``).
@@ -59,6 +62,8 @@ class HealthServer:
         A routed sink that is down holds back its events while the others flow:
         the relay is working, but not for everything, so it is not ready.
         """
+        if not self.started:
+            return False
         sink = self.relay.sink
         try:
             async with asyncio.timeout(READY_CHECK_TIMEOUT_SECONDS):

@@ -410,10 +410,13 @@ class PostgresStore:
         return float((await self._fetch("oldest_pending_age", {}, stats=True))[0][0])
 
     async def check(self) -> None:
-        """Raise ``StoreUnavailable`` unless the database answers and takes writes."""
-        [(writable,)] = await self._fetch("check_writable", {})
-        if not writable:
-            raise StoreReadOnly(READ_ONLY)
+        """Raise ``StoreUnavailable`` unless the database answers, has the table and takes writes."""
+        async with self._deadline():
+            conn = await self._connection()
+            with self._errors(conn):  # read-only: hung up, as after a failed claim
+                cur = await conn.execute(self._queries["check_writable"])
+                if not (await cur.fetchall())[0][0]:
+                    raise StoreReadOnly(READ_ONLY)
 
     async def dead(self, limit: int = 1000) -> list[DeadEvent]:
         """Dead-lettered events, oldest first."""

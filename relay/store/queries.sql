@@ -200,9 +200,11 @@ RETURNING id;
 SELECT 1 FROM {table} LIMIT 0;
 
 -- name: check_writable
--- Every claim writes: a hot standby, or a database where
+-- The table is there and readable, and the database takes writes: every
+-- claim writes, so a hot standby, or a database where
 -- default_transaction_read_only is on, cannot relay (admin reads can).
-SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off';
+SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'
+FROM (SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT 0) AS t) AS readable;
 
 -- name: inspect
 SELECT id, topic, key, payload::text, headers, idempotency_key, deliver_at, priority, state,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import time
 
 import psycopg
 import pytest
@@ -124,9 +123,11 @@ def test_bad_numbers_in_flags_and_env(database_url: str) -> None:
     result = cli("run", "--database-url", database_url, "--sink", "kafka://h:1", RELAY_MAX_ATTEMPTS="many")
     assert result.returncode == 2 and "RELAY_MAX_ATTEMPTS" in result.stderr and "Traceback" not in result.stderr
     # A bad variable fails only the command that reads it: help and other commands still work.
-    for args in (("--help",), ("status", "--help"), ("run", "--help")):
+    for args, shown in ((("--help",), "status"), (("status", "--help"), "--json"), (("run", "--help"), "--batch-size")):
         result = cli(*args, RELAY_BATCH_SIZE="abc", RELAY_METRICS_PORT="abc")
-        assert result.returncode == 0 and "--batch-size" in cli("run", "--help").stdout, result.stderr
+        assert result.returncode == 0 and shown in result.stdout, result.stderr
+    result = cli("status", "--json", "--database-url", database_url, RELAY_BATCH_SIZE="abc", RELAY_METRICS_PORT="abc")
+    assert result.returncode == 0 and json.loads(result.stdout)["pending"] == 0, result.stderr
 
 
 def test_unreachable_brokers_at_start_up(database_url: str) -> None:
@@ -143,8 +144,10 @@ def test_a_stop_while_waiting_for_servers_at_start_up_exits_0_at_once() -> None:
         "--startup-timeout", "120",
     )  # fmt: skip
     try:
-        time.sleep(2)  # trying, and failing, to reach the database
-        assert relay.poll() is None, relay.communicate()
+        assert relay.stderr is not None
+        # Signal once it has failed a try and is waiting: its signal handlers are in place.
+        while "not started yet, trying again" not in relay.stderr.readline():
+            assert relay.poll() is None, relay.communicate()
         relay.send_signal(signal.SIGTERM)
         _, stderr = relay.communicate(timeout=10)
     finally:
@@ -182,6 +185,7 @@ def test_a_taken_metrics_port_or_unknown_metrics_host(database_url: str, amqp_ur
         port = taken.getsockname()[1]
         result = cli("run", "--database-url", database_url, "--sink", sink, "--metrics-port", str(port))
         assert_one_line_error(result, f"cannot serve metrics on 127.0.0.1:{port}")
+        assert result.returncode == 2
     unknown_host = ("--metrics-port", "0", "--metrics-host", "no-such-host.invalid")
     result = cli("run", "--database-url", database_url, "--sink", sink, *unknown_host)
     assert_one_line_error(result, "cannot serve metrics on no-such-host.invalid")

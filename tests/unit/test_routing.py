@@ -250,6 +250,8 @@ def test_check_finds_an_idle_sink_gone_and_readiness_reports_any_down_sink() -> 
         relay = Relay(MemoryStore(), sink, FAST)
         health = HealthServer(relay, "127.0.0.1", 0)
         await sink.start()
+        assert not await health.ready(), "ready before the relay has started"
+        health.started = True
         assert await health.ready()
         billing.available = False
         assert not await health.ready()
