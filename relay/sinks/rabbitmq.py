@@ -47,13 +47,14 @@ YIELD_EVERY_MESSAGES = 1000
 CORK_MAX_BYTES = 256 * 1024
 
 _SHORTSTR_MAX_BYTES = 255
-#: Headers RabbitMQ itself reads on a published message, compared in any case.
-#: CC and BCC add routes and must be arrays (a string one closes the channel);
-#: the broker writes the rest when it dead-letters, federates or redelivers a
-#: message and expects its own types there. Every other header, x-* included
-#: (X-Request-ID, x-match, x-stream-filter-value), is the application's.
-_RESERVED_HEADERS = frozenset({"cc", "bcc", "x-death", "x-received-from", "x-delivery-count"})
-_RESERVED_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
+#: Headers RabbitMQ itself reads on a published message; like RabbitMQ, the
+#: names are case-sensitive. CC and BCC add routes and must be arrays (a string
+#: one closes the channel); the broker and its plugins write the rest when they
+#: dead-letter, federate, redeliver or convert a message, and expect their own
+#: types there. Every other header, x-* included (X-Request-ID, x-match,
+#: x-stream-filter-value), and cc or Bcc, is the application's.
+_RESERVED_HEADERS = frozenset({"CC", "BCC", "x-death", "x-received-from", "x-delivery-count", "x-mqtt-publish-qos"})
+_RESERVED_HEADER_PREFIXES = ("x-first-death-", "x-last-death-", "x-amqp-1.0-")
 _OVERSIZE_RE = re.compile(r"message size (\d+) is larger than configured max size (\d+)")
 _ACCESS_REFUSED = 403
 _NOT_FOUND = 404
@@ -178,11 +179,10 @@ class RabbitMQSink:
     def _refusal(self, event: Event) -> str | None:
         """Why ``event`` can never be published as it is, or None."""
         for name in event.headers:
-            lowered = name.lower()
-            if lowered in _RESERVED_HEADERS or lowered.startswith(_RESERVED_HEADER_PREFIXES):
+            if name in _RESERVED_HEADERS or name.startswith(_RESERVED_HEADER_PREFIXES):
                 return (
-                    f"header {name!r} is reserved by RabbitMQ (CC and BCC add routes; x-death, "
-                    "x-received-from, x-delivery-count and x-first/last-death-* are the broker's own); rename it"
+                    f"header {name!r} is reserved by RabbitMQ (CC and BCC add routes; x-death and the "
+                    "other x- headers RabbitMQ writes itself are the broker's own); rename it"
                 )
             if _too_long(name):
                 return f"header name {name[:40]!r}... is longer than {_SHORTSTR_MAX_BYTES} bytes"
