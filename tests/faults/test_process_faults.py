@@ -674,8 +674,9 @@ def test_a_long_repeatable_read_transaction_does_not_stop_delivery(
     assert result.lost == result.leaked == result.unexpected == 0, str(result)
     assert result.order_violations == 0, str(result)
     assert delivered_in_hold > 0, "delivery went on while the transaction was open"
-    # Delivery kept up: no event waited long (a relay stalled from the start of a quick
-    # 15 s hold would show about 15 s; hinted claims skip a late commit for at most 10 s).
-    assert worst_age < 10.0, f"an event waited {worst_age:.1f}s during the hold"
+    # Delivery kept up: no event waited long. Hinted claims skip a late commit for at most
+    # 10 s (the full-scan spacing's cap), plus a margin; a relay stalled from the start of a
+    # quick 15 s hold would show about 15 s.
+    assert worst_age < 12.0, f"an event waited {worst_age:.1f}s during the hold"
     assert dead_after_vacuum_during > 0, "the open snapshot kept VACUUM from removing dead tuples"
     assert dead_after < dead_after_vacuum_during, "once released, VACUUM removes them"

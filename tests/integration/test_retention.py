@@ -56,7 +56,7 @@ def test_purge_deletes_old_kept_events_in_batches_and_never_unsent_ones(database
     assert left(database_url) == ["old-failed", "old-pending", "recent-sent"]
 
 
-def test_run_retention_purges_while_the_relay_runs(database_url: str) -> None:
+def test_the_retention_task_purges_at_once_and_stops_at_once(database_url: str) -> None:
     seed(database_url, old_sent=10)
 
     async def scenario() -> None:

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from relay import examples
-from relay.cli import build_parser
+from relay.cli import build_parser, reject_bad_env
 from relay.config import AmqpSinkConfig, KafkaSinkConfig, TableName, check_database_url, parse_sink_url
 from relay.demo_shop import TOPIC
 
@@ -152,7 +152,9 @@ def parsed_example(service: dict[str, Any]) -> argparse.Namespace:
     """An example service's command line as its entry point parses it from the service's environment."""
     command = relay_command(service)
     try:
-        return examples.build_parser(environment(service)).parse_args([command])
+        args = examples.build_parser(environment(service)).parse_args([command])
+        reject_bad_env(args)
+        return args
     except SystemExit as exc:
         pytest.fail(f"`{' '.join(EXAMPLES_ENTRYPOINT)} {command}` rejects its environment (exit {exc.code})")
 
@@ -368,6 +370,7 @@ def test_relay_env_values_are_accepted_by_the_cli(
             command = relay_command(service)
             try:
                 args = build_parser().parse_args([command])
+                reject_bad_env(args)
             except SystemExit as exc:
                 pytest.fail(f"{name}: `{PROG} {command}` rejects its environment (exit {exc.code})")
             check_database_url(args.database_url or "")
