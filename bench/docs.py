@@ -381,6 +381,37 @@ run, variants alternated round by round.
   without the claim, key and dead-letter indexes +51% against +54%;
   `publish()`'s Python work alone (building its parameters) +5%. The +10%
   target is below the cost of any second statement here.
+
+Measured 2026-11-30 from 05:30, with the machine about half as fast as in
+the morning's runs (L_db 44,559-49,543/s, L_rmq 16,501-18,122/s, writers
+flat out at 1,963-2,599/s against 3,876 the day before).
+
+- **The per-key probe on a hashed key** (an expression index on
+  `(hashtext(key), id)` and the probe comparing `hashtext` first; fresh
+  copies of the 200,000-row table, 2,000-row claims, EXPLAIN ANALYZE with
+  JIT off, nine rounds): minimum 17.1 ms against 17.7 for the text key,
+  12.7 without the per-key check; medians 17.8, 23.9 and 13.7 (this noisy).
+  The probe's cost is the executor's per-row subplan and index descent, not
+  comparing text. Not built. With JIT on (the planner's cost estimate for
+  the expression index crosses `jit_above_cost`) the same claim took 270
+  ms: a schema change here needs its plan checked.
+- **S2 with `linger.ms` 0** (`--only s2`, alternated, two rounds each, at
+  the run's own rate of 1,000 events/s): commit-to-ack p50 11.5 and 14.0 ms
+  against 16.2 and 15.6, p99 52.4 and 68.0 against 40.8 and 41.3; the
+  broker leg alone p50 6.8-7.9 ms against 9.6-10.0. At 1,900 events/s, near
+  the writers' capacity: p50 15.9 and 15.1 against 18.8 and 18.7, p99 63.1
+  and 240.8 against 91.6 and 52.0. It buys 2-4 ms of median for a worse
+  tail and, as measured earlier, a fifth of the drain rate; the default
+  stays 5.
+- **S3 over 1,000,000 events** (`--only s1,s1u --events 1000000`, where the
+  200,000-event drains make each S3 window about 0.2 s wide): keyed S3
+  0.92 (30,758/s late against 33,434/s early), null keys 0.82 (49,794/s
+  against 60,933/s). S1 in the same run: keyed 30,633/s, 0.64 x L_db;
+  null keys 55,674/s, 1.16 x L_db (L_db 48,125/s, mean of two).
+- **The profile's phase timers** counted hinted claims (`claim_hinted`,
+  most claims since the floor) as "building Events": 84% of the drain in
+  Python that was really the claim's query. Fixed in `bench/profile.py`;
+  the profile below is from after the fix.
 """
 
 
