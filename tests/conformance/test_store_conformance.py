@@ -17,7 +17,7 @@ import pytest
 
 import producers
 from relay.config import TableName
-from relay.store.base import Dead, RequeueFilter, Retry
+from relay.store.base import Claim, Dead, RequeueFilter, Retry
 from relay.store.memory import MemoryStore
 from relay.store.postgres import PostgresStore
 
@@ -166,11 +166,16 @@ def test_two_claims_never_share_an_event(h: Harness) -> None:
     assert not {e.id for e in a.events} & {e.id for e in b.events}
 
 
-def test_settle_with_a_stale_token_changes_nothing(h: Harness) -> None:
+def taken_over(h: Harness) -> tuple[Claim, Claim]:
+    """Event "x" claimed, its lease expired, and claimed again: the stale claim and the new one."""
     h.insert("t", {}, idempotency_key="x")
     old = run(h.store.claim(10, max_attempts=MAX))
     h.expire_leases()
-    new = run(h.store.claim(10, max_attempts=MAX))
+    return old, run(h.store.claim(10, max_attempts=MAX))
+
+
+def test_settle_with_a_stale_token_changes_nothing(h: Harness) -> None:
+    old, new = taken_over(h)
     assert new.reaped == 1 and new.events[0].attempts == 2
     result = run(h.store.settle(old, sent=[old.events[0].id], retry=[], dead=[]))
     assert result.sent == 0 and result.lost == 1
@@ -261,36 +266,22 @@ def test_release_with_a_delay_waits_keeps_its_place_in_its_key_and_spends_no_att
 
 
 def test_release_with_a_stale_token_changes_nothing(h: Harness) -> None:
-    h.insert("t", {}, idempotency_key="x")
-    old = run(h.store.claim(10, max_attempts=MAX))
-    h.expire_leases()
-    new = run(h.store.claim(10, max_attempts=MAX))
+    old, new = taken_over(h)
     run(h.store.release(old, [old.events[0].id], delay_seconds=3600))
     assert run(h.store.status()).in_flight == 1
     assert run(h.store.settle(new, sent=[new.events[0].id], retry=[], dead=[])).sent == 1
 
 
-def test_retry_with_a_stale_token_changes_nothing(h: Harness) -> None:
-    h.insert("t", {}, idempotency_key="x")
-    old = run(h.store.claim(10, max_attempts=MAX))
-    h.expire_leases()
-    new = run(h.store.claim(10, max_attempts=MAX))
+@pytest.mark.parametrize("outcome", ["retry", "dead"])
+def test_a_retry_or_dead_letter_with_a_stale_token_changes_nothing(h: Harness, outcome: str) -> None:
+    old, new = taken_over(h)
     before = h.snapshot("x")
-    result = run(h.store.settle(old, sent=[], retry=[Retry(old.events[0].id, 3600, "stale")], dead=[]))
-    assert result.retried == 0 and result.lost == 1
-    # Still leased to the new claim, due when it was, with no error recorded.
-    assert h.snapshot("x") == before
-    assert run(h.store.settle(new, sent=[new.events[0].id], retry=[], dead=[])).sent == 1
-
-
-def test_dead_letter_with_a_stale_token_changes_nothing(h: Harness) -> None:
-    h.insert("t", {}, idempotency_key="x")
-    old = run(h.store.claim(10, max_attempts=MAX))
-    h.expire_leases()
-    new = run(h.store.claim(10, max_attempts=MAX))
-    before = h.snapshot("x")
-    result = run(h.store.settle(old, sent=[], retry=[], dead=[Dead(old.events[0].id, "stale")]))
-    assert result.dead == 0 and result.lost == 1
+    stale = old.events[0].id
+    retry = [Retry(stale, 3600, "stale")] if outcome == "retry" else []
+    dead = [Dead(stale, "stale")] if outcome == "dead" else []
+    result = run(h.store.settle(old, sent=[], retry=retry, dead=dead))
+    assert (result.retried, result.dead, result.lost) == (0, 0, 1)
+    # Still leased to the new claim, due when it was, no error recorded, not dead-lettered.
     assert h.snapshot("x") == before
     assert run(h.store.dead()) == []
     assert run(h.store.settle(new, sent=[new.events[0].id], retry=[], dead=[])).sent == 1
