@@ -72,9 +72,6 @@ def password_of(dsn: str) -> str | None:
     return str(value) if value else None
 
 
-READ_ONLY = "the database is read-only (a hot standby, or default_transaction_read_only is on): writes need the primary"
-
-
 @contextlib.contextmanager
 def translate_errors(dsn: str, table: TableName) -> Iterator[None]:
     """Turn psycopg exceptions into the relay's hierarchy, without secrets."""
@@ -91,7 +88,9 @@ def translate_errors(dsn: str, table: TableName) -> Iterator[None]:
     except psycopg.errors.ReadOnlySqlTransaction:
         # A failover's old primary, or a database made read-only for maintenance:
         # unavailable, so the relay waits for writes instead of stopping.
-        raise StoreReadOnly(READ_ONLY) from None
+        raise StoreReadOnly(
+            "the database is read-only (a hot standby, or default_transaction_read_only is on): writes need the primary"
+        ) from None
     except psycopg.Error as exc:
         raise StoreError(describe(exc, dsn)) from exc
 
@@ -411,12 +410,7 @@ class PostgresStore:
 
     async def check(self) -> None:
         """Raise ``StoreUnavailable`` unless the database answers, has the table and takes writes."""
-        async with self._deadline():
-            conn = await self._connection()
-            with self._errors(conn):  # read-only: hung up, as after a failed claim
-                cur = await conn.execute(self._queries["check_writable"])
-                if not (await cur.fetchall())[0][0]:
-                    raise StoreReadOnly(READ_ONLY)
+        await self._fetch("check_writable", {})  # read-only: StoreReadOnly, hung up as after a claim
 
     async def dead(self, limit: int = 1000) -> list[DeadEvent]:
         """Dead-lettered events, oldest first."""

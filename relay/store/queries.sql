@@ -200,11 +200,10 @@ RETURNING id;
 SELECT 1 FROM {table} LIMIT 0;
 
 -- name: check_writable
--- The table is there and readable, and the database takes writes: every
--- claim writes, so a hot standby, or a database where
--- default_transaction_read_only is on, cannot relay (admin reads can).
-SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'
-FROM (SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT 0) AS t) AS readable;
+-- The table is there and the relay may write it: a read-only transaction (a
+-- hot standby, or default_transaction_read_only on) refuses FOR UPDATE with
+-- the same error as a claim, even when no row is locked. Admin reads skip it.
+SELECT 1 FROM {table} LIMIT 0 FOR UPDATE;
 
 -- name: inspect
 SELECT id, topic, key, payload::text, headers, idempotency_key, deliver_at, priority, state,
