@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -18,6 +20,7 @@ import psycopg
 from relay.app import RunConfig, build_relay, start
 from relay.config import RelaySettings, TableName, parse_sink_url, resolve_routes
 from relay.loop import Relay
+from relay.store.postgres import PostgresStore
 
 FAST = RelaySettings(
     batch_size=200,
@@ -94,6 +97,17 @@ class RelayThread:
             raise TimeoutError("relay did not stop")
         if self.error:
             raise self.error
+
+
+@contextlib.asynccontextmanager
+async def opened_store(database_url: str, **options: Any) -> AsyncIterator[PostgresStore]:
+    """A PostgreSQL store on the ``outbox`` table, open for the block; ``options`` go to the store."""
+    store = PostgresStore(database_url, TableName.parse("outbox"), owner="t", lease_seconds=30, listen=False, **options)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 def relay_process(

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 from uuid import uuid4
 
@@ -17,6 +15,7 @@ from relay.store import sql as named
 from relay.store.base import Claim
 from relay.store.floor import CONFIRM_MARGIN_SECONDS
 from relay.store.postgres import PostgresStore
+from tests.relay_support import opened_store
 
 INTERVAL = 0.5
 
@@ -33,18 +32,6 @@ def insert(conn: psycopg.Connection[Any], topic: str, key: str | None = None, *,
 def committed(database_url: str, topic: str, key: str | None = None, *, priority: int = 0) -> int:
     with psycopg.connect(database_url, autocommit=True) as conn:
         return insert(conn, topic, key, priority=priority)
-
-
-@contextlib.asynccontextmanager
-async def opened_store(database_url: str, interval: float = INTERVAL) -> AsyncIterator[PostgresStore]:
-    store = PostgresStore(
-        database_url, TableName.parse("outbox"), owner="t", lease_seconds=30, listen=False, full_scan_interval=interval
-    )
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 async def send_all(store: PostgresStore, batch: Claim) -> None:
@@ -75,7 +62,7 @@ async def claim_each(store: PostgresStore, database_url: str, topics: list[str])
 
 def test_an_event_committed_late_below_the_floor_is_found_by_the_next_full_scan(database_url: str) -> None:
     async def scenario() -> None:
-        async with opened_store(database_url) as store:
+        async with opened_store(database_url, full_scan_interval=INTERVAL) as store:
             with psycopg.connect(database_url) as slow_writer:
                 late = insert(slow_writer, "late")  # takes its id now, commits much later
                 committed(database_url, "b1")
@@ -93,7 +80,7 @@ def test_an_event_committed_late_below_the_floor_is_found_by_the_next_full_scan(
 
 def test_the_next_event_of_a_key_is_claimed_as_soon_as_its_head_is_settled(database_url: str) -> None:
     async def scenario() -> None:
-        async with opened_store(database_url) as store:
+        async with opened_store(database_url, full_scan_interval=INTERVAL) as store:
             head = committed(database_url, "orders", "order-1")
             claimed = await store.claim(10, max_attempts=5)  # full scan; the head stays in flight
             assert [e.id for e in claimed.events] == [head]
@@ -114,7 +101,7 @@ def test_the_next_event_of_a_key_is_claimed_as_soon_as_its_head_is_settled(datab
 def test_the_floor_trails_the_claims_by_a_moment_while_writers_are_short(database_url: str) -> None:
     async def scenario() -> None:
         # No full scan (one runs at most 10 s apart; this test takes under 3 s) and no floor moved by age.
-        async with opened_store(database_url, interval=30.0) as store:
+        async with opened_store(database_url, full_scan_interval=30.0) as store:
             spares = [committed(database_url, "spare") for _ in range(3)]
             with psycopg.connect(database_url, autocommit=True) as conn:
                 conn.execute("DELETE FROM outbox WHERE id = ANY(%s)", [spares])
@@ -137,7 +124,7 @@ def test_the_floor_trails_the_claims_by_a_moment_while_writers_are_short(databas
 
 def test_a_writer_still_open_keeps_the_floor_below_its_event(database_url: str) -> None:
     async def scenario() -> None:
-        async with opened_store(database_url, interval=30.0) as store:
+        async with opened_store(database_url, full_scan_interval=30.0) as store:
             with psycopg.connect(database_url) as slow_writer:
                 late = insert(slow_writer, "late")  # takes its id (and a transaction id) now, commits later
                 await claim_each(store, database_url, ["b1", "b2", "b3"])
@@ -212,7 +199,7 @@ def test_a_hinted_claim_does_not_read_the_index_below_the_floor(database_url: st
 
 def test_the_store_learns_priorities_from_its_claims(database_url: str) -> None:
     async def scenario() -> None:
-        async with opened_store(database_url) as store:
+        async with opened_store(database_url, full_scan_interval=INTERVAL) as store:
             committed(database_url, "first")
             await send_all(store, await store.claim(10, max_attempts=5))  # a full scan
             await asyncio.sleep(INTERVAL * 1.2)

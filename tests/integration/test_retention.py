@@ -6,9 +6,9 @@ import asyncio
 
 import psycopg
 
-from relay.config import TableName
 from relay.retention import purge_forever
-from relay.store.postgres import PURGE_BATCH_SIZE, PostgresStore
+from relay.store.postgres import PURGE_BATCH_SIZE
+from tests.relay_support import opened_store
 
 OLD = "now() - interval '2 hours'"
 
@@ -36,20 +36,12 @@ def left(database_url: str) -> list[str]:
         return [r[0] for r in conn.execute("SELECT idempotency_key FROM outbox ORDER BY 1").fetchall()]
 
 
-def store_for(database_url: str) -> PostgresStore:
-    return PostgresStore(database_url, TableName.parse("outbox"), owner="t", lease_seconds=30, listen=False)
-
-
 def test_purge_deletes_old_kept_events_in_batches_and_never_unsent_ones(database_url: str) -> None:
     old_sent = 2 * PURGE_BATCH_SIZE + 500  # three batches, the last one short
 
     async def purge() -> int:
-        store = store_for(database_url)
-        await store.open()
-        try:
+        async with opened_store(database_url) as store:
             return await store.purge(3600)
-        finally:
-            await store.close()
 
     seed(database_url, old_sent=old_sent)
     assert asyncio.run(purge()) == old_sent + 1  # and the old skipped one
@@ -60,9 +52,8 @@ def test_the_retention_task_purges_at_once_and_stops_at_once(database_url: str) 
     seed(database_url, old_sent=10)
 
     async def scenario() -> None:
-        store, stop = store_for(database_url), asyncio.Event()
-        await store.open()
-        try:
+        stop = asyncio.Event()
+        async with opened_store(database_url) as store:
             task = asyncio.create_task(purge_forever(store, 3600, stop))
             for _ in range(100):  # the first purge runs at once
                 await asyncio.sleep(0.05)
@@ -70,8 +61,6 @@ def test_the_retention_task_purges_at_once_and_stops_at_once(database_url: str) 
                     break
             stop.set()
             await asyncio.wait_for(task, 5)  # it stops at once, not after its minute
-        finally:
-            await store.close()
 
     asyncio.run(scenario())
     assert left(database_url) == ["old-failed", "old-pending", "recent-sent"]

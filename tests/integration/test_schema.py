@@ -173,7 +173,7 @@ def test_the_claim_query_uses_its_index(database_url: str) -> None:
 def test_oldest_pending_age_matches_the_naive_query_across_priorities_schedules_and_leases(database_url: str) -> None:
     import asyncio
 
-    from relay.store.postgres import PostgresStore
+    from tests.relay_support import opened_store
 
     with psycopg.connect(database_url) as conn:
         conn.execute(
@@ -192,14 +192,10 @@ def test_oldest_pending_age_matches_the_naive_query_across_priorities_schedules_
             " AND (lease_expires_at IS NULL OR lease_expires_at < now())"
         ).fetchone()
     assert naive is not None
-    store = PostgresStore(database_url, TableName.parse("outbox"), owner="t", lease_seconds=30, listen=False)
 
     async def age() -> float:
-        await store.open()
-        try:
+        async with opened_store(database_url) as store:
             return await store.oldest_pending_age()
-        finally:
-            await store.close()
 
     assert abs(asyncio.run(age()) - float(naive[0])) < 1.0
     assert 2899 < float(naive[0]) < 2901  # g = 101: leased ones skipped, an expired lease counted

@@ -8,9 +8,9 @@ import psycopg
 import pytest
 
 import producers
-from relay.config import TableName
 from relay.store.base import Claim
 from relay.store.postgres import PostgresStore
+from tests.relay_support import opened_store
 
 # Far longer than a claim of three rows takes, far shorter than the store's own timeouts.
 CLAIM_BOUND_SECONDS = 2.0
@@ -28,21 +28,16 @@ def test_a_claim_skips_a_row_locked_by_another_transaction(database_url: str) ->
     with psycopg.connect(database_url, autocommit=True) as conn:
         for name in ("oldest", "second", "third"):
             producers.publish(conn, "t", {}, idempotency_key=name)
-    store = PostgresStore(database_url, TableName.parse("outbox"), owner="t", lease_seconds=30, listen=False)
 
     async def scenario() -> tuple[Claim, Claim]:
-        await store.open()
-        try:
+        async with opened_store(database_url) as store:
             with psycopg.connect(database_url) as locker:
                 # An open transaction holding the oldest pending row, as a slow
                 # producer's UPDATE or another relay's claim would.
                 locker.execute("SELECT id FROM outbox WHERE idempotency_key = 'oldest' FOR UPDATE")
                 while_locked = await bounded_claim(store)
                 locker.rollback()
-            after = await bounded_claim(store)
-        finally:
-            await store.close()
-        return while_locked, after
+            return while_locked, await bounded_claim(store)
 
     while_locked, after = asyncio.run(scenario())
     assert [e.idempotency_key for e in while_locked.events] == ["second", "third"]
