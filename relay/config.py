@@ -26,6 +26,8 @@ POLL_INTERVAL_SECONDS = 0.5
 POLL_INTERVAL_MAX_SECONDS = 5.0
 CONNECT_TIMEOUT_SECONDS = 10.0
 PIPELINE_DEPTH = 2
+#: A claim stops adding events once their payloads reach this many bytes (always at least one event).
+BATCH_BYTES = 16 * 1024 * 1024
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
 _TABLE_RE = re.compile(rf"^(?:({_IDENT})\.)?({_IDENT})$")
@@ -262,6 +264,7 @@ class RelaySettings:
     """The tunables of the relay loop, each with its unit in the name."""
 
     batch_size: int = BATCH_SIZE
+    batch_bytes: int = BATCH_BYTES
     max_attempts: int = MAX_ATTEMPTS
     backoff_initial_seconds: float = BACKOFF_INITIAL_SECONDS
     backoff_max_seconds: float = BACKOFF_MAX_SECONDS
@@ -275,6 +278,7 @@ class RelaySettings:
     def __post_init__(self) -> None:
         checks = [
             (self.batch_size >= 1, "--batch-size must be at least 1"),
+            (self.batch_bytes >= 1, "--batch-bytes must be at least 1"),
             (self.max_attempts >= 1, "--max-attempts must be at least 1"),
             (self.backoff_initial_seconds > 0, "--backoff-initial must be positive"),
             (

@@ -41,3 +41,11 @@ class SinkError(RelayError):
 
 class SinkUnavailable(SinkError):
     """The broker cannot be reached right now; nothing in hand was delivered."""
+
+
+class SinkTimeout(SinkUnavailable):
+    """The broker took (some of) the batch but did not acknowledge it within the publish timeout.
+
+    The events may have been stored: releasing them costs a copy each time, so the
+    relay backs off and shrinks its batches while timeouts repeat.
+    """

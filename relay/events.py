@@ -54,6 +54,8 @@ class Failure:
     permanent: bool = False
     unavailable: bool = False
     retry_after_seconds: float = 0.0
+    #: No acknowledgement came within the publish timeout: the broker may have the event.
+    timed_out: bool = False
 
 
 #: The outcome of publishing one event: ``None`` when the broker acknowledged it.
