@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check relay producers consumers tests bench docs/gen_cli_reference.py
-	$(BIN)/ruff format --check relay producers consumers tests bench docs/gen_cli_reference.py
+	$(BIN)/ruff check relay producers consumers devservers tests bench docs/gen_cli_reference.py
+	$(BIN)/ruff format --check relay producers consumers devservers tests bench docs/gen_cli_reference.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -27,10 +27,10 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import parse_qsl, urlsplit
 
+from devservers import Tansu, embedded_postgres, free_port
 from relay.config import DEFAULT_TABLE, KafkaSinkConfig, parse_sink_url, redact_url
 from relay.demo_consumers import KafkaTap, RabbitTap
 from relay.demo_shop import Deliveries, Ledger, Report, Shop, percentile, summarize
-from relay.devservices import Tansu, embedded_postgres, free_port
 from relay.errors import ConfigError
 
 logger = logging.getLogger(__name__)

