@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check relay producers consumers devservers tests bench docs/gen_cli_reference.py
-	$(BIN)/ruff format --check relay producers consumers devservers tests bench docs/gen_cli_reference.py
+	$(BIN)/ruff check relay producers consumers examples devservers tests bench docs/gen_cli_reference.py
+	$(BIN)/ruff format --check relay producers consumers examples devservers tests bench docs/gen_cli_reference.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -29,7 +29,7 @@ unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
 demo: $(STAMP)
-	$(BIN)/python -m relay.demo
+	$(BIN)/python -m examples.demo
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
