@@ -21,12 +21,23 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# PostgreSQL and RabbitMQ up (started where installed but stopped), or a message saying how.
+ENSURE_SERVICES := $(BIN)/python -m tests.services --ensure
+
 test: lint typecheck
-	$(BIN)/python -m tests.services --ensure
+	$(ENSURE_SERVICES)
 	$(BIN)/pytest tests
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
+
+integration: $(STAMP)
+	$(ENSURE_SERVICES)
+	$(BIN)/pytest tests/integration
+
+acceptance: $(STAMP)
+	$(ENSURE_SERVICES)
+	$(BIN)/pytest tests/acceptance
 
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo
