@@ -17,6 +17,7 @@ venv: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check relay producers consumers examples devservers tests bench docs/gen_cli_reference.py
 	$(BIN)/ruff format --check relay producers consumers examples devservers tests bench docs/gen_cli_reference.py
+	$(BIN)/lint-imports --no-logo
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -50,4 +51,4 @@ faults: $(STAMP)
 	$(BIN)/python -m tests.faults.report
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .import_linter_cache
