@@ -1,4 +1,4 @@
-# The relay as a container image.
+# The relay as a container image, and an image of the example services.
 #
 #   docker build -t outbox-relay .
 #   docker run --rm -e RELAY_DATABASE_URL=postgresql://app:secret@db:5432/shop \
@@ -6,9 +6,11 @@
 #
 # The entry point is the `outbox-relay` command, so `docker run IMAGE migrate`,
 # `... status --json` or `... dead` work as they do on a workstation. The
-# default command is `run`. compose/docker-compose.yml uses this file, also for
-# the example shop and consumer (`--entrypoint python IMAGE -m relay.examples shop`).
-FROM python:3.11-slim-bookworm
+# default command is `run`. The relay image holds the installed packages only;
+# `docker build --target examples -t outbox-relay-examples .` adds examples/ for
+# the example shop and consumer that compose/docker-compose.yml runs
+# (`python -m examples.services shop|consumer`).
+FROM python:3.11-slim-bookworm AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -29,6 +31,16 @@ RUN groupadd --system --gid 10001 relay \
 WORKDIR /tmp
 # Numeric, so that orchestrators can verify runAsNonRoot without a passwd lookup.
 USER 10001:10001
+
+# The example services: the relay's packages, and examples/ beside them.
+FROM base AS examples
+COPY examples /opt/outbox-relay/examples
+ENV PYTHONPATH=/opt/outbox-relay
+ENTRYPOINT ["python", "-m", "examples.services"]
+CMD ["shop"]
+
+# The relay, last so that a plain `docker build` makes it.
+FROM base AS relay
 
 # In a container the metrics server must listen beyond loopback, and the health
 # check below needs it running; both can be overridden at `docker run` time.

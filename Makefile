@@ -15,21 +15,33 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check relay producers consumers tests bench docs/gen_cli_reference.py
-	$(BIN)/ruff format --check relay producers consumers tests bench docs/gen_cli_reference.py
+	$(BIN)/ruff check relay producers consumers examples devservers tests bench docs/gen_cli_reference.py
+	$(BIN)/ruff format --check relay producers consumers examples devservers tests bench docs/gen_cli_reference.py
+	$(BIN)/lint-imports --no-logo
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# PostgreSQL and RabbitMQ up (started where installed but stopped), or a message saying how.
+ENSURE_SERVICES := $(BIN)/python -m tests.services --ensure
+
 test: lint typecheck
-	$(BIN)/python -m tests.services --ensure
+	$(ENSURE_SERVICES)
 	$(BIN)/pytest tests
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
+integration: $(STAMP)
+	$(ENSURE_SERVICES)
+	$(BIN)/pytest tests/integration
+
+acceptance: $(STAMP)
+	$(ENSURE_SERVICES)
+	$(BIN)/pytest tests/acceptance
+
 demo: $(STAMP)
-	$(BIN)/python -m relay.demo
+	$(BIN)/python -m examples.demo
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
@@ -39,4 +51,4 @@ faults: $(STAMP)
 	$(BIN)/python -m tests.faults.report
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .import_linter_cache

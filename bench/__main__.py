@@ -21,7 +21,7 @@ from bench.runner import Run
 from bench.services import machine, require_postgres
 
 RESULTS_DIR = Path(__file__).parent / "results"
-DOC_PATH = Path(__file__).parent.parent / "docs" / "performance.md"
+DOC_PATH = docs.PAGE_PATH
 SCENARIOS = {
     "s1": "S1 Kafka keyed drain + S3 + relay cost, with L_db and L_kafka",
     "s1u": "S1 Kafka drain with null keys (the unordered path)",
@@ -99,7 +99,7 @@ def _clean(value: Any) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.doc_from:
-        DOC_PATH.write_text(docs.render(json.loads(args.doc_from.read_text())))
+        DOC_PATH.write_text(docs.render(json.loads(args.doc_from.read_text()), DOC_PATH.read_text()))
         print(f"rewrote {DOC_PATH} from {args.doc_from}")
         return 0
     require_postgres()
@@ -172,12 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         print(docs.gauges_text(results["gauges"]))
     print(f"\nresults: {args.output}")
     if args.write_doc:
-        DOC_PATH.write_text(docs.render(results))
+        DOC_PATH.write_text(docs.render(results, DOC_PATH.read_text()))
         print(f"rewrote {DOC_PATH}")
     elif args.update_sections and "gauges" in results and "gauges" not in results["errors"] and DOC_PATH.exists():
-        page = docs.replace_section(DOC_PATH.read_text(), docs.GAUGES_HEADING, docs.gauges_text(results["gauges"]))
-        DOC_PATH.write_text(page)
-        print(f"rewrote the section {docs.GAUGES_HEADING!r} of {DOC_PATH}")
+        DOC_PATH.write_text(docs.fill(DOC_PATH.read_text(), {"gauges": docs.gauges_text(results["gauges"])}))
+        print(f"rewrote the gauges section of {DOC_PATH}")
     if results["errors"]:
         print(f"scenarios that failed: {', '.join(results['errors'])}", file=sys.stderr)
         return 1

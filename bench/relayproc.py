@@ -17,7 +17,7 @@ from types import TracebackType
 
 from bench import stats
 from bench.acked_relay import ACK_LOG_ENV
-from relay.devservices import free_port
+from devservers import free_port
 
 READY_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 60.0

@@ -21,7 +21,7 @@ from bench.drain import Drain, run_drain
 from bench.services import AMQP_URL, KAFKA_PARTITIONS, Cleanup, prepare_template, require_rabbitmq
 from bench.steady import Steady, run_long_transaction, run_steady, writer_capacity
 from bench.writers import commit_costs
-from relay.devservices import Tansu
+from devservers import Tansu
 
 #: Offer S2's load at this share of the S1 Kafka rate...
 S2_SHARE_OF_S1 = 0.5

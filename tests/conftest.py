@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from devservers import Tansu
 from relay.config import TableName
-from relay.devservices import Tansu
 from relay.store.migrate import migrate
 from tests.services import AMQP_URL, PG_URL, ensure_postgres, ensure_rabbitmq
 

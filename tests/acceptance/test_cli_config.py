@@ -9,8 +9,8 @@ import socket
 import psycopg
 import pytest
 
+from devservers import free_port
 from relay.cli import build_parser
-from relay.devservices import free_port
 from tests.acceptance.cli import CANARY, cli, spawn
 
 

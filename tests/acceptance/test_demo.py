@@ -1,4 +1,4 @@
-"""``python -m relay.demo`` with nothing configured: embedded servers, a clean report, exit 0."""
+"""``python -m examples.demo`` with nothing configured: embedded servers, a clean report, exit 0."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def report_value(stdout: str, label: str) -> int:
 @pytest.mark.timeout(DEMO_TIMEOUT_SECONDS + 20)
 def test_demo_runs_green_on_embedded_servers() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "relay.demo"],
+        [sys.executable, "-m", "examples.demo"],
         capture_output=True,
         text=True,
         timeout=DEMO_TIMEOUT_SECONDS,

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 import yaml
 
-from relay.demo_shop import STEPS
+from examples.shop import STEPS
 from tests.acceptance.cli import env as clean_env
 from tests.relay_support import relay_process, stop_process, wait_until
 
@@ -204,7 +204,7 @@ def test_the_services_stop_with_a_one_line_error_on_bad_configuration(tmp_path: 
         ),
     ]:
         result = subprocess.run(
-            [sys.executable, "-m", "relay.examples", command],
+            [sys.executable, "-m", "examples.services", command],
             env={**env, **extra},
             capture_output=True,
             text=True,

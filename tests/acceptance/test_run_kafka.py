@@ -11,7 +11,7 @@ from collections import Counter
 import psycopg
 import pytest
 
-from relay.devservices import free_port, wait_for_port
+from devservers import free_port, wait_for_port
 from tests.integration.kafka_support import consume, unique_topic
 from tests.relay_support import outbox_counts, relay_process, status_json, stop_process, wait_until
 

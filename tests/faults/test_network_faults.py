@@ -37,9 +37,9 @@ import pika.exceptions
 import psycopg
 import pytest
 
+from devservers import Tansu, free_port, wait_for_port
 from relay.backoff import OUTAGE_BACKOFF_MAX_SECONDS
 from relay.config import CONNECT_TIMEOUT_SECONDS
-from relay.devservices import Tansu, free_port, wait_for_port
 from relay.sinks import kafka as kafka_sink
 from relay.sinks import rabbitmq as rabbitmq_sink
 from relay.sinks.kafka import KafkaSink

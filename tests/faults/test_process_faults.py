@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import producers
-from relay.devservices import free_port, wait_for_port
+from devservers import free_port, wait_for_port
 from tests.faults.checker import KafkaCollector, Ledger, Writers, verdict
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.proxy import FaultProxy

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka._types import HeadersType
 
-from relay.devservices import Tansu
+from devservers import Tansu
 from relay.events import Event
 
 CONSUME_TIMEOUT_SECONDS = 20.0

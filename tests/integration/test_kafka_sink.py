@@ -10,8 +10,8 @@ from collections import defaultdict
 import pytest
 from confluent_kafka import KafkaError
 
+from devservers import Tansu, free_port
 from relay.config import KafkaSinkConfig
-from relay.devservices import Tansu, free_port
 from relay.errors import SinkError, SinkUnavailable
 from relay.events import IDEMPOTENCY_HEADER, Event, Outcome
 from relay.sinks.kafka import KafkaSink

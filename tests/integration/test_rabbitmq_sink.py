@@ -11,8 +11,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from devservers import free_port
 from relay.config import AmqpSinkConfig, parse_sink_url
-from relay.devservices import free_port
 from relay.errors import ConfigError, SinkError, SinkUnavailable
 from relay.events import IDEMPOTENCY_HEADER, Event, Failure, Outcome
 from relay.sinks.rabbitmq import CORK_MAX_BYTES, MAX_MESSAGE_BYTES, RabbitMQSink, _CorkedConnection

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 import producers
-from relay.devservices import free_port
+from devservers import free_port
 from tests.integration.kafka_support import consume, unique_topic
 from tests.integration.rabbit_support import TcpProxy, temp_exchange, temp_queue
 from tests.relay_support import RelayThread, outbox_counts, wait_until

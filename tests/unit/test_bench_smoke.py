@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from typing import Any
 
@@ -11,6 +12,8 @@ import pytest
 
 from bench import attribution, cpu, docs, gauges, report, stats
 from bench.writers import connections_for, trimmed_mean
+
+PAGE = docs.PAGE_PATH.read_text(encoding="utf-8")
 
 
 def test_percentile_interpolates_between_ranks() -> None:
@@ -157,7 +160,7 @@ def test_table_and_page_render() -> None:
     table = report.format_table(RESULTS)
     assert "0.93 x L_db" in table
     assert "MISSED" in table and "met" in table
-    page = docs.render({**RESULTS, "profile": {"date": "x", "events": 10, "notes": ["a finding"]}})
+    page = docs.render({**RESULTS, "profile": {"date": "x", "events": 10, "notes": ["a finding"]}}, PAGE)
     assert page.startswith("# Performance")
     assert "| Kafka S1 >= 0.9 x L_db | 0.925x | yes |" in page
     assert "- a finding" in page
@@ -270,15 +273,34 @@ def test_the_gauges_section_renders_and_a_partial_run_replaces_only_it() -> None
     assert "would take some 0 relays" in text  # the mixed case's counts are the defaults here
     assert "| 1,000,000 unsent, after ANALYZE | 950,000 / 0 / 0 / 0 | 950,000 / 0 / 0 / 0 |" in text
     assert "took 0.7 s" in text
-    page = docs.render({**RESULTS, "gauges": GAUGES})
-    assert docs.GAUGES_HEADING in page and page.index(docs.GAUGES_HEADING) < page.index("## Reproduce")
-    replaced = docs.replace_section(page, docs.GAUGES_HEADING, "new figures")
-    assert "new figures" in replaced and "420.0 ms" not in replaced
-    assert replaced.replace(f"{docs.GAUGES_HEADING}\n\nnew figures\n", "") == page.replace(
-        f"{docs.GAUGES_HEADING}\n\n{text}\n", ""
+    page = docs.render({**RESULTS, "gauges": GAUGES}, PAGE)
+    assert text in page and page.index(text) < page.index("## Reproduce")
+    replaced = docs.fill(page, {"gauges": "NEW GAUGES"})
+    assert "NEW GAUGES" in replaced and "420.0 ms" not in replaced
+    assert replaced.replace("NEW GAUGES", text) == page
+
+
+def test_filling_the_page_rewrites_only_its_marked_sections() -> None:
+    page = (
+        "# Title\n\nProse, <!-- bench:n -->1<!-- /bench:n --> of it.\n\n"
+        "<!-- bench:table -->\n\nold\nrows\n\n<!-- /bench:table -->\n\nMore prose.\n"
     )
-    added = docs.replace_section("# Performance\n\n## Reproduce\n\nmake bench\n", docs.GAUGES_HEADING, "figures")
-    assert added == f"# Performance\n\n{docs.GAUGES_HEADING}\n\nfigures\n\n## Reproduce\n\nmake bench\n"
+    filled = docs.fill(page, {"n": "2,000", "table": "| new |"})
+    assert filled == (
+        "# Title\n\nProse, <!-- bench:n -->2,000<!-- /bench:n --> of it.\n\n"
+        "<!-- bench:table -->\n\n| new |\n\n<!-- /bench:table -->\n\nMore prose.\n"
+    )
+    assert docs.fill(filled, {"n": "2,000", "table": "| new |"}) == filled
+    assert docs.fill(page, {"n": "3"}).endswith("old\nrows\n\n<!-- /bench:table -->\n\nMore prose.\n")
+    with pytest.raises(ValueError, match="no section gauges"):
+        docs.fill(page, {"gauges": "figures"})
+
+
+def test_the_performance_page_has_every_section_a_run_fills() -> None:
+    filled = docs.render(RESULTS, PAGE)  # raises for a section the page lacks
+    assert docs.render(RESULTS, filled) == filled
+    prose = re.compile(r"<!-- bench:([\w-]+) -->.*?<!-- /bench:\1 -->", re.S)
+    assert prose.sub("", filled) == prose.sub("", PAGE), "a run changed the page outside its sections"
 
 
 def test_machine_cpu_per_event_splits_the_busy_time_by_group() -> None:

@@ -4,7 +4,8 @@ Nothing here starts a container. The files are parsed and held against the
 command line (every ``RELAY_*`` variable must be a flag of the command its
 service runs, with a value the CLI accepts; the same for the example shop and
 consumer and their ``SHOP_*`` and ``CONSUMER_*`` variables) and against each
-other (images, dependencies, health checks, ports, the Kafka listeners).
+other (images and the Dockerfile stages they build, dependencies, health
+checks, ports, the Kafka listeners).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from relay import examples
+from examples import services as examples
+from examples.shop import TOPIC
 from relay.cli import build_parser, reject_bad_env
 from relay.config import AmqpSinkConfig, KafkaSinkConfig, TableName, check_database_url, parse_sink_url
-from relay.demo_shop import TOPIC
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "compose"
@@ -45,8 +46,11 @@ EXPECTED_SERVICES = frozenset(
     {"postgres", "kafka", "rabbitmq", "migrate", "relay", "relay-rabbitmq", "shop", "consumer"}
 )
 ONE_SHOT_COMMANDS = frozenset({"migrate"})
-#: The entry point of the example services, which run the same image.
+#: The entry point of the example services, which run the Dockerfile's examples stage.
 EXAMPLES_ENTRYPOINT = ["python", "-m", examples.__name__]
+EXAMPLES_STAGE = "examples"
+#: What the relay image may hold besides the packages the project installs.
+RELAY_IMAGE_FILES = frozenset({"pyproject.toml", "README.md"})
 #: A heartbeat older than this makes a container unhealthy; its services beat at least once a second.
 HEARTBEAT_MAX_AGE_SECONDS = 60
 
@@ -114,11 +118,17 @@ def uses_this_image(service: dict[str, Any]) -> bool:
     return "build" in service or str(service.get("image", "")).startswith(PROG)
 
 
+def build_target(service: dict[str, Any]) -> str | None:
+    """The Dockerfile stage a service builds (None: the last one, as ``docker build`` without ``--target``)."""
+    build = service.get("build")
+    return build.get("target") if isinstance(build, dict) else None
+
+
 def entrypoint(service: dict[str, Any]) -> list[str]:
-    """What a service of this image starts: its own ``entrypoint``, else the image's."""
+    """What a service of this image starts: its own ``entrypoint``, else its image's."""
     if "entrypoint" in service:
         return words(service["entrypoint"])
-    return dockerfile_exec_form("ENTRYPOINT")
+    return dockerfile_exec_form("ENTRYPOINT", build_target(service))
 
 
 def is_relay(service: dict[str, Any]) -> bool:
@@ -127,7 +137,7 @@ def is_relay(service: dict[str, Any]) -> bool:
 
 
 def is_example(service: dict[str, Any]) -> bool:
-    """True for the example shop and consumer (``python -m relay.examples``)."""
+    """True for the example shop and consumer (``python -m examples.services``)."""
     return uses_this_image(service) and entrypoint(service) == EXAMPLES_ENTRYPOINT
 
 
@@ -135,14 +145,14 @@ def relay_command(service: dict[str, Any]) -> str:
     """The subcommand a service of this image runs (the image's CMD when unset)."""
     command = service.get("command")
     if command is None:
-        return dockerfile_exec_form("CMD")[0]
+        return dockerfile_exec_form("CMD", build_target(service))[0]
     found = words(command)
     assert found, "empty command"
     return found[0]
 
 
 def example_env_names(command: str) -> set[str]:
-    """The variables ``python -m relay.examples COMMAND`` reads: one per flag, and DATABASE_URL."""
+    """The variables ``python -m examples.services COMMAND`` reads: one per flag, and DATABASE_URL."""
     return {examples.env_name(command, flag) for flag in subcommand_flags(examples.build_parser({}))[command]} | {
         "DATABASE_URL"
     }
@@ -152,9 +162,7 @@ def parsed_example(service: dict[str, Any]) -> argparse.Namespace:
     """An example service's command line as its entry point parses it from the service's environment."""
     command = relay_command(service)
     try:
-        args = examples.build_parser(environment(service)).parse_args([command])
-        reject_bad_env(args)
-        return args
+        return examples.build_parser(environment(service)).parse_args([command])
     except SystemExit as exc:
         pytest.fail(f"`{' '.join(EXAMPLES_ENTRYPOINT)} {command}` rejects its environment (exit {exc.code})")
 
@@ -205,8 +213,8 @@ def env_names_for(command: str) -> set[str]:
     return {env_name(flag) for flag in subcommand_flags()[command]}
 
 
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
+def _dockerfile_lines() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs of the whole file, with continuation lines joined and comments dropped."""
     instructions: list[tuple[str, str]] = []
     pending = ""
     for line in DOCKERFILE.read_text(encoding="utf-8").splitlines():
@@ -226,14 +234,42 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     return instructions
 
 
-def dockerfile_values(keyword: str) -> list[str]:
-    """The arguments of every ``keyword`` instruction, in order."""
-    return [rest for kw, rest in dockerfile_instructions() if kw == keyword]
+def dockerfile_stages() -> dict[str, list[tuple[str, str]]]:
+    """Each stage's instructions from its FROM on, by name (``FROM image AS name``) or else by position."""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for keyword, rest in _dockerfile_lines():
+        if keyword == "FROM":
+            _image, *alias = re.split(r"\s+as\s+", rest, flags=re.IGNORECASE)
+            name = alias[0].strip().lower() if alias else str(len(stages))
+            assert name not in stages, f"two stages are named {name!r}"
+            current = stages[name] = []
+        assert current is not None, f"{keyword} before the first FROM"
+        current.append((keyword, rest))
+    assert stages, "Dockerfile has no FROM"
+    return stages
 
 
-def dockerfile_exec_form(keyword: str) -> list[str]:
-    """The JSON (exec) form of the last ``keyword`` instruction."""
-    values = dockerfile_values(keyword)
+def dockerfile_instructions(target: str | None = None) -> list[tuple[str, str]]:
+    """The instructions that build stage ``target`` (the last when None): its own after its parents'."""
+    stages = dockerfile_stages()
+    name = list(stages)[-1] if target is None else target
+    assert name in stages, f"the Dockerfile has no stage {name!r} ({sorted(stages)})"
+    chain: list[tuple[str, str]] = []
+    while name in stages:
+        chain = stages[name] + chain
+        name = stages[name][0][1].split()[0].lower()
+    return chain
+
+
+def dockerfile_values(keyword: str, target: str | None = None) -> list[str]:
+    """The arguments of every ``keyword`` instruction that builds ``target``, in order."""
+    return [rest for kw, rest in dockerfile_instructions(target) if kw == keyword]
+
+
+def dockerfile_exec_form(keyword: str, target: str | None = None) -> list[str]:
+    """The JSON (exec) form of the last ``keyword`` instruction that builds ``target``."""
+    values = dockerfile_values(keyword, target)
     assert values, f"Dockerfile has no {keyword}"
     parsed = json.loads(values[-1])
     assert isinstance(parsed, list) and all(isinstance(word, str) for word in parsed), (
@@ -242,15 +278,32 @@ def dockerfile_exec_form(keyword: str) -> list[str]:
     return parsed
 
 
-def dockerfile_env() -> dict[str, str]:
-    """Variables set by ``ENV KEY=VALUE`` instructions."""
+def dockerfile_env(target: str | None = None) -> dict[str, str]:
+    """Variables set by ``ENV KEY=VALUE`` instructions in the image ``target`` builds."""
     env: dict[str, str] = {}
-    for rest in dockerfile_values("ENV"):
+    for rest in dockerfile_values("ENV", target):
         for item in rest.split():
             key, sep, value = item.partition("=")
             assert sep, f"ENV {rest!r}: use the KEY=VALUE form"
             env[key] = value
     return env
+
+
+def copied_sources(target: str | None = None) -> set[str]:
+    """What the image ``target`` builds copies from the build context."""
+    return {
+        source
+        for rest in dockerfile_values("COPY", target)
+        for source in rest.split()[:-1]
+        if not source.startswith("--")
+    }
+
+
+def installed_packages() -> set[str]:
+    """The top-level packages of this repository that ``pip install`` puts in the wheel."""
+    include = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {path.name for path in ROOT.iterdir() if (path / "__init__.py").is_file()}
+    return {name for name in packages if any(fnmatch.fnmatch(name, pattern) for pattern in include)}
 
 
 def port_pairs(service: dict[str, Any]) -> Iterator[tuple[object, object]]:
@@ -311,6 +364,10 @@ def test_every_image_is_pinned_and_every_build_exists(services: dict[str, dict[s
                 problems.append(f"{name}: build context {context} does not exist")
             elif not (context_dir / dockerfile).is_file():
                 problems.append(f"{name}: no {dockerfile} in {context_dir}")
+            elif context_dir == ROOT and dockerfile == DOCKERFILE.name:
+                target = build_target(service)
+                if target is not None and target not in dockerfile_stages():
+                    problems.append(f"{name}: builds stage {target!r}, which the Dockerfile lacks")
         image = service.get("image")
         if image is not None:
             repository, sep, tag = str(image).rpartition(":")
@@ -334,6 +391,26 @@ def test_relay_services_build_this_repository(services: dict[str, dict[str, Any]
         assert build is not None, f"{name}: runs the relay image but does not build it"
         context = build if isinstance(build, str) else build["context"]
         assert (COMPOSE_DIR / context).resolve() == ROOT, f"{name}: builds {context}, not the repository root"
+
+
+def test_services_that_share_an_image_tag_build_the_same_stage(services: dict[str, dict[str, Any]]) -> None:
+    stages_by_image: dict[str, set[str | None]] = {}
+    for service in services.values():
+        if "build" in service and "image" in service:
+            stages_by_image.setdefault(str(service["image"]), set()).add(build_target(service) or "(last)")
+    shared = {image: stages for image, stages in stages_by_image.items() if len(stages) > 1}
+    assert not shared, f"one tag for different stages: whichever is built last wins it: {shared}"
+
+
+def test_relays_run_the_relay_stage_and_examples_the_examples_stage(services: dict[str, dict[str, Any]]) -> None:
+    relay_stage = list(dockerfile_stages())[-1]
+    for name, service in services.items():
+        if is_relay(service):
+            assert build_target(service) in (None, relay_stage), f"{name}: builds {build_target(service)!r}"
+        elif is_example(service):
+            assert build_target(service) == EXAMPLES_STAGE, f"{name}: builds {build_target(service)!r}"
+            # Spelled out in compose, and the image's own: `docker run IMAGE shop` does the same.
+            assert dockerfile_exec_form("ENTRYPOINT", EXAMPLES_STAGE) == EXAMPLES_ENTRYPOINT
 
 
 def test_relay_env_vars_are_flags_of_the_command_run(services: dict[str, dict[str, Any]]) -> None:
@@ -365,7 +442,7 @@ def test_relay_env_values_are_accepted_by_the_cli(
             for variable in list(os.environ):
                 if variable.startswith("RELAY_") or variable == "DATABASE_URL":
                     patch.delenv(variable)
-            for variable, value in {**dockerfile_env(), **environment(service)}.items():
+            for variable, value in {**dockerfile_env(build_target(service)), **environment(service)}.items():
                 patch.setenv(variable, value)
             command = relay_command(service)
             try:
@@ -385,7 +462,7 @@ def test_relays_publish_and_probe_their_metrics_port(services: dict[str, dict[st
     for name, service in services.items():
         if not is_relay(service) or relay_command(service) != "run":
             continue
-        port = as_port({**dockerfile_env(), **environment(service)}.get("RELAY_METRICS_PORT"))
+        port = as_port({**dockerfile_env(build_target(service)), **environment(service)}.get("RELAY_METRICS_PORT"))
         assert port is not None, f"{name}: RELAY_METRICS_PORT is not a port"
         targets = [as_port(target) for _, target in port_pairs(service)]
         assert port in targets, f"{name}: metrics port {port} is not published ({targets})"
@@ -567,8 +644,12 @@ def test_examples_run_a_real_module_and_command(services: dict[str, dict[str, An
         f"`python -m {module_name}` would import it and do nothing"
     )
     package = module_name.split(".")[0]
-    copied = {rest.split()[0] for rest in dockerfile_values("COPY")}
-    assert package in copied, f"the image does not COPY {package}/, which holds {module_name}"
+    assert package in copied_sources(EXAMPLES_STAGE), f"the image does not COPY {package}/, which holds {module_name}"
+    pythonpath = dockerfile_env(EXAMPLES_STAGE).get("PYTHONPATH", "").split(":")
+    destinations = [rest.split()[-1] for rest in dockerfile_values("COPY", EXAMPLES_STAGE) if rest.startswith(package)]
+    assert any(f"{path.rstrip('/')}/{package}" in destinations for path in pythonpath), (
+        f"{package}/ is copied to {destinations}, not under PYTHONPATH {pythonpath}"
+    )
     commands = subcommand_flags(examples.build_parser({}))
     for name, service in services.items():
         if is_example(service):
@@ -677,13 +758,14 @@ def test_the_consumer_reads_what_the_relay_delivers_from_the_shop(services: dict
 
 
 def test_dockerfile_base_is_slim_python_311() -> None:
-    bases = dockerfile_values("FROM")
-    assert bases, "Dockerfile has no FROM"
-    assert bases[-1].split()[0].startswith("python:3.11-slim"), bases[-1]
+    for stage in dockerfile_stages():
+        base = dockerfile_values("FROM", stage)[0]
+        assert base.split()[0].startswith("python:3.11-slim"), f"stage {stage}: {base}"
 
 
-def test_dockerfile_installs_the_package_then_drops_root() -> None:
-    instructions = dockerfile_instructions()
+@pytest.mark.parametrize("stage", [None, EXAMPLES_STAGE])
+def test_dockerfile_installs_the_package_then_drops_root(stage: str | None) -> None:
+    instructions = dockerfile_instructions(stage)
     installs = [i for i, (kw, rest) in enumerate(instructions) if kw == "RUN" and "pip install" in rest]
     users = [(i, rest) for i, (kw, rest) in enumerate(instructions) if kw == "USER"]
     assert installs, "Dockerfile never runs pip install"
@@ -692,27 +774,27 @@ def test_dockerfile_installs_the_package_then_drops_root() -> None:
     assert last_index > installs[-1], "USER comes before the install, which then has no rights"
     name, _, group = last_user.partition(":")
     assert name not in {"root", "0"} and group not in {"root", "0"}, f"USER {last_user} is root"
-    for index, (kw, rest) in enumerate(instructions):
-        if kw == "COPY" and index < installs[-1]:
-            for source in rest.split()[:-1]:
-                if not source.startswith("--"):
-                    assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
+    for source in copied_sources(stage):
+        assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
 
 
 def test_dockerfile_copies_every_package_the_project_installs() -> None:
-    include = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]["find"]["include"]
-    packages = {path.name for path in ROOT.iterdir() if (path / "__init__.py").is_file()}
-    installed = {name for name in packages if any(fnmatch.fnmatch(name, pattern) for pattern in include)}
+    installed = installed_packages()
     assert {"relay", "producers", "consumers"} <= installed, installed
-    copied = {rest.split()[0] for rest in dockerfile_values("COPY")}
-    missing = installed - copied
+    missing = installed - copied_sources()
     assert not missing, f"the image would install without {sorted(missing)}"
+
+
+def test_the_relay_image_and_the_wheel_hold_only_the_product() -> None:
+    assert not {"examples", "devservers", "tests", "bench"} & installed_packages()
+    extra = copied_sources() - installed_packages() - RELAY_IMAGE_FILES
+    assert not extra, f"the relay image would hold {sorted(extra)}"
 
 
 def test_dockerfile_entrypoint_is_the_console_script() -> None:
     scripts = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["scripts"]
     assert PROG in scripts, f"pyproject.toml declares no {PROG} script"
-    entrypoint = dockerfile_exec_form("ENTRYPOINT")
+    entrypoint = dockerfile_exec_form("ENTRYPOINT")  # the last stage, which a plain `docker build` makes
     assert entrypoint == [PROG], f"ENTRYPOINT is {entrypoint}, not the {PROG} console script"
     command = dockerfile_exec_form("CMD")
     assert command == ["run"], f"CMD is {command}, not run"
@@ -740,5 +822,5 @@ def test_dockerignore_keeps_the_context_small_but_complete() -> None:
         if line.strip() and not line.startswith("#")
     }
     assert {".git", ".venv"} <= patterns, patterns
-    for needed in ("pyproject.toml", "README.md", "relay", "producers", "consumers"):
+    for needed in copied_sources() | copied_sources(EXAMPLES_STAGE):
         assert needed not in patterns, f".dockerignore drops {needed}, which the image needs"

@@ -1,4 +1,4 @@
-"""``python -m relay.demo`` (``make demo``): the whole pipeline on one machine, checked.
+"""``python -m examples.demo`` (``make demo``): the whole pipeline on one machine, checked.
 
 With nothing configured it starts an embedded PostgreSQL and a Tansu broker,
 migrates the outbox, runs ``outbox-relay run`` as a subprocess, lets a small
@@ -27,10 +27,10 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import parse_qsl, urlsplit
 
+from devservers import Tansu, embedded_postgres, free_port
+from examples.consumer import KafkaTap, RabbitTap
+from examples.shop import Deliveries, Ledger, Report, Shop, percentile, summarize
 from relay.config import DEFAULT_TABLE, KafkaSinkConfig, parse_sink_url, redact_url
-from relay.demo_consumers import KafkaTap, RabbitTap
-from relay.demo_shop import Deliveries, Ledger, Report, Shop, percentile, summarize
-from relay.devservices import Tansu, embedded_postgres, free_port
 from relay.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ SETTLE_SECONDS = 0.5
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; return the process exit code."""
     parser = argparse.ArgumentParser(
-        prog="python -m relay.demo",
+        prog="python -m examples.demo",
         description="Run the shop, the relay and a consumer end to end and check what arrived.",
     )
     parser.add_argument("--orders", type=int, default=300, help="orders the shop places (default: 300)")

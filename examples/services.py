@@ -1,11 +1,11 @@
-"""``python -m relay.examples shop|consumer``: the example services of ``compose/``.
+"""``python -m examples.services shop|consumer``: the example services of ``compose/``.
 
 ``shop`` places orders without end at a modest rate with the demo's shop
-(:class:`relay.demo_shop.Shop`): every step of an order is one transaction that
+(:class:`examples.shop.Shop`): every step of an order is one transaction that
 changes the order row and writes its event with ``producers.publish``, and
 some are rolled back. ``consumer`` reads the shop's topic from Kafka in a
 consumer group and records each event once through the ``consumers`` inbox
-(:class:`relay.demo_consumers.InboxConsumer`), logging what it processed.
+(:class:`examples.consumer.InboxConsumer`), logging what it processed.
 
 The environment is read here and nowhere else: every flag of ``shop`` falls
 back to ``SHOP_<FLAG>``, every flag of ``consumer`` to ``CONSUMER_<FLAG>``,
@@ -36,18 +36,18 @@ import psycopg
 from confluent_kafka import KafkaException
 
 from consumers import DEFAULT_INBOX_TABLE
-from relay.cli import add_env_flag, reject_bad_env
+from examples.consumer import InboxConsumer
+from examples.flags import add_flag
+from examples.shop import TOPIC, Shop
 from relay.config import DEFAULT_TABLE, KafkaSinkConfig, TableName, check_database_url, parse_sink_url
-from relay.demo_consumers import InboxConsumer
-from relay.demo_shop import TOPIC, Shop
 from relay.errors import ConfigError
 from relay.logs import configure_from_flags as configure_logging
 from relay.signals import STOP_SIGNALS
 
 # Named, not __name__: run with -m, this module is __main__.
-logger = logging.getLogger("relay.examples")
+logger = logging.getLogger("examples.services")
 
-PROG = "python -m relay.examples"
+PROG = "python -m examples.services"
 #: The environment prefix of each command's flags.
 ENV_PREFIXES = {"shop": "SHOP_", "consumer": "CONSUMER_"}
 ORDERS_PER_SECOND = 2.0
@@ -94,26 +94,17 @@ class _Flags:
     def __init__(self, parser: argparse.ArgumentParser, command: str, environ: Mapping[str, str]) -> None:
         self.parser = parser
         self.command = command
-        self.environ = environ
+        # --database-url also falls back to DATABASE_URL, below its own variable.
+        database_url = environ.get("DATABASE_URL")
+        self.environ = (
+            environ if database_url is None else {env_name(command, "--database-url"): database_url, **environ}
+        )
 
-    def add(
-        self,
-        flag: str,
-        *,
-        help: str,
-        type: Callable[[str], Any] = str,
-        default: Any = None,
-        metavar: str | None = None,
-    ) -> None:
-        """Add ``flag``; its variable, when set, replaces the default and is named in the help."""
-        name = env_name(self.command, flag)
-        raw = self.environ.get(name)
-        if raw is None and flag == "--database-url":
-            raw = self.environ.get("DATABASE_URL")
-        add_env_flag(
-            self.parser, flag, env=name, raw=raw, prog=f"{PROG} {self.command}", help=help, type=type,
-            default=default, metavar=metavar, show_default=flag != "--database-url",
-        )  # fmt: skip
+    def add(self, flag: str, *, help: str, **options: Any) -> None:
+        """Add ``flag`` (``options`` as ``add_argument`` takes them), falling back to its variable."""
+        variable = env_name(self.command, flag)
+        secret = flag == "--database-url"
+        add_flag(self.parser, flag, variable=variable, environ=self.environ, help=help, secret=secret, **options)
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -332,7 +323,6 @@ def _password(url: str) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one example service; return the exit code."""
     args = build_parser().parse_args(argv)
-    reject_bad_env(args)
     name = f"{PROG} {args.command}"
     secrets = [s for s in (_password(args.database_url or ""), _kafka_password(args)) if s]
     if not configure_logging(name, args.log_level, args.log_format, secrets):
