@@ -80,15 +80,13 @@ def build_relay(config: RunConfig) -> Relay:
         listen=config.settings.listen,
     )
     timeout = config.settings.publish_timeout_seconds
-    if config.routes:
-        router = build_router(config.routes, publish_timeout_seconds=timeout)
-        relay = Relay(store, router, config.settings)
-        relay.metrics.track_sinks(router.states)
-        return relay
-    if config.sink is None:
-        raise ConfigError("no sink configured: set --sink or --route")
-    sink: Sink = build_sink(config.sink, publish_timeout_seconds=timeout)
-    return Relay(store, sink, config.settings)
+    if config.sink is not None and not config.routes:
+        sink: Sink = build_sink(config.sink, publish_timeout_seconds=timeout)
+        return Relay(store, sink, config.settings)
+    router = build_router(config.routes, publish_timeout_seconds=timeout)
+    relay = Relay(store, router, config.settings)
+    relay.metrics.track_sinks(router.states)
+    return relay
 
 
 async def start(relay: Relay, timeout: float, stop: asyncio.Event | None = None) -> bool:
@@ -104,9 +102,7 @@ async def start(relay: Relay, timeout: float, stop: asyncio.Event | None = None)
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:
-            await relay.store.open()
-            await relay.store.check()  # a standby answers, but cannot relay
-            await relay.sink.start()
+            await relay.open()
             return True
         except RelayError as exc:
             await relay.store.close()

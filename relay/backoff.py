@@ -24,6 +24,11 @@ class Backoff:
         self.initial_seconds = initial_seconds
         self.max_seconds = max_seconds
 
+    @classmethod
+    def for_outages(cls) -> Backoff:
+        """The delays between tries while a server is away."""
+        return cls(OUTAGE_BACKOFF_INITIAL_SECONDS, OUTAGE_BACKOFF_MAX_SECONDS)
+
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
         # Past 2**1000 the power overflows a float; the cap was reached long before.

@@ -16,11 +16,13 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from relay.backoff import Backoff, OutageBackoff
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+
+from relay.backoff import Backoff, OutageBackoff, sleep_unless_stopped
 from relay.config import RelaySettings
 from relay.errors import SinkUnavailable, StoreUnavailable
 from relay.events import Event, Outcome
@@ -51,6 +53,7 @@ class Relay:
         self._inflight: set[asyncio.Task[None]] = set()
         self._crash: BaseException | None = None
         self._next_reap = 0.0
+        self._opened = False
         #: Last time the loop went round; /healthz reads it.
         self.heartbeat = time.monotonic()
 
@@ -58,7 +61,8 @@ class Relay:
         """Relay until ``stop`` is set, then finish the batches in hand."""
         gauges = asyncio.create_task(self._refresh_gauges(stop), name="gauges")
         try:
-            await self._connect(stop)
+            if not self._opened:
+                await self._connect(stop)
             idle = self.settings.poll_interval_seconds
             while not stop.is_set():
                 if self._crash is not None:
@@ -101,17 +105,31 @@ class Relay:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), AGE_INTERVAL_SECONDS)
 
+    async def open(self) -> None:
+        """Connect the store and the sink; raise the store's or the sink's error if either cannot be used.
+
+        ``run`` calls it (and rides out outages) unless it was called, and
+        succeeded, before.
+        """
+        await self.store.open()
+        await self.store.check()  # a standby answers, but cannot relay
+        await self.sink.start()
+        self._opened = True
+
     async def _connect(self, stop: asyncio.Event) -> None:
         # A relay never exits on a transient outage, not even at start-up.
-        while not stop.is_set():
-            try:
-                await self.store.open()
-                await self.sink.start()
-                self._store_outage.reset()
-                return
-            except (StoreUnavailable, SinkUnavailable) as exc:
-                logger.warning("waiting for servers: %s", exc, extra={"action": "connect_retry"})
-                await self._store_outage.sleep(stop)
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type((StoreUnavailable, SinkUnavailable)),
+            stop=lambda _: stop.is_set(),
+            wait=Backoff.for_outages(),
+            sleep=lambda seconds: sleep_unless_stopped(stop, seconds),
+            before_sleep=_log_retry("waiting for servers: %s", "connect_retry"),
+            reraise=True,
+        )
+        with contextlib.suppress(StoreUnavailable, SinkUnavailable):  # raised again only once stopped
+            async for attempt in retrying:
+                with attempt:
+                    await self.open()
 
     async def _claim(self, stop: asyncio.Event) -> int | None:
         """Claim one batch and start delivering it; None when the database is away."""
@@ -207,7 +225,7 @@ class Relay:
                 len(claim.events),
                 extra={"action": "release_stale", "batch_size": len(claim.events)},
             )
-            await self._settle_until_lease_ends(claim, release={0.0: [e.id for e in claim.events]})
+            await self._settle_until_lease_ends(claim, claimed_at, release={0.0: [e.id for e in claim.events]})
             return
         try:
             with batch_span(claim.events, system=self.sink.name):
@@ -220,10 +238,12 @@ class Relay:
                 exc,
                 extra={"action": "release", "batch_size": len(claim.events)},
             )
-            await self._settle_until_lease_ends(claim, release={0.0: [e.id for e in claim.events]})
+            await self._settle_until_lease_ends(claim, claimed_at, release={0.0: [e.id for e in claim.events]})
             return
         sent, retry, dead, held = self._judge(claim.events, outcomes)
-        settlement = await self._settle_until_lease_ends(claim, sent=sent, retry=retry, dead=dead, release=held)
+        settlement = await self._settle_until_lease_ends(
+            claim, claimed_at, sent=sent, retry=retry, dead=dead, release=held
+        )
         if settlement is not None and settlement.lost:
             self.metrics.lost_leases.inc(settlement.lost)
             logger.warning(
@@ -290,6 +310,7 @@ class Relay:
     async def _settle_until_lease_ends(
         self,
         claim: Claim,
+        claimed_at: float,
         *,
         sent: Sequence[int] = (),
         retry: Sequence[Retry] = (),
@@ -298,35 +319,46 @@ class Relay:
     ) -> Settlement | None:
         """Settle, then release (``{delay_seconds: ids}``); None when there was nothing to settle."""
         # The broker has the events; keep trying to record that while the lease
-        # lasts. Past it another relay may re-claim them: a duplicate, not a loss.
-        deadline = time.monotonic() + self.settings.lease_seconds
-        outage = OutageBackoff()
-        never = asyncio.Event()
+        # lasts (it runs from the claim). Past it another relay may re-claim
+        # them: a duplicate, not a loss.
+        lease_ends = claimed_at + self.settings.lease_seconds
+        backoff = Backoff.for_outages()
         settlement: Settlement | None = None
         must_settle = bool(sent or retry or dead) or not release
         releases = [(delay, ids) for delay, ids in (release or {}).items() if ids]
-        while True:
-            try:
-                # Each step runs once: a settle repeated after a later step failed
-                # would find its rows gone and count them as lost leases.
-                if must_settle:
-                    settlement = await self.store.settle(claim, sent=sent, retry=retry, dead=dead)
-                    must_settle = False
-                while releases:
-                    delay, ids = releases[0]
-                    await self.store.release(claim, ids, delay_seconds=delay)
-                    releases.pop(0)
-                return settlement
-            except StoreUnavailable as exc:
-                if time.monotonic() > deadline:
-                    logger.error(
-                        "could not settle a batch before its lease ended: %s",
-                        exc,
-                        extra={"action": "settle_abandoned", "batch_size": len(claim.events)},
-                    )
-                    return None
-                logger.warning("settle failed, retrying: %s", exc, extra={"action": "settle_retry"})
-                await outage.sleep(never)
+
+        async def remaining_steps() -> None:
+            # Each step runs once: a settle repeated after a later step failed
+            # would find its rows gone and count them as lost leases.
+            nonlocal settlement, must_settle
+            if must_settle:
+                settlement = await self.store.settle(claim, sent=sent, retry=retry, dead=dead)
+                must_settle = False
+            while releases:
+                delay, ids = releases[0]
+                await self.store.release(claim, ids, delay_seconds=delay)
+                releases.pop(0)
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(StoreUnavailable),
+            stop=lambda _: time.monotonic() >= lease_ends,
+            # The last try comes as the lease ends, not a backoff after it.
+            wait=lambda state: min(backoff(state), max(0.0, lease_ends - time.monotonic())),
+            before_sleep=_log_retry("settle failed, retrying: %s", "settle_retry"),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await remaining_steps()
+        except StoreUnavailable as exc:
+            logger.error(
+                "could not settle a batch before its lease ended: %s",
+                exc,
+                extra={"action": "settle_abandoned", "batch_size": len(claim.events)},
+            )
+            return None
+        return settlement
 
     async def _drain(self) -> None:
         """Let the batches in hand finish publishing and settle (each is bounded)."""
@@ -340,3 +372,13 @@ class Relay:
             await self.sink.close()
         with contextlib.suppress(Exception):
             await self.store.close()
+
+
+def _log_retry(message: str, action: str) -> Callable[[RetryCallState], None]:
+    """A tenacity ``before_sleep`` that logs the failure with ``message`` (one ``%s``) at WARNING."""
+
+    def log(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        logger.warning(message, error, extra={"action": action})
+
+    return log
