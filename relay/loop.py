@@ -35,15 +35,28 @@ logger = logging.getLogger(__name__)
 
 AGE_INTERVAL_SECONDS = 5.0
 COUNTS_INTERVAL_SECONDS = 30.0
+#: A publish may overrun its bound (publish timeout plus the sink's grace) this much before it is reported.
+PUBLISH_OVERRUN_TOLERANCE_SECONDS = 0.5
 
 
 class Relay:
     """Moves events from a store to a sink until stopped."""
 
-    def __init__(self, store: Store, sink: Sink, settings: RelaySettings, *, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        sink: Sink,
+        settings: RelaySettings,
+        *,
+        metrics: Metrics | None = None,
+        publish_grace_seconds: float = 0.0,
+    ) -> None:
+        """``publish_grace_seconds``: how long the sink may run past the publish timeout."""
         self.store = store
         self.sink = sink
         self.settings = settings
+        self._publish_grace = publish_grace_seconds
+        self._latest_publish_start = settings.latest_publish_start_seconds(publish_grace_seconds)
         self.metrics = metrics or Metrics()
         self._backoff = Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds)
         self._store_outage = OutageBackoff()
@@ -216,10 +229,10 @@ class Relay:
         return True
 
     async def _deliver(self, claim: Claim, claimed_at: float) -> None:
-        # A batch that waited (a stalled process, a slow pipeline) until its
-        # lease could end mid-publish goes back instead: publishing it now could
-        # race the relay that takes it over.
-        if time.monotonic() - claimed_at > self.settings.lease_seconds - self.settings.publish_timeout_seconds:
+        # A batch that waited (a slow claim, a stalled process) until its lease
+        # could end before the publish and the settle are done goes back instead:
+        # publishing it now could race the relay that takes it over.
+        if time.monotonic() - claimed_at > self._latest_publish_start:
             logger.warning(
                 "lease nearly over before publishing, releasing %d events",
                 len(claim.events),
@@ -227,6 +240,7 @@ class Relay:
             )
             await self._settle_until_lease_ends(claim, claimed_at, release={0.0: [e.id for e in claim.events]})
             return
+        started = time.monotonic()
         try:
             with batch_span(claim.events, system=self.sink.name):
                 outcomes = await self.sink.publish(claim.events)
@@ -240,6 +254,7 @@ class Relay:
             )
             await self._settle_until_lease_ends(claim, claimed_at, release={0.0: [e.id for e in claim.events]})
             return
+        self._check_publish_time(time.monotonic() - started)
         sent, retry, dead, held = self._judge(claim.events, outcomes)
         settlement = await self._settle_until_lease_ends(
             claim, claimed_at, sent=sent, retry=retry, dead=dead, release=held
@@ -250,6 +265,17 @@ class Relay:
                 "%d events of a batch were taken over by another relay before settling",
                 settlement.lost,
                 extra={"action": "lease_lost", "batch_size": len(claim.events)},
+            )
+
+    def _check_publish_time(self, seconds: float) -> None:
+        bound = self.settings.publish_timeout_seconds + self._publish_grace
+        if seconds > bound + PUBLISH_OVERRUN_TOLERANCE_SECONDS:
+            # The start-up check counted on the bound: the lease may end before the settle.
+            logger.warning(
+                "a publish took %.1fs, longer than the %.1fs the lease allows for it",
+                seconds,
+                bound,
+                extra={"action": "publish_overrun"},
             )
 
     def _judge(

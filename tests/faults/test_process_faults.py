@@ -112,7 +112,7 @@ def unsettled(database_url: str) -> int:
 
 # --- scenario 2: SIGSTOP past the lease ----------------------------------------
 
-STALL_LEASE_SECONDS = 3.0
+STALL_LEASE_SECONDS = 9.0
 STALL_PUBLISH_TIMEOUT_SECONDS = 2.0
 STALLS = 10 if FULL else 2
 BURST = 3000
