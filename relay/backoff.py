@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
+from collections.abc import Callable
 
 from tenacity import RetryCallState
 
@@ -70,3 +72,13 @@ async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
     """Wait ``seconds``, or less if ``stop`` is set meanwhile."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
+
+
+def log_before_sleep(logger: logging.Logger, message: str, action: str) -> Callable[[RetryCallState], None]:
+    """A tenacity ``before_sleep`` that logs the failure at WARNING with ``message`` (one ``%s``) and ``action``."""
+
+    def log(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        logger.warning(message, error, extra={"action": action})
+
+    return log

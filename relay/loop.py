@@ -16,19 +16,21 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+from tenacity import AsyncRetrying, retry_if_exception_type
 
-from relay.backoff import Backoff, OutageBackoff, sleep_unless_stopped
+from relay.backoff import Backoff, OutageBackoff, log_before_sleep, sleep_unless_stopped
+from relay.batching import BatchLimits
 from relay.config import RelaySettings
-from relay.errors import SinkUnavailable, StoreUnavailable
+from relay.errors import ClaimTimeout, SinkTimeout, SinkUnavailable, StoreUnavailable
 from relay.events import Event, Outcome
 from relay.metrics import Metrics, observe_many
+from relay.settling import settle_within_lease
 from relay.sinks.base import Sink
-from relay.store.base import Claim, Dead, Retry, Settlement, Store
+from relay.store.base import Claim, Dead, Retry, Store
 from relay.tracing import batch_span
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,16 @@ AGE_INTERVAL_SECONDS = 5.0
 COUNTS_INTERVAL_SECONDS = 30.0
 #: A publish may overrun its bound (publish timeout plus the sink's grace) this much before it is reported.
 PUBLISH_OVERRUN_TOLERANCE_SECONDS = 0.5
+
+
+class Verdict(NamedTuple):
+    """A batch's outcomes sorted: sent, retry, dead, held back (by delay), and timed out."""
+
+    sent: list[int]
+    retry: list[Retry]
+    dead: list[Dead]
+    held: dict[float, list[int]]
+    timed_out: list[int]
 
 
 class Relay:
@@ -62,6 +74,11 @@ class Relay:
         self._store_outage = OutageBackoff()
         self._sink_outage = OutageBackoff()
         self._sink_down = False
+        # Shrunk while claims or publishes time out; see relay/batching.py.
+        self._limits = BatchLimits(settings.batch_size, settings.batch_bytes)
+        # Publishes that timed out in a row: the loop backs off as for an outage.
+        self._timeouts = OutageBackoff()
+        self._resume_claims_at = 0.0
         self._wake = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
         self._crash: BaseException | None = None
@@ -82,21 +99,24 @@ class Relay:
                     # A delivery task that died of a bug stops the relay loudly.
                     raise self._crash
                 self.heartbeat = time.monotonic()
-                if len(self._inflight) >= self.settings.pipeline_depth:
+                if len(self._inflight) >= self._pipeline_depth():
                     await self._wait_for_delivery()
                     continue
                 if self._sink_down and not await self._sink_recovered(stop):
                     continue
+                if (backing_off := self._resume_claims_at - time.monotonic()) > 0:
+                    await sleep_unless_stopped(stop, backing_off)
+                    continue
                 claimed = await self._claim(stop)
                 if claimed is None:
                     continue
-                if claimed == self.settings.batch_size:
+                count, full = claimed
+                if count:
                     idle = self.settings.poll_interval_seconds
+                if full:
                     continue
-                if claimed:
-                    idle = self.settings.poll_interval_seconds
                 await self._idle(stop, idle)
-                if not claimed:
+                if not count:
                     idle = min(idle * 2, self.settings.poll_interval_max_seconds)
         finally:
             gauges.cancel()
@@ -136,7 +156,7 @@ class Relay:
             stop=lambda _: stop.is_set(),
             wait=Backoff.for_outages(),
             sleep=lambda seconds: sleep_unless_stopped(stop, seconds),
-            before_sleep=_log_retry("waiting for servers: %s", "connect_retry"),
+            before_sleep=log_before_sleep(logger, "waiting for servers: %s", "connect_retry"),
             reraise=True,
         )
         with contextlib.suppress(StoreUnavailable, SinkUnavailable):  # raised again only once stopped
@@ -144,36 +164,49 @@ class Relay:
                 with attempt:
                     await self.open()
 
-    async def _claim(self, stop: asyncio.Event) -> int | None:
-        """Claim one batch and start delivering it; None when the database is away."""
-        now = time.monotonic()
+    def _pipeline_depth(self) -> int:
+        # While publishes time out, one batch at a time: each is a copy if the broker stored it.
+        return 1 if self._timeouts.failures else self.settings.pipeline_depth
+
+    async def _claim(self, stop: asyncio.Event) -> tuple[int, bool] | None:
+        """Claim one batch and start delivering it: how many events, and whether more may be waiting.
+
+        None when the database is away or the claim timed out.
+        """
+        count, max_bytes = self._limits.count, self._limits.max_bytes
+        # The lease runs from the claim statement's start on the server, so
+        # measure from before sending it: a stall while the claim is in
+        # flight must count against the lease.
+        claimed_at = time.monotonic()
         try:
-            if now >= self._next_reap:
-                self._next_reap = now + self.settings.lease_seconds / 4
-                reaped = await self.store.reap(max_attempts=self.settings.max_attempts)
-                if reaped:
-                    self.metrics.dead_lettered.inc(reaped)
-                    logger.warning(
-                        "dead-lettered %d events whose relays kept dying",
-                        reaped,
-                        extra={"action": "reap_dead"},
-                    )
-            # The lease runs from the claim statement's start on the server, so
-            # measure from before sending it: a stall while the claim is in
-            # flight must count against the lease.
+            await self._reap_now_and_then(claimed_at)
             claimed_at = time.monotonic()
-            started = time.perf_counter()
-            claim = await self.store.claim(self.settings.batch_size, max_attempts=self.settings.max_attempts)
+            claim = await self.store.claim(count, max_attempts=self.settings.max_attempts, max_bytes=max_bytes)
+        except ClaimTimeout as exc:
+            smallest = self._limits.smallest
+            self._limits.claim_timed_out(time.monotonic() - claimed_at)
+            logger.warning(
+                "claim timed out, next claims take at most %d events and %d bytes: %s",
+                self._limits.count,
+                self._limits.max_bytes,
+                exc,
+                extra={"action": "claim_shrink", "batch_size": self._limits.count},
+            )
+            if smallest:  # nothing left to shrink: the database itself is slow
+                await self._store_outage.sleep(stop)
+            return None
         except StoreUnavailable as exc:
             logger.warning("database unavailable: %s", exc, extra={"action": "store_retry"})
             await self._store_outage.sleep(stop)
             return None
+        took = time.monotonic() - claimed_at
+        self._limits.claimed(took)
         self._store_outage.reset()
         self.metrics.claims.inc()
-        self.metrics.claim_duration.observe(time.perf_counter() - started)
+        self.metrics.claim_duration.observe(took)
         if not claim.events:
             self.metrics.empty_claims.inc()
-            return 0
+            return 0, False
         if claim.reaped:
             self.metrics.reaped.inc(claim.reaped)
             logger.warning("took over %d expired leases", claim.reaped, extra={"action": "reap"})
@@ -181,7 +214,17 @@ class Relay:
         task = asyncio.create_task(self._deliver(claim, claimed_at), name=f"deliver-{claim.token}")
         self._inflight.add(task)
         task.add_done_callback(self._delivered)
-        return len(claim.events)
+        full = len(claim.events) >= count or sum(len(e.payload) for e in claim.events) >= max_bytes
+        return len(claim.events), full
+
+    async def _reap_now_and_then(self, now: float) -> None:
+        if now < self._next_reap:
+            return
+        self._next_reap = now + self.settings.lease_seconds / 4
+        reaped = await self.store.reap(max_attempts=self.settings.max_attempts)
+        if reaped:
+            self.metrics.dead_lettered.inc(reaped)
+            logger.warning("dead-lettered %d events whose relays kept dying", reaped, extra={"action": "reap_dead"})
 
     def _delivered(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
@@ -229,6 +272,8 @@ class Relay:
         return True
 
     async def _deliver(self, claim: Claim, claimed_at: float) -> None:
+        lease_ends = claimed_at + self.settings.lease_seconds
+        everything = [e.id for e in claim.events]
         # A batch that waited (a slow claim, a stalled process) until its lease
         # could end before the publish and the settle are done goes back instead:
         # publishing it now could race the relay that takes it over.
@@ -238,12 +283,16 @@ class Relay:
                 len(claim.events),
                 extra={"action": "release_stale", "batch_size": len(claim.events)},
             )
-            await self._settle_until_lease_ends(claim, claimed_at, release={0.0: [e.id for e in claim.events]})
+            await settle_within_lease(self.store, claim, lease_ends, release={0.0: everything})
             return
         started = time.monotonic()
         try:
             with batch_span(claim.events, system=self.sink.name):
                 outcomes = await self.sink.publish(claim.events)
+        except SinkTimeout as exc:
+            delay = self._publish_timed_out(len(claim.events), len(claim.events), exc)
+            await settle_within_lease(self.store, claim, lease_ends, release={delay: everything})
+            return
         except SinkUnavailable as exc:
             self._sink_down = True
             logger.warning(
@@ -252,12 +301,23 @@ class Relay:
                 exc,
                 extra={"action": "release", "batch_size": len(claim.events)},
             )
-            await self._settle_until_lease_ends(claim, claimed_at, release={0.0: [e.id for e in claim.events]})
+            await settle_within_lease(self.store, claim, lease_ends, release={0.0: everything})
             return
         self._check_publish_time(time.monotonic() - started)
-        sent, retry, dead, held = self._judge(claim.events, outcomes)
-        settlement = await self._settle_until_lease_ends(
-            claim, claimed_at, sent=sent, retry=retry, dead=dead, release=held
+        verdict = self._judge(claim.events, outcomes)
+        if verdict.timed_out:
+            delay = self._publish_timed_out(len(verdict.timed_out), len(claim.events))
+            verdict.held.setdefault(delay, []).extend(verdict.timed_out)
+        else:
+            self._publish_acknowledged()
+        settlement = await settle_within_lease(
+            self.store,
+            claim,
+            lease_ends,
+            sent=verdict.sent,
+            retry=verdict.retry,
+            dead=verdict.dead,
+            release=verdict.held,
         )
         if settlement is not None and settlement.lost:
             self.metrics.lost_leases.inc(settlement.lost)
@@ -278,10 +338,34 @@ class Relay:
                 extra={"action": "publish_overrun"},
             )
 
-    def _judge(
-        self, events: Sequence[Event], outcomes: Sequence[Outcome]
-    ) -> tuple[list[int], list[Retry], list[Dead], dict[float, list[int]]]:
-        """Sort a batch's outcomes into sent, retry, dead and held back (by delay)."""
+    def _publish_timed_out(self, timed_out: int, of: int, error: Exception | None = None) -> float:
+        """Back off and shrink the batch as for an outage; the delay before the events are due again.
+
+        The broker may have stored them: each repeat is a copy, so repeats
+        slow down and shrink while timeouts repeat (bound: docs/delivery.md).
+        """
+        delay = self._timeouts.next_delay()
+        self._limits.publish_timed_out()
+        self._resume_claims_at = max(self._resume_claims_at, time.monotonic() + delay)
+        logger.warning(
+            "no acknowledgement in time, releasing %d of %d events for %.1fs; next batches at most %d events%s",
+            timed_out,
+            of,
+            delay,
+            self._limits.count,
+            f": {error}" if error else "",
+            extra={"action": "release_timed_out", "batch_size": of},
+        )
+        return delay
+
+    def _publish_acknowledged(self) -> None:
+        self._limits.published()
+        if self._timeouts.failures and not self._limits.shrunk_by_timeouts:
+            logger.info("the broker acknowledges full batches in time again", extra={"action": "timeouts_over"})
+            self._timeouts.reset()
+
+    def _judge(self, events: Sequence[Event], outcomes: Sequence[Outcome]) -> Verdict:
+        """Sort a batch's outcomes into sent, retry, dead, held back (by delay) and timed out."""
         if len(outcomes) != len(events):
             raise RuntimeError(f"sink returned {len(outcomes)} outcomes for {len(events)} events")
         sent: list[int] = []
@@ -290,6 +374,8 @@ class Relay:
         # The broker of their route is down: not an attempt. They go back, due
         # when that broker is tried again, and keep their place in their key.
         held: dict[float, list[int]] = {}
+        # No acknowledgement in time: not an attempt either (the broker may have them).
+        timed_out: list[int] = []
         now = datetime.now(UTC)
         per_topic: Counter[str] = Counter()
         latencies: list[float] = []
@@ -298,6 +384,9 @@ class Relay:
                 sent.append(event.id)
                 per_topic[event.topic] += 1
                 latencies.append(max(0.0, (now - event.created_at).total_seconds()))
+                continue
+            if outcome.timed_out:
+                timed_out.append(event.id)
                 continue
             if outcome.unavailable:
                 delay = outcome.retry_after_seconds or self.settings.backoff_initial_seconds
@@ -331,60 +420,7 @@ class Relay:
                 sum(map(len, held.values())),
                 extra={"action": "hold_back", "batch_size": len(events)},
             )
-        return sent, retry, dead, held
-
-    async def _settle_until_lease_ends(
-        self,
-        claim: Claim,
-        claimed_at: float,
-        *,
-        sent: Sequence[int] = (),
-        retry: Sequence[Retry] = (),
-        dead: Sequence[Dead] = (),
-        release: Mapping[float, Sequence[int]] | None = None,
-    ) -> Settlement | None:
-        """Settle, then release (``{delay_seconds: ids}``); None when there was nothing to settle."""
-        # The broker has the events; keep trying to record that while the lease
-        # lasts (it runs from the claim). Past it another relay may re-claim
-        # them: a duplicate, not a loss.
-        lease_ends = claimed_at + self.settings.lease_seconds
-        backoff = Backoff.for_outages()
-        settlement: Settlement | None = None
-        must_settle = bool(sent or retry or dead) or not release
-        releases = [(delay, ids) for delay, ids in (release or {}).items() if ids]
-
-        async def remaining_steps() -> None:
-            # Each step runs once: a settle repeated after a later step failed
-            # would find its rows gone and count them as lost leases.
-            nonlocal settlement, must_settle
-            if must_settle:
-                settlement = await self.store.settle(claim, sent=sent, retry=retry, dead=dead)
-                must_settle = False
-            while releases:
-                delay, ids = releases[0]
-                await self.store.release(claim, ids, delay_seconds=delay)
-                releases.pop(0)
-
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(StoreUnavailable),
-            stop=lambda _: time.monotonic() >= lease_ends,
-            # The last try comes as the lease ends, not a backoff after it.
-            wait=lambda state: min(backoff(state), max(0.0, lease_ends - time.monotonic())),
-            before_sleep=_log_retry("settle failed, retrying: %s", "settle_retry"),
-            reraise=True,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    await remaining_steps()
-        except StoreUnavailable as exc:
-            logger.error(
-                "could not settle a batch before its lease ended: %s",
-                exc,
-                extra={"action": "settle_abandoned", "batch_size": len(claim.events)},
-            )
-            return None
-        return settlement
+        return Verdict(sent, retry, dead, held, timed_out)
 
     async def _drain(self) -> None:
         """Let the batches in hand finish publishing and settle (each is bounded)."""
@@ -398,13 +434,3 @@ class Relay:
             await self.sink.close()
         with contextlib.suppress(Exception):
             await self.store.close()
-
-
-def _log_retry(message: str, action: str) -> Callable[[RetryCallState], None]:
-    """A tenacity ``before_sleep`` that logs the failure with ``message`` (one ``%s``) at WARNING."""
-
-    def log(state: RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome is not None else None
-        logger.warning(message, error, extra={"action": action})
-
-    return log

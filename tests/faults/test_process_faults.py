@@ -121,6 +121,7 @@ STALE_PATHS = {
     "release_stale": r"lease nearly over before publishing",
     "lease_lost": r"taken over by another relay before settling",
     "release_unavailable": r"broker unavailable, releasing",
+    "release_timed_out": r"no acknowledgement in time, releasing",
 }
 
 
