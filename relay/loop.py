@@ -15,10 +15,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception_type
 
@@ -27,10 +25,11 @@ from relay.batching import BatchLimits
 from relay.config import RelaySettings
 from relay.errors import ClaimTimeout, SinkTimeout, SinkUnavailable, StoreUnavailable
 from relay.events import Event, Outcome
-from relay.metrics import Metrics, observe_many
+from relay.metrics import Metrics
+from relay.outcomes import Verdict, judge
 from relay.settling import settle_within_lease
 from relay.sinks.base import Sink
-from relay.store.base import Claim, Dead, Retry, Store
+from relay.store.base import Claim, Store
 from relay.tracing import batch_span
 
 logger = logging.getLogger(__name__)
@@ -39,16 +38,13 @@ AGE_INTERVAL_SECONDS = 5.0
 COUNTS_INTERVAL_SECONDS = 30.0
 #: A publish may overrun its bound (publish timeout plus the sink's grace) this much before it is reported.
 PUBLISH_OVERRUN_TOLERANCE_SECONDS = 0.5
-
-
-class Verdict(NamedTuple):
-    """A batch's outcomes sorted: sent, retry, dead, held back (by delay), and timed out."""
-
-    sent: list[int]
-    retry: list[Retry]
-    dead: list[Dead]
-    held: dict[float, list[int]]
-    timed_out: list[int]
+#: While the loop waits for batches in hand, it beats this often.
+BEAT_SECONDS = 1.0
+#: The longest a store or sink call may take before the loop counts as wedged. Each call
+#: is bounded by its adapter: PostgreSQL's by the statement timeout plus a margin (35 s),
+#: a connect by its timeout (10 s). A batch's publish and settles end within its lease,
+#: so a batch still in hand this long after its lease ended is wedged too.
+CALL_ALLOWANCE_SECONDS = 60.0
 
 
 class Relay:
@@ -80,12 +76,24 @@ class Relay:
         self._timeouts = OutageBackoff()
         self._resume_claims_at = 0.0
         self._wake = asyncio.Event()
-        self._inflight: set[asyncio.Task[None]] = set()
+        # Delivery tasks and when their batches were claimed.
+        self._inflight: dict[asyncio.Task[None], float] = {}
         self._crash: BaseException | None = None
         self._next_reap = 0.0
         self._opened = False
-        #: Last time the loop went round; /healthz reads it.
+        #: Last time the loop went round, or found the batches it waits for in time.
         self.heartbeat = time.monotonic()
+        # The end of a wait on purpose (a backoff, a bounded call) the loop is in.
+        self._away_until = 0.0
+
+    def alive(self) -> bool:
+        """True unless the loop is wedged: it went round within a lease, or waits on purpose.
+
+        On purpose: through a backoff, a store or sink call, or for batches in
+        hand that are still within their time. ``/healthz`` answers with this.
+        """
+        now = time.monotonic()
+        return now - self.heartbeat < self.settings.lease_seconds or now < self._away_until
 
     async def run(self, stop: asyncio.Event) -> None:
         """Relay until ``stop`` is set, then finish the batches in hand."""
@@ -105,7 +113,7 @@ class Relay:
                 if self._sink_down and not await self._sink_recovered(stop):
                     continue
                 if (backing_off := self._resume_claims_at - time.monotonic()) > 0:
-                    await sleep_unless_stopped(stop, backing_off)
+                    await self._sleep(stop, backing_off)
                     continue
                 claimed = await self._claim(stop)
                 if claimed is None:
@@ -178,6 +186,7 @@ class Relay:
         # measure from before sending it: a stall while the claim is in
         # flight must count against the lease.
         claimed_at = time.monotonic()
+        self._away(CALL_ALLOWANCE_SECONDS)
         try:
             await self._reap_now_and_then(claimed_at)
             claimed_at = time.monotonic()
@@ -193,11 +202,11 @@ class Relay:
                 extra={"action": "claim_shrink", "batch_size": self._limits.count},
             )
             if smallest:  # nothing left to shrink: the database itself is slow
-                await self._store_outage.sleep(stop)
+                await self._sleep(stop, self._store_outage.next_delay())
             return None
         except StoreUnavailable as exc:
             logger.warning("database unavailable: %s", exc, extra={"action": "store_retry"})
-            await self._store_outage.sleep(stop)
+            await self._sleep(stop, self._store_outage.next_delay())
             return None
         took = time.monotonic() - claimed_at
         self._limits.claimed(took)
@@ -212,7 +221,7 @@ class Relay:
             logger.warning("took over %d expired leases", claim.reaped, extra={"action": "reap"})
         self.metrics.batch_size.observe(len(claim.events))
         task = asyncio.create_task(self._deliver(claim, claimed_at), name=f"deliver-{claim.token}")
-        self._inflight.add(task)
+        self._inflight[task] = claimed_at
         task.add_done_callback(self._delivered)
         full = len(claim.events) >= count or sum(len(e.payload) for e in claim.events) >= max_bytes
         return len(claim.events), full
@@ -227,15 +236,41 @@ class Relay:
             logger.warning("dead-lettered %d events whose relays kept dying", reaped, extra={"action": "reap_dead"})
 
     def _delivered(self, task: asyncio.Task[None]) -> None:
-        self._inflight.discard(task)
+        self._inflight.pop(task, None)
         if not task.cancelled() and task.exception() is not None and self._crash is None:
             self._crash = task.exception()
         self._wake.set()
 
     async def _wait_for_delivery(self) -> None:
-        done, _ = await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
+        for task in await self._batches_done(asyncio.FIRST_COMPLETED):
             task.result()
+
+    async def _batches_done(self, return_when: str) -> set[asyncio.Task[None]]:
+        """Wait for the batches in hand (the first, or all of them), beating while they are within their time.
+
+        A full pipeline during a long database outage waits for settles that
+        retry until the lease ends: the loop is alive, not wedged.
+        """
+        waiting, finished = set(self._inflight), set()
+        while waiting:
+            done, waiting = await asyncio.wait(waiting, timeout=BEAT_SECONDS, return_when=return_when)
+            finished |= done
+            if finished and return_when == asyncio.FIRST_COMPLETED:
+                break
+            now = time.monotonic()
+            oldest = min((self._inflight.get(task, now) for task in waiting), default=now)
+            if now - oldest < self.settings.lease_seconds + CALL_ALLOWANCE_SECONDS:
+                self.heartbeat = now
+        return finished
+
+    async def _sleep(self, stop: asyncio.Event, seconds: float) -> None:
+        """Back off for ``seconds`` (less if stopped meanwhile): a wait on purpose, so alive throughout."""
+        self._away(seconds)
+        await sleep_unless_stopped(stop, seconds)
+
+    def _away(self, seconds: float) -> None:
+        """The loop waits on purpose for up to ``seconds``: alive meanwhile, whatever the lease."""
+        self._away_until = max(self._away_until, time.monotonic() + seconds)
 
     async def _idle(self, stop: asyncio.Event, timeout: float) -> None:
         self._wake.clear()
@@ -257,14 +292,15 @@ class Relay:
             await self.store.wait(timeout)
         except StoreUnavailable as exc:
             logger.warning("lost the LISTEN connection: %s", exc, extra={"action": "listen_retry"})
-            await self._store_outage.sleep(stop)
+            await self._sleep(stop, self._store_outage.next_delay())
 
     async def _sink_recovered(self, stop: asyncio.Event) -> bool:
+        self._away(CALL_ALLOWANCE_SECONDS)
         try:
             await self.sink.check()
         except SinkUnavailable as exc:
             logger.warning("broker unavailable: %s", exc, extra={"action": "sink_retry"})
-            await self._sink_outage.sleep(stop)
+            await self._sleep(stop, self._sink_outage.next_delay())
             return False
         logger.info("broker reachable again", extra={"action": "sink_recovered"})
         self._sink_down = False
@@ -365,71 +401,15 @@ class Relay:
             self._timeouts.reset()
 
     def _judge(self, events: Sequence[Event], outcomes: Sequence[Outcome]) -> Verdict:
-        """Sort a batch's outcomes into sent, retry, dead, held back (by delay) and timed out."""
-        if len(outcomes) != len(events):
-            raise RuntimeError(f"sink returned {len(outcomes)} outcomes for {len(events)} events")
-        sent: list[int] = []
-        retry: list[Retry] = []
-        dead: list[Dead] = []
-        # The broker of their route is down: not an attempt. They go back, due
-        # when that broker is tried again, and keep their place in their key.
-        held: dict[float, list[int]] = {}
-        # No acknowledgement in time: not an attempt either (the broker may have them).
-        timed_out: list[int] = []
-        now = datetime.now(UTC)
-        per_topic: Counter[str] = Counter()
-        latencies: list[float] = []
-        for event, outcome in zip(events, outcomes, strict=True):
-            if outcome is None:
-                sent.append(event.id)
-                per_topic[event.topic] += 1
-                latencies.append(max(0.0, (now - event.created_at).total_seconds()))
-                continue
-            if outcome.timed_out:
-                timed_out.append(event.id)
-                continue
-            if outcome.unavailable:
-                delay = outcome.retry_after_seconds or self.settings.backoff_initial_seconds
-                held.setdefault(delay, []).append(event.id)
-                continue
-            self.metrics.failed_attempts.inc()
-            if outcome.permanent or event.attempts >= self.settings.max_attempts:
-                reason = outcome.error if outcome.permanent else f"{outcome.error} (after {event.attempts} attempts)"
-                dead.append(Dead(event.id, reason))
-                self.metrics.dead_lettered.inc()
-                logger.warning(
-                    "dead-lettered event %d: %s",
-                    event.id,
-                    reason,
-                    extra={"action": "dead_letter", "event_id": event.id, "topic": event.topic},
-                )
-            else:
-                retry.append(Retry(event.id, self._backoff.delay(event.attempts), outcome.error))
-                logger.info(
-                    "event %d failed, will retry: %s",
-                    event.id,
-                    outcome.error,
-                    extra={"action": "retry", "event_id": event.id, "attempts": event.attempts},
-                )
-        observe_many(self.metrics.publish_latency, latencies)
-        for topic, count in per_topic.items():
-            self.metrics.published.labels(topic).inc(count)
-        if held:
-            logger.debug(
-                "holding back %d events whose sink is down",
-                sum(map(len, held.values())),
-                extra={"action": "hold_back", "batch_size": len(events)},
-            )
-        return Verdict(sent, retry, dead, held, timed_out)
+        return judge(events, outcomes, self.settings, self._backoff, self.metrics)
 
     async def _drain(self) -> None:
         """Let the batches in hand finish publishing and settle (each is bounded)."""
         if self._inflight:
             logger.info("stopping: finishing %d batches in hand", len(self._inflight), extra={"action": "drain"})
-            results = await asyncio.gather(*self._inflight, return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                    logger.error("a batch failed while stopping: %r", result, extra={"action": "drain_error"})
+            for task in await self._batches_done(asyncio.ALL_COMPLETED):
+                if not task.cancelled() and task.exception() is not None:
+                    logger.error("a batch failed while stopping: %r", task.exception(), extra={"action": "drain_error"})
         with contextlib.suppress(Exception):
             await self.sink.close()
         with contextlib.suppress(Exception):
