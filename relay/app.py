@@ -9,13 +9,13 @@ import os
 import socket
 from dataclasses import dataclass
 
-from relay.config import RelaySettings, RouteConfig, SinkConfig, TableName, redact_url
+from relay.config import KafkaSinkConfig, RelaySettings, RouteConfig, SinkConfig, TableName, redact_url
 from relay.errors import ConfigError, RelayError
 from relay.health import HealthServer
 from relay.loop import Relay
 from relay.retention import purge_forever
 from relay.signals import stop_on_signals
-from relay.sinks import build_router, build_sink
+from relay.sinks import build_router, build_sink, kafka, rabbitmq
 from relay.sinks.base import Sink
 from relay.store.postgres import PostgresStore
 
@@ -50,6 +50,18 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.sink is None and not self.routes:
             raise ConfigError("no sink configured: set --sink or --route (RELAY_SINK, RELAY_ROUTES)")
+        slowest = max(self._sinks(), key=publish_grace_seconds)
+        self.settings.check_lease(publish_grace_seconds(slowest), _kind(slowest))
+
+    def _sinks(self) -> list[SinkConfig]:
+        if self.routes:
+            return [route.sink for route in self.routes]
+        return [self.sink] if self.sink else []
+
+    @property
+    def publish_grace_seconds(self) -> float:
+        """The longest any of the sinks may run past ``--publish-timeout``."""
+        return max(map(publish_grace_seconds, self._sinks()))
 
     def __repr__(self) -> str:
         routes = ", ".join(f"{r.pattern!r}: {r.label!r}" for r in self.routes)
@@ -69,6 +81,19 @@ def _kind(config: SinkConfig) -> str:
     return type(config).__name__.removesuffix("SinkConfig").lower()
 
 
+def publish_grace_seconds(config: SinkConfig) -> float:
+    """How long a publish to this kind of sink may run past ``--publish-timeout``.
+
+    Kafka waits a margin more for the delivery reports that librdkafka sends
+    when it times messages out at the publish timeout. RabbitMQ may close a
+    connection that confirmed nothing: up to a close timeout for the broker's
+    Close-Ok, then as long again for the aborted stream.
+    """
+    if isinstance(config, KafkaSinkConfig):
+        return kafka.WAIT_MARGIN_SECONDS
+    return 2 * rabbitmq.CLOSE_TIMEOUT_SECONDS
+
+
 def build_relay(config: RunConfig) -> Relay:
     """Wire a relay from ``config``."""
     store = PostgresStore(
@@ -80,15 +105,13 @@ def build_relay(config: RunConfig) -> Relay:
         listen=config.settings.listen,
     )
     timeout = config.settings.publish_timeout_seconds
-    if config.routes:
-        router = build_router(config.routes, publish_timeout_seconds=timeout)
-        relay = Relay(store, router, config.settings)
-        relay.metrics.track_sinks(router.states)
-        return relay
-    if config.sink is None:
-        raise ConfigError("no sink configured: set --sink or --route")
-    sink: Sink = build_sink(config.sink, publish_timeout_seconds=timeout)
-    return Relay(store, sink, config.settings)
+    if config.sink is not None and not config.routes:
+        sink: Sink = build_sink(config.sink, publish_timeout_seconds=timeout)
+        return Relay(store, sink, config.settings, publish_grace_seconds=config.publish_grace_seconds)
+    router = build_router(config.routes, publish_timeout_seconds=timeout)
+    relay = Relay(store, router, config.settings, publish_grace_seconds=config.publish_grace_seconds)
+    relay.metrics.track_sinks(router.states)
+    return relay
 
 
 async def start(relay: Relay, timeout: float, stop: asyncio.Event | None = None) -> bool:
@@ -104,9 +127,7 @@ async def start(relay: Relay, timeout: float, stop: asyncio.Event | None = None)
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:
-            await relay.store.open()
-            await relay.store.check()  # a standby answers, but cannot relay
-            await relay.sink.start()
+            await relay.open()
             return True
         except RelayError as exc:
             await relay.store.close()

@@ -8,6 +8,7 @@ contains a password.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,10 @@ CONNECT_TIMEOUT_SECONDS = 10.0
 PIPELINE_DEPTH = 2
 #: A claim stops adding events once their payloads reach this many bytes (always at least one event).
 BATCH_BYTES = 16 * 1024 * 1024
+#: The least a lease must leave for the claim itself, before its batch is published.
+CLAIM_RESERVE_SECONDS = 1.0
+#: Kept at the end of a lease for the settle that records a batch's outcome (short statements).
+SETTLE_RESERVE_SECONDS = 1.0
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
 _TABLE_RE = re.compile(rf"^(?:({_IDENT})\.)?({_IDENT})$")
@@ -286,13 +291,35 @@ class RelaySettings:
                 "--backoff-max must be >= --backoff-initial",
             ),
             (self.publish_timeout_seconds > 0, "--publish-timeout must be positive"),
-            (
-                self.lease_seconds > self.publish_timeout_seconds,
-                "--lease-seconds must be longer than --publish-timeout",
-            ),
             (self.poll_interval_seconds > 0, "--poll-interval must be positive"),
             (self.pipeline_depth >= 1, "pipeline depth must be at least 1"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        self.check_lease()
+
+    def latest_publish_start_seconds(self, sink_grace_seconds: float = 0.0) -> float:
+        """How long after its claim was sent a batch may still start publishing.
+
+        What the lease leaves once the publish (``--publish-timeout``, plus
+        ``sink_grace_seconds``: the longest the sink runs past it) and the
+        settle are set aside. A batch that waited longer goes back unpublished.
+        See docs/how-it-works.md, "What a lease must hold".
+        """
+        return self.lease_seconds - self.publish_timeout_seconds - sink_grace_seconds - SETTLE_RESERVE_SECONDS
+
+    def check_lease(self, sink_grace_seconds: float = 0.0, sink: str = "the") -> None:
+        """Raise ``ConfigError`` unless the lease holds a claim, a publish and a settle.
+
+        ``sink_grace_seconds`` is how long the ``sink`` may run past ``--publish-timeout``.
+        """
+        needed = CLAIM_RESERVE_SECONDS + self.publish_timeout_seconds + sink_grace_seconds + SETTLE_RESERVE_SECONDS
+        if self.lease_seconds >= needed or math.isclose(self.lease_seconds, needed):
+            return
+        grace = f" + {sink_grace_seconds:g} s {sink} sink may take past it" if sink_grace_seconds else ""
+        raise ConfigError(
+            f"--lease-seconds {self.lease_seconds:g} is too short: a batch needs {needed:g} s of it "
+            f"({CLAIM_RESERVE_SECONDS:g} s to claim + --publish-timeout {self.publish_timeout_seconds:g} s{grace} "
+            f"+ {SETTLE_RESERVE_SECONDS:g} s to settle)"
+        )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 
 from relay.errors import ConfigError, RelayError, SinkUnavailable
 from relay.loop import Relay
@@ -53,8 +52,8 @@ class HealthServer:
             self._server = None
 
     def alive(self) -> bool:
-        """True while the loop has gone round recently."""
-        return time.monotonic() - self.relay.heartbeat < self.relay.settings.lease_seconds
+        """True unless the relay loop is wedged (see :meth:`relay.loop.Relay.alive`)."""
+        return self.relay.alive()
 
     async def ready(self) -> bool:
         """True when the database and the broker answer; with routes, every route's broker.

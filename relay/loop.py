@@ -15,71 +15,116 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from typing import Any
 
-from relay.backoff import Backoff, OutageBackoff
+from tenacity import AsyncRetrying, retry_if_exception_type
+
+from relay.backoff import Backoff, OutageBackoff, log_before_sleep, sleep_unless_stopped
+from relay.batching import BatchLimits
 from relay.config import RelaySettings
-from relay.errors import SinkUnavailable, StoreUnavailable
+from relay.errors import ClaimTimeout, SinkTimeout, SinkUnavailable, StoreUnavailable
 from relay.events import Event, Outcome
-from relay.metrics import Metrics, observe_many
+from relay.metrics import Metrics
+from relay.outcomes import Verdict, judge
+from relay.settling import settle_within_lease
 from relay.sinks.base import Sink
-from relay.store.base import Claim, Dead, Retry, Settlement, Store
+from relay.store.base import Claim, Store
 from relay.tracing import batch_span
 
 logger = logging.getLogger(__name__)
 
 AGE_INTERVAL_SECONDS = 5.0
 COUNTS_INTERVAL_SECONDS = 30.0
+#: A publish may overrun its bound (publish timeout plus the sink's grace) this much before it is reported.
+PUBLISH_OVERRUN_TOLERANCE_SECONDS = 0.5
+#: While the loop waits for batches in hand, it beats this often.
+BEAT_SECONDS = 1.0
+#: The longest a store or sink call may take before the loop counts as wedged. Each call
+#: is bounded by its adapter: PostgreSQL's by the statement timeout plus a margin (35 s),
+#: a connect by its timeout (10 s). A batch's publish and settles end within its lease,
+#: so a batch still in hand this long after its lease ended is wedged too.
+CALL_ALLOWANCE_SECONDS = 60.0
 
 
 class Relay:
     """Moves events from a store to a sink until stopped."""
 
-    def __init__(self, store: Store, sink: Sink, settings: RelaySettings, *, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        sink: Sink,
+        settings: RelaySettings,
+        *,
+        metrics: Metrics | None = None,
+        publish_grace_seconds: float = 0.0,
+    ) -> None:
+        """``publish_grace_seconds``: how long the sink may run past the publish timeout."""
         self.store = store
         self.sink = sink
         self.settings = settings
+        self._publish_grace = publish_grace_seconds
+        self._latest_publish_start = settings.latest_publish_start_seconds(publish_grace_seconds)
         self.metrics = metrics or Metrics()
         self._backoff = Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds)
         self._store_outage = OutageBackoff()
         self._sink_outage = OutageBackoff()
         self._sink_down = False
+        # Shrunk while claims or publishes time out; see relay/batching.py.
+        self._limits = BatchLimits(settings.batch_size, settings.batch_bytes)
+        # Publishes that timed out in a row: the loop backs off as for an outage.
+        self._timeouts = OutageBackoff()
+        self._resume_claims_at = 0.0
         self._wake = asyncio.Event()
-        self._inflight: set[asyncio.Task[None]] = set()
+        # Delivery tasks and when their batches were claimed.
+        self._inflight: dict[asyncio.Task[None], float] = {}
         self._crash: BaseException | None = None
         self._next_reap = 0.0
-        #: Last time the loop went round; /healthz reads it.
+        self._opened = False
+        #: Last time the loop went round, or found the batches it waits for in time.
         self.heartbeat = time.monotonic()
+        # The end of a wait on purpose (a backoff, a bounded call) the loop is in.
+        self._away_until = 0.0
+
+    def alive(self) -> bool:
+        """True unless the loop is wedged: it went round within a lease, or waits on purpose.
+
+        On purpose: through a backoff, a store or sink call, or for batches in
+        hand that are still within their time. ``/healthz`` answers with this.
+        """
+        now = time.monotonic()
+        return now - self.heartbeat < self.settings.lease_seconds or now < self._away_until
 
     async def run(self, stop: asyncio.Event) -> None:
         """Relay until ``stop`` is set, then finish the batches in hand."""
         gauges = asyncio.create_task(self._refresh_gauges(stop), name="gauges")
         try:
-            await self._connect(stop)
+            if not self._opened:
+                await self._connect(stop)
             idle = self.settings.poll_interval_seconds
             while not stop.is_set():
                 if self._crash is not None:
                     # A delivery task that died of a bug stops the relay loudly.
                     raise self._crash
                 self.heartbeat = time.monotonic()
-                if len(self._inflight) >= self.settings.pipeline_depth:
+                if len(self._inflight) >= self._pipeline_depth():
                     await self._wait_for_delivery()
                     continue
                 if self._sink_down and not await self._sink_recovered(stop):
                     continue
+                if (backing_off := self._resume_claims_at - time.monotonic()) > 0:
+                    await self._sleep(stop, backing_off)
+                    continue
                 claimed = await self._claim(stop)
                 if claimed is None:
                     continue
-                if claimed == self.settings.batch_size:
+                count, full = claimed
+                if count:
                     idle = self.settings.poll_interval_seconds
+                if full:
                     continue
-                if claimed:
-                    idle = self.settings.poll_interval_seconds
                 await self._idle(stop, idle)
-                if not claimed:
+                if not count:
                     idle = min(idle * 2, self.settings.poll_interval_max_seconds)
         finally:
             gauges.cancel()
@@ -101,67 +146,131 @@ class Relay:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), AGE_INTERVAL_SECONDS)
 
+    async def open(self) -> None:
+        """Connect the store and the sink; raise the store's or the sink's error if either cannot be used.
+
+        ``run`` calls it (and rides out outages) unless it was called, and
+        succeeded, before.
+        """
+        await self.store.open()
+        await self.store.check()  # a standby answers, but cannot relay
+        await self.sink.start()
+        self._opened = True
+
     async def _connect(self, stop: asyncio.Event) -> None:
         # A relay never exits on a transient outage, not even at start-up.
-        while not stop.is_set():
-            try:
-                await self.store.open()
-                await self.sink.start()
-                self._store_outage.reset()
-                return
-            except (StoreUnavailable, SinkUnavailable) as exc:
-                logger.warning("waiting for servers: %s", exc, extra={"action": "connect_retry"})
-                await self._store_outage.sleep(stop)
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type((StoreUnavailable, SinkUnavailable)),
+            stop=lambda _: stop.is_set(),
+            wait=Backoff.for_outages(),
+            sleep=lambda seconds: sleep_unless_stopped(stop, seconds),
+            before_sleep=log_before_sleep(logger, "waiting for servers: %s", "connect_retry"),
+            reraise=True,
+        )
+        with contextlib.suppress(StoreUnavailable, SinkUnavailable):  # raised again only once stopped
+            async for attempt in retrying:
+                with attempt:
+                    await self.open()
 
-    async def _claim(self, stop: asyncio.Event) -> int | None:
-        """Claim one batch and start delivering it; None when the database is away."""
-        now = time.monotonic()
+    def _pipeline_depth(self) -> int:
+        # While publishes time out, one batch at a time: each is a copy if the broker stored it.
+        return 1 if self._timeouts.failures else self.settings.pipeline_depth
+
+    async def _claim(self, stop: asyncio.Event) -> tuple[int, bool] | None:
+        """Claim one batch and start delivering it: how many events, and whether more may be waiting.
+
+        None when the database is away or the claim timed out.
+        """
+        count, max_bytes = self._limits.count, self._limits.max_bytes
+        # The lease runs from the claim statement's start on the server, so
+        # measure from before sending it: a stall while the claim is in
+        # flight must count against the lease.
+        claimed_at = time.monotonic()
+        self._away(CALL_ALLOWANCE_SECONDS)
         try:
-            if now >= self._next_reap:
-                self._next_reap = now + self.settings.lease_seconds / 4
-                reaped = await self.store.reap(max_attempts=self.settings.max_attempts)
-                if reaped:
-                    self.metrics.dead_lettered.inc(reaped)
-                    logger.warning(
-                        "dead-lettered %d events whose relays kept dying",
-                        reaped,
-                        extra={"action": "reap_dead"},
-                    )
-            # The lease runs from the claim statement's start on the server, so
-            # measure from before sending it: a stall while the claim is in
-            # flight must count against the lease.
+            await self._reap_now_and_then(claimed_at)
             claimed_at = time.monotonic()
-            started = time.perf_counter()
-            claim = await self.store.claim(self.settings.batch_size, max_attempts=self.settings.max_attempts)
+            claim = await self.store.claim(count, max_attempts=self.settings.max_attempts, max_bytes=max_bytes)
+        except ClaimTimeout as exc:
+            smallest = self._limits.smallest
+            self._limits.claim_timed_out(time.monotonic() - claimed_at)
+            logger.warning(
+                "claim timed out, next claims take at most %d events and %d bytes: %s",
+                self._limits.count,
+                self._limits.max_bytes,
+                exc,
+                extra={"action": "claim_shrink", "batch_size": self._limits.count},
+            )
+            if smallest:  # nothing left to shrink: the database itself is slow
+                await self._sleep(stop, self._store_outage.next_delay())
+            return None
         except StoreUnavailable as exc:
             logger.warning("database unavailable: %s", exc, extra={"action": "store_retry"})
-            await self._store_outage.sleep(stop)
+            await self._sleep(stop, self._store_outage.next_delay())
             return None
+        took = time.monotonic() - claimed_at
+        self._limits.claimed(took)
         self._store_outage.reset()
         self.metrics.claims.inc()
-        self.metrics.claim_duration.observe(time.perf_counter() - started)
+        self.metrics.claim_duration.observe(took)
         if not claim.events:
             self.metrics.empty_claims.inc()
-            return 0
+            return 0, False
         if claim.reaped:
             self.metrics.reaped.inc(claim.reaped)
             logger.warning("took over %d expired leases", claim.reaped, extra={"action": "reap"})
         self.metrics.batch_size.observe(len(claim.events))
         task = asyncio.create_task(self._deliver(claim, claimed_at), name=f"deliver-{claim.token}")
-        self._inflight.add(task)
+        self._inflight[task] = claimed_at
         task.add_done_callback(self._delivered)
-        return len(claim.events)
+        full = len(claim.events) >= count or sum(len(e.payload) for e in claim.events) >= max_bytes
+        return len(claim.events), full
+
+    async def _reap_now_and_then(self, now: float) -> None:
+        if now < self._next_reap:
+            return
+        self._next_reap = now + self.settings.lease_seconds / 4
+        reaped = await self.store.reap(max_attempts=self.settings.max_attempts)
+        if reaped:
+            self.metrics.dead_lettered.inc(reaped)
+            logger.warning("dead-lettered %d events whose relays kept dying", reaped, extra={"action": "reap_dead"})
 
     def _delivered(self, task: asyncio.Task[None]) -> None:
-        self._inflight.discard(task)
+        self._inflight.pop(task, None)
         if not task.cancelled() and task.exception() is not None and self._crash is None:
             self._crash = task.exception()
         self._wake.set()
 
     async def _wait_for_delivery(self) -> None:
-        done, _ = await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
+        for task in await self._batches_done(asyncio.FIRST_COMPLETED):
             task.result()
+
+    async def _batches_done(self, return_when: str) -> set[asyncio.Task[None]]:
+        """Wait for the batches in hand (the first, or all of them), beating while they are within their time.
+
+        A full pipeline during a long database outage waits for settles that
+        retry until the lease ends: the loop is alive, not wedged.
+        """
+        waiting, finished = set(self._inflight), set()
+        while waiting:
+            done, waiting = await asyncio.wait(waiting, timeout=BEAT_SECONDS, return_when=return_when)
+            finished |= done
+            if finished and return_when == asyncio.FIRST_COMPLETED:
+                break
+            now = time.monotonic()
+            oldest = min((self._inflight.get(task, now) for task in waiting), default=now)
+            if now - oldest < self.settings.lease_seconds + CALL_ALLOWANCE_SECONDS:
+                self.heartbeat = now
+        return finished
+
+    async def _sleep(self, stop: asyncio.Event, seconds: float) -> None:
+        """Back off for ``seconds`` (less if stopped meanwhile): a wait on purpose, so alive throughout."""
+        self._away(seconds)
+        await sleep_unless_stopped(stop, seconds)
+
+    def _away(self, seconds: float) -> None:
+        """The loop waits on purpose for up to ``seconds``: alive meanwhile, whatever the lease."""
+        self._away_until = max(self._away_until, time.monotonic() + seconds)
 
     async def _idle(self, stop: asyncio.Event, timeout: float) -> None:
         self._wake.clear()
@@ -183,14 +292,15 @@ class Relay:
             await self.store.wait(timeout)
         except StoreUnavailable as exc:
             logger.warning("lost the LISTEN connection: %s", exc, extra={"action": "listen_retry"})
-            await self._store_outage.sleep(stop)
+            await self._sleep(stop, self._store_outage.next_delay())
 
     async def _sink_recovered(self, stop: asyncio.Event) -> bool:
+        self._away(CALL_ALLOWANCE_SECONDS)
         try:
             await self.sink.check()
         except SinkUnavailable as exc:
             logger.warning("broker unavailable: %s", exc, extra={"action": "sink_retry"})
-            await self._sink_outage.sleep(stop)
+            await self._sleep(stop, self._sink_outage.next_delay())
             return False
         logger.info("broker reachable again", extra={"action": "sink_recovered"})
         self._sink_down = False
@@ -198,20 +308,27 @@ class Relay:
         return True
 
     async def _deliver(self, claim: Claim, claimed_at: float) -> None:
-        # A batch that waited (a stalled process, a slow pipeline) until its
-        # lease could end mid-publish goes back instead: publishing it now could
-        # race the relay that takes it over.
-        if time.monotonic() - claimed_at > self.settings.lease_seconds - self.settings.publish_timeout_seconds:
+        lease_ends = claimed_at + self.settings.lease_seconds
+        everything = [e.id for e in claim.events]
+        # A batch that waited (a slow claim, a stalled process) until its lease
+        # could end before the publish and the settle are done goes back instead:
+        # publishing it now could race the relay that takes it over.
+        if time.monotonic() - claimed_at > self._latest_publish_start:
             logger.warning(
                 "lease nearly over before publishing, releasing %d events",
                 len(claim.events),
                 extra={"action": "release_stale", "batch_size": len(claim.events)},
             )
-            await self._settle_until_lease_ends(claim, release={0.0: [e.id for e in claim.events]})
+            await settle_within_lease(self.store, claim, lease_ends, release={0.0: everything})
             return
+        started = time.monotonic()
         try:
             with batch_span(claim.events, system=self.sink.name):
                 outcomes = await self.sink.publish(claim.events)
+        except SinkTimeout as exc:
+            delay = self._publish_timed_out(len(claim.events), len(claim.events), exc)
+            await settle_within_lease(self.store, claim, lease_ends, release={delay: everything})
+            return
         except SinkUnavailable as exc:
             self._sink_down = True
             logger.warning(
@@ -220,10 +337,24 @@ class Relay:
                 exc,
                 extra={"action": "release", "batch_size": len(claim.events)},
             )
-            await self._settle_until_lease_ends(claim, release={0.0: [e.id for e in claim.events]})
+            await settle_within_lease(self.store, claim, lease_ends, release={0.0: everything})
             return
-        sent, retry, dead, held = self._judge(claim.events, outcomes)
-        settlement = await self._settle_until_lease_ends(claim, sent=sent, retry=retry, dead=dead, release=held)
+        self._check_publish_time(time.monotonic() - started)
+        verdict = self._judge(claim.events, outcomes)
+        if verdict.timed_out:
+            delay = self._publish_timed_out(len(verdict.timed_out), len(claim.events))
+            verdict.held.setdefault(delay, []).extend(verdict.timed_out)
+        else:
+            self._publish_acknowledged()
+        settlement = await settle_within_lease(
+            self.store,
+            claim,
+            lease_ends,
+            sent=verdict.sent,
+            retry=verdict.retry,
+            dead=verdict.dead,
+            release=verdict.held,
+        )
         if settlement is not None and settlement.lost:
             self.metrics.lost_leases.inc(settlement.lost)
             logger.warning(
@@ -232,110 +363,53 @@ class Relay:
                 extra={"action": "lease_lost", "batch_size": len(claim.events)},
             )
 
-    def _judge(
-        self, events: Sequence[Event], outcomes: Sequence[Outcome]
-    ) -> tuple[list[int], list[Retry], list[Dead], dict[float, list[int]]]:
-        """Sort a batch's outcomes into sent, retry, dead and held back (by delay)."""
-        if len(outcomes) != len(events):
-            raise RuntimeError(f"sink returned {len(outcomes)} outcomes for {len(events)} events")
-        sent: list[int] = []
-        retry: list[Retry] = []
-        dead: list[Dead] = []
-        # The broker of their route is down: not an attempt. They go back, due
-        # when that broker is tried again, and keep their place in their key.
-        held: dict[float, list[int]] = {}
-        now = datetime.now(UTC)
-        per_topic: Counter[str] = Counter()
-        latencies: list[float] = []
-        for event, outcome in zip(events, outcomes, strict=True):
-            if outcome is None:
-                sent.append(event.id)
-                per_topic[event.topic] += 1
-                latencies.append(max(0.0, (now - event.created_at).total_seconds()))
-                continue
-            if outcome.unavailable:
-                delay = outcome.retry_after_seconds or self.settings.backoff_initial_seconds
-                held.setdefault(delay, []).append(event.id)
-                continue
-            self.metrics.failed_attempts.inc()
-            if outcome.permanent or event.attempts >= self.settings.max_attempts:
-                reason = outcome.error if outcome.permanent else f"{outcome.error} (after {event.attempts} attempts)"
-                dead.append(Dead(event.id, reason))
-                self.metrics.dead_lettered.inc()
-                logger.warning(
-                    "dead-lettered event %d: %s",
-                    event.id,
-                    reason,
-                    extra={"action": "dead_letter", "event_id": event.id, "topic": event.topic},
-                )
-            else:
-                retry.append(Retry(event.id, self._backoff.delay(event.attempts), outcome.error))
-                logger.info(
-                    "event %d failed, will retry: %s",
-                    event.id,
-                    outcome.error,
-                    extra={"action": "retry", "event_id": event.id, "attempts": event.attempts},
-                )
-        observe_many(self.metrics.publish_latency, latencies)
-        for topic, count in per_topic.items():
-            self.metrics.published.labels(topic).inc(count)
-        if held:
-            logger.debug(
-                "holding back %d events whose sink is down",
-                sum(map(len, held.values())),
-                extra={"action": "hold_back", "batch_size": len(events)},
+    def _check_publish_time(self, seconds: float) -> None:
+        bound = self.settings.publish_timeout_seconds + self._publish_grace
+        if seconds > bound + PUBLISH_OVERRUN_TOLERANCE_SECONDS:
+            # The start-up check counted on the bound: the lease may end before the settle.
+            logger.warning(
+                "a publish took %.1fs, longer than the %.1fs the lease allows for it",
+                seconds,
+                bound,
+                extra={"action": "publish_overrun"},
             )
-        return sent, retry, dead, held
 
-    async def _settle_until_lease_ends(
-        self,
-        claim: Claim,
-        *,
-        sent: Sequence[int] = (),
-        retry: Sequence[Retry] = (),
-        dead: Sequence[Dead] = (),
-        release: Mapping[float, Sequence[int]] | None = None,
-    ) -> Settlement | None:
-        """Settle, then release (``{delay_seconds: ids}``); None when there was nothing to settle."""
-        # The broker has the events; keep trying to record that while the lease
-        # lasts. Past it another relay may re-claim them: a duplicate, not a loss.
-        deadline = time.monotonic() + self.settings.lease_seconds
-        outage = OutageBackoff()
-        never = asyncio.Event()
-        settlement: Settlement | None = None
-        must_settle = bool(sent or retry or dead) or not release
-        releases = [(delay, ids) for delay, ids in (release or {}).items() if ids]
-        while True:
-            try:
-                # Each step runs once: a settle repeated after a later step failed
-                # would find its rows gone and count them as lost leases.
-                if must_settle:
-                    settlement = await self.store.settle(claim, sent=sent, retry=retry, dead=dead)
-                    must_settle = False
-                while releases:
-                    delay, ids = releases[0]
-                    await self.store.release(claim, ids, delay_seconds=delay)
-                    releases.pop(0)
-                return settlement
-            except StoreUnavailable as exc:
-                if time.monotonic() > deadline:
-                    logger.error(
-                        "could not settle a batch before its lease ended: %s",
-                        exc,
-                        extra={"action": "settle_abandoned", "batch_size": len(claim.events)},
-                    )
-                    return None
-                logger.warning("settle failed, retrying: %s", exc, extra={"action": "settle_retry"})
-                await outage.sleep(never)
+    def _publish_timed_out(self, timed_out: int, of: int, error: Exception | None = None) -> float:
+        """Back off and shrink the batch as for an outage; the delay before the events are due again.
+
+        The broker may have stored them: each repeat is a copy, so repeats
+        slow down and shrink while timeouts repeat (bound: docs/delivery.md).
+        """
+        delay = self._timeouts.next_delay()
+        self._limits.publish_timed_out()
+        self._resume_claims_at = max(self._resume_claims_at, time.monotonic() + delay)
+        logger.warning(
+            "no acknowledgement in time, releasing %d of %d events for %.1fs; next batches at most %d events%s",
+            timed_out,
+            of,
+            delay,
+            self._limits.count,
+            f": {error}" if error else "",
+            extra={"action": "release_timed_out", "batch_size": of},
+        )
+        return delay
+
+    def _publish_acknowledged(self) -> None:
+        self._limits.published()
+        if self._timeouts.failures and not self._limits.shrunk_by_timeouts:
+            logger.info("the broker acknowledges full batches in time again", extra={"action": "timeouts_over"})
+            self._timeouts.reset()
+
+    def _judge(self, events: Sequence[Event], outcomes: Sequence[Outcome]) -> Verdict:
+        return judge(events, outcomes, self.settings, self._backoff, self.metrics)
 
     async def _drain(self) -> None:
         """Let the batches in hand finish publishing and settle (each is bounded)."""
         if self._inflight:
             logger.info("stopping: finishing %d batches in hand", len(self._inflight), extra={"action": "drain"})
-            results = await asyncio.gather(*self._inflight, return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                    logger.error("a batch failed while stopping: %r", result, extra={"action": "drain_error"})
+            for task in await self._batches_done(asyncio.ALL_COMPLETED):
+                if not task.cancelled() and task.exception() is not None:
+                    logger.error("a batch failed while stopping: %r", task.exception(), extra={"action": "drain_error"})
         with contextlib.suppress(Exception):
             await self.sink.close()
         with contextlib.suppress(Exception):

@@ -27,8 +27,9 @@ FAST = RelaySettings(
     max_attempts=3,
     backoff_initial_seconds=0.05,
     backoff_max_seconds=0.2,
-    lease_seconds=10,
-    publish_timeout_seconds=5,
+    # The shortest lease that holds a claim, a publish and a settle on either broker.
+    lease_seconds=15,
+    publish_timeout_seconds=3,
     poll_interval_seconds=0.05,
     poll_interval_max_seconds=0.2,
 )
@@ -114,10 +115,12 @@ def relay_process(
     database_url: str, sink_url: str, *extra: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
     """``outbox-relay run`` as a subprocess with fast test settings."""
+    # The shortest lease that holds a claim, a publish and a settle on this broker (RabbitMQ's close takes longer).
+    lease = "10" if sink_url.startswith("kafka") else "15"
     args = [
         sys.executable, "-m", "relay", "run", "--database-url", database_url, "--sink", sink_url,
         "--batch-size", "200", "--max-attempts", "3", "--backoff-initial", "0.05", "--backoff-max", "0.2",
-        "--lease-seconds", "8", "--publish-timeout", "4", "--poll-interval", "0.05", "--poll-interval-max", "0.2",
+        "--lease-seconds", lease, "--publish-timeout", "3", "--poll-interval", "0.05", "--poll-interval-max", "0.2",
         "--log-level", "WARNING", *extra,
     ]  # fmt: skip
     base = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}

@@ -1,58 +1,10 @@
 """Where a claim starts scanning: a keyset hint, with a full scan as the safety net.
 
-A sent event's row is deleted (or leaves the claim index's predicate), but its
-entry stays in the claim index until vacuum removes it, and vacuum cannot
-while any transaction older than the delete is open. A claim that scans the
-index from the start then visits the heap for every one of those entries:
-with a long transaction open beside a steady load, the claim slows down
-with every second the transaction stays open (seed 003, Brandur's 15x).
-
-So most claims only look at ids from a *floor* up (``id >= after``), and for
-each priority seen so far (up to ``MAX_HINT_PRIORITIES``) they enter the
-index at (priority, floor): the entries below the floor are neither visited
-nor read. A full scan (the
-whole index, every priority) runs at least every
-``full_scan_interval`` seconds (further apart when full scans are slow: a
-full scan that took d seconds waits 100 d, up to 10 s, so the dead entries
-cost about 1% of the claim connection's time while full scans take under
-0.1 s). The floor is chosen so that what
-a hinted claim skips is rare and waits only for the next full scan:
-
-- it is the lowest id returned by an earlier claim C, once every writer
-  that took a lower id before C ran has ended. Ids are taken in order as rows
-  are inserted (the column's identity default, which caches one value), so a
-  lower id that C could not see belonged to a writer already running; a
-  claim after that writer's end, still scanning from the old floor, saw what
-  it committed. The relay knows that moment from transaction ids: each claim
-  that returns events also returns its own transaction id (assigned while it runs, so above every id
-  assigned before it started) and its snapshot's ``xmin`` (every transaction
-  below it had ended). C is confirmed once some claim's ``xmin`` reaches the
-  transaction id of the first claim that started ``confirm_margin`` after C
-  returned: the margin covers a writer between taking its event's id and
-  being given its transaction id, which PostgreSQL does a moment later, in
-  the same INSERT. A writer open for longer than an interval does not hold
-  the floor back further: past an interval C moves the floor anyway, and an
-  event that writer commits below it waits for the next full scan;
-- it never passes the lowest id of a batch this relay has in flight, nor,
-  once that batch is settled, the batch's lowest id: the later events of those
-  keys (higher ids) become claimable exactly then, and must not wait;
-- retries, releases, requeued dead letters, expired leases, events whose
-  ``deliver_at`` comes, events with ids not taken from the column's default
-  and lower-priority events a full batch of higher-priority ones passed over,
-  below the floor, are found by the next full scan, an interval later (up to
-  ``FULL_SCAN_MAX_INTERVAL_SECONDS`` while full scans are slow; a retry waits
-  its backoff anyway). So are events of a priority no claim has returned
-  yet (the relay starts out knowing only 0, the default), wherever their ids,
-  provided the full scan has room for them after the higher priorities.
-
-While writers are short, the floor trails the newest claims by little more
-than the margin, so a hinted claim steps over that much of dead entries
-rather than an interval's worth. A long reader (S4's REPEATABLE READ
-transaction, a report) has no transaction id and does not hold it back; a
-long writer anywhere in the cluster does, for at most an interval.
-
-Order and delivery do not depend on the floor: the per-key check still looks
-at every earlier event of the key, and every due event is seen by a full scan.
+Sent rows leave dead entries in the claim index until vacuum can remove them. Most
+claims step over them by entering the index at a *floor* id for each priority seen.
+The floor trails the claims until no writer that took a lower id can still commit
+below it, and never passes a batch in flight; a full scan at least every interval
+finds whatever a hinted claim skipped. The argument: docs/how-it-works.md, "Claim floor".
 """
 
 from __future__ import annotations
@@ -75,7 +27,7 @@ FULL_SCAN_MAX_INTERVAL_SECONDS = 10.0
 #: instead (each priority costs them one descent of the index).
 MAX_HINT_PRIORITIES = 64
 #: A writer is given its transaction id at most this long after taking its event's id
-#: (both happen in the same INSERT); see the module docstring.
+#: (both happen in the same INSERT); see "Claim floor" in docs/how-it-works.md.
 CONFIRM_MARGIN_SECONDS = 0.05
 
 

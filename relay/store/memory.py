@@ -97,8 +97,8 @@ class MemoryStore:
             r.key == row.key and r.id < row.id and r.state in ("pending", "failed") for r in self.rows.values()
         )
 
-    async def claim(self, limit: int, *, max_attempts: int) -> Claim:
-        """Lease up to ``limit`` due events, one per key."""
+    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
+        """Lease up to ``limit`` due events, one per key, until their payloads reach ``max_bytes``."""
         self._check()
         now = self.now()
         token = uuid4()
@@ -107,8 +107,11 @@ class MemoryStore:
             key=lambda r: (-r.priority, r.id),
         )[:limit]
         reaped = 0
-        events = []
+        events: list[Event] = []
+        size = 0
         for row in chosen:
+            if max_bytes is not None and size >= max_bytes:
+                break
             reaped += row.lease_expires_at is not None
             row.claim_token = token
             row.lease_expires_at = now + timedelta(seconds=self.lease_seconds)
@@ -125,6 +128,7 @@ class MemoryStore:
                     created_at=row.created_at,
                 )
             )
+            size += len(events[-1].payload)
         return Claim(token=token, events=events, reaped=reaped)
 
     def _owned(self, claim: Claim, ids: Sequence[int]) -> list[Row]:

@@ -278,8 +278,9 @@ class PostgresStore:
                 cur = await conn.execute(self._queries[name], params)
                 return cur.rowcount
 
-    async def claim(self, limit: int, *, max_attempts: int) -> Claim:
+    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
         """Lease up to ``limit`` due events (one per key), ordered by priority then id."""
+        del max_bytes  # H3a implements the byte cap in the claim statement
         token = uuid4()
         after = self._floor.next_after()
         params = {

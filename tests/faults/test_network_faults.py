@@ -318,7 +318,7 @@ def test_black_holed_kafka_keeps_timed_out_events_in_the_outbox(database_url: st
     with proxied_tansu() as (proxy, real_bootstrap):
         relay = RelayProcess(
             database_url, f"kafka://{proxy.address}", "--publish-timeout", f"{PUBLISH_TIMEOUT_SECONDS:g}",
-            "--lease-seconds", "8",
+            "--lease-seconds", "9",
         )  # fmt: skip
         try:
             # Slow writers: they keep writing through the black hole, so batches are in flight when it starts.
@@ -396,7 +396,7 @@ def test_kafka_broker_restart_loses_nothing_the_relay_was_told_about(database_ur
     try:
         relay = RelayProcess(
             database_url, f"kafka://{broker.bootstrap}", "--publish-timeout", f"{PUBLISH_TIMEOUT_SECONDS:g}",
-            "--lease-seconds", "8", "--keep-sent",
+            "--lease-seconds", "9", "--keep-sent",
         )  # fmt: skip
         try:
             writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.02).start()

@@ -24,12 +24,12 @@ EVENTS = 20_000 if FULL else 4_000
 KILLS = 50 if FULL else 4
 RELAYS = 3
 BATCH = 200
-LEASE = "4"
+LEASE = "9"
 
 
 def start_relay(database_url: str, bootstrap: str) -> subprocess.Popen[str]:
     return relay_process(
-        database_url, f"kafka://{bootstrap}", "--lease-seconds", LEASE, "--publish-timeout", "3", "--batch-size",
+        database_url, f"kafka://{bootstrap}", "--lease-seconds", LEASE, "--publish-timeout", "2", "--batch-size",
         str(BATCH),
     )  # fmt: skip
 

@@ -112,7 +112,7 @@ def unsettled(database_url: str) -> int:
 
 # --- scenario 2: SIGSTOP past the lease ----------------------------------------
 
-STALL_LEASE_SECONDS = 3.0
+STALL_LEASE_SECONDS = 9.0
 STALL_PUBLISH_TIMEOUT_SECONDS = 2.0
 STALLS = 10 if FULL else 2
 BURST = 3000
@@ -121,6 +121,7 @@ STALE_PATHS = {
     "release_stale": r"lease nearly over before publishing",
     "lease_lost": r"taken over by another relay before settling",
     "release_unavailable": r"broker unavailable, releasing",
+    "release_timed_out": r"no acknowledgement in time, releasing",
 }
 
 

@@ -32,7 +32,7 @@ from tests.integration.rabbit_support import unique_name
 from tests.relay_support import outbox_counts, relay_process, wait_until
 
 PUBLISH_TIMEOUT_SECONDS = 3.0
-LEASE_SECONDS = 10.0
+LEASE_SECONDS = 15.0
 EVENTS = 24_000 if FULL else 6_000
 ROUNDS = 3 if FULL else 1
 #: How long a claimed batch may stay in hand: the publish timeout, plus the

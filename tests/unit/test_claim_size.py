@@ -1,0 +1,121 @@
+"""How much a claim takes: the byte cap, and the loop shrinking its claims when they time out (no I/O)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relay.errors import ClaimTimeout
+from relay.events import Event, Outcome
+from relay.loop import Relay
+from relay.sinks.memory import MemorySink
+from relay.store.base import Claim
+from relay.store.memory import MemoryStore
+from tests.unit.test_loop import FAST, run_until
+
+
+def payload_of(size: int) -> str:
+    """A JSON string payload whose encoding is exactly ``size`` bytes (``size`` >= 2)."""
+    return "x" * (size - 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=2, max_value=5000), min_size=1, max_size=30),
+    max_bytes=st.integers(min_value=1, max_value=40_000),
+    limit=st.integers(min_value=1, max_value=40),
+)
+def test_a_claim_stops_adding_events_once_their_payloads_reach_the_cap(
+    sizes: list[int], max_bytes: int, limit: int
+) -> None:
+    store = MemoryStore()
+    for size in sizes:
+        store.insert("t", payload_of(size))
+    claim = asyncio.run(store.claim(limit, max_attempts=5, max_bytes=max_bytes))
+    taken = [len(e.payload) for e in claim.events]
+    assert taken == sizes[: len(taken)]
+    assert 1 <= len(taken) <= limit
+    # Every event but the last was added while the batch was still under the cap ...
+    assert sum(taken[:-1]) < max_bytes
+    # ... and a claim that left due events behind stopped at the count or at the cap.
+    if len(taken) < min(limit, len(sizes)):
+        assert sum(taken) >= max_bytes
+
+
+class SlowReadStore(MemoryStore):
+    """Reads payloads at ``bytes_per_second``; a claim that would read longer than
+    ``statement_timeout`` seconds times out, as PostgreSQL's does, and leases nothing."""
+
+    def __init__(self, bytes_per_second: float, statement_timeout: float) -> None:
+        super().__init__()
+        self.rate = bytes_per_second
+        self.statement_timeout = statement_timeout
+        self.timeouts = 0
+        self.claimed: list[tuple[int, int]] = []
+        #: The most payload bytes leased at once (the batches in hand).
+        self.most_in_hand = 0
+
+    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
+        claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes)
+        size = sum(len(e.payload) for e in claim.events)
+        if size / self.rate > self.statement_timeout:
+            await asyncio.sleep(self.statement_timeout)
+            await self.release(claim, [e.id for e in claim.events])  # the statement rolled back
+            self.timeouts += 1
+            raise ClaimTimeout("canceling statement due to statement timeout")
+        await asyncio.sleep(size / self.rate)
+        if claim.events:
+            self.claimed.append((len(claim.events), size))
+        in_hand = sum(len(json.dumps(r.payload)) for r in self.rows.values() if r.claim_token is not None)
+        self.most_in_hand = max(self.most_in_hand, in_hand)
+        return claim
+
+
+FAST_CLAIMS = replace(FAST, batch_size=16)
+
+
+def test_a_claim_that_times_out_shrinks_until_it_fits_and_grows_back_when_claims_are_fast() -> None:
+    # 10 kB events read at 100 kB/s under a 0.25 s statement timeout: two fit in a claim, three do not.
+    store, sink = SlowReadStore(bytes_per_second=100_000, statement_timeout=0.25), MemorySink()
+    for _ in range(30):
+        store.insert("t", payload_of(10_000))
+    relay = Relay(store, sink, FAST_CLAIMS)
+
+    async def scenario() -> None:
+        await run_until(relay, lambda: not store.rows, timeout=20)
+        # 16 -> 8 -> 4 -> 2 events: three timeouts, then claims that fit and stay that size.
+        assert store.timeouts == 3, store.claimed
+        assert {count for count, _ in store.claimed} == {2}, store.claimed
+        # Small events read fast: the batch grows back to the configured size.
+        for _ in range(100):
+            store.insert("t", payload_of(10))
+        await run_until(relay, lambda: not store.rows, timeout=20)
+
+    asyncio.run(scenario())
+    assert store.timeouts == 3
+    assert max(count for count, _ in store.claimed) == FAST_CLAIMS.batch_size
+    assert len(sink.delivered) == 130 and all(e.attempts == 1 for e in sink.delivered)
+
+
+def test_batches_in_hand_hold_at_most_the_byte_cap_per_pipeline_slot() -> None:
+    payload = 10_000
+    limits = replace(FAST_CLAIMS, batch_bytes=25_000)
+    store = SlowReadStore(bytes_per_second=1e9, statement_timeout=1.0)
+    for _ in range(60):
+        store.insert("t", payload_of(payload))
+
+    class SlowSink(MemorySink):
+        async def publish(self, events: Sequence[Event]) -> list[Outcome]:
+            await asyncio.sleep(0.02)
+            return await super().publish(events)
+
+    asyncio.run(run_until(Relay(store, SlowSink(), limits), lambda: not store.rows, timeout=20))
+    # A claim stops once its payloads reach the cap: under the cap plus one event.
+    assert max(size for _, size in store.claimed) < limits.batch_bytes + payload
+    assert store.most_in_hand < limits.pipeline_depth * (limits.batch_bytes + payload)
+    assert max(count for count, _ in store.claimed) == 3

@@ -1,0 +1,227 @@
+"""What a lease must hold (claim, publish, the sink's grace, settle), settles within it, and connecting once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from relay import cli
+from relay.app import RunConfig, start
+from relay.config import (
+    CLAIM_RESERVE_SECONDS,
+    SETTLE_RESERVE_SECONDS,
+    RelaySettings,
+    TableName,
+    parse_sink_url,
+    resolve_routes,
+)
+from relay.errors import ConfigError
+from relay.events import Event, Outcome
+from relay.loop import Relay
+from relay.sinks.memory import MemorySink
+from relay.store.base import Claim, Dead, Retry, Settlement
+from relay.store.memory import MemoryStore
+from tests.unit.test_loop import FAST, run_until
+
+
+class CountingStore(MemoryStore):
+    """Counts connections and times claims and settles."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.opens = 0
+        self.claimed_at: list[float] = []
+        self.settles: list[float] = []
+
+    async def open(self) -> None:
+        self.opens += 1
+        await super().open()
+
+    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
+        claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes)
+        if claim.events:
+            self.claimed_at.append(time.monotonic())
+        return claim
+
+    async def settle(
+        self, claim: Claim, *, sent: Sequence[int], retry: Sequence[Retry], dead: Sequence[Dead]
+    ) -> Settlement:
+        self.settles.append(time.monotonic())
+        return await super().settle(claim, sent=sent, retry=retry, dead=dead)
+
+
+class CountingSink(MemorySink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.starts = 0
+
+    async def start(self) -> None:
+        self.starts += 1
+        await super().start()
+
+
+def test_start_then_run_connects_the_store_and_the_sink_once() -> None:
+    store, sink = CountingStore(), CountingSink()
+    for i in range(5):
+        store.insert("t", {"i": i})
+    relay = Relay(store, sink, FAST)
+
+    async def scenario() -> None:
+        assert await start(relay, timeout=1.0)
+        await run_until(relay, lambda: not store.rows)
+
+    asyncio.run(scenario())
+    assert (store.opens, sink.starts) == (1, 1)
+    assert len(sink.delivered) == 5
+
+
+def test_run_alone_connects_too() -> None:
+    store, sink = CountingStore(), CountingSink()
+    store.insert("t", {})
+    asyncio.run(run_until(Relay(store, sink, FAST), lambda: not store.rows))
+    assert (store.opens, sink.starts) == (1, 1)
+
+
+def test_a_settle_is_retried_only_until_the_lease_that_began_at_the_claim_ends() -> None:
+    """The publish takes a third of the lease; then the database goes away for good.
+
+    Settles are retried until the lease ends, counted from the claim: not a
+    whole lease from the first settle, by when another relay may have sent
+    the events again.
+    """
+    settings = replace(FAST, lease_seconds=3.0, publish_timeout_seconds=0.5)
+    store = CountingStore(lease_seconds=settings.lease_seconds)
+
+    class SlowSink(MemorySink):
+        async def publish(self, events: Sequence[Event]) -> list[Outcome]:
+            await asyncio.sleep(1.0)
+            outcomes = await super().publish(events)
+            store.available = False
+            return outcomes
+
+    store.insert("t", {})
+    relay = Relay(store, SlowSink(), settings)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(relay.run(stop))
+        await asyncio.sleep(settings.lease_seconds + 1.5)
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    [claimed_at] = store.claimed_at
+    tries = [round(at - claimed_at, 2) for at in store.settles]
+    assert len(tries) >= 3, tries
+    assert tries[0] >= 1.0, tries
+    # The last try comes as the lease ends, give or take the loop's own latency.
+    assert settings.lease_seconds - 0.5 <= tries[-1] <= settings.lease_seconds + 0.25, tries
+
+
+# What a lease must hold: the claim, the publish and what the sink takes past it, the settle.
+
+KAFKA = "kafka://broker:9092"
+RABBITMQ = "amqp://guest:guest@broker:5672/%2F"
+GRACE = {KAFKA: 5.0, RABBITMQ: 10.0}
+
+
+def run_config(lease: float, publish_timeout: float, sink_url: str = KAFKA, routes: Sequence[str] = ()) -> RunConfig:
+    settings = RelaySettings(lease_seconds=lease, publish_timeout_seconds=publish_timeout)
+    return RunConfig(
+        database_url="postgresql://app@db/shop",
+        table=TableName.parse("outbox"),
+        sink=parse_sink_url(sink_url) if not routes else None,
+        routes=resolve_routes(routes, None),
+        settings=settings,
+    )
+
+
+def shortest_lease(publish_timeout: float, grace: float) -> float:
+    return CLAIM_RESERVE_SECONDS + publish_timeout + grace + SETTLE_RESERVE_SECONDS
+
+
+@pytest.mark.parametrize("sink_url", [KAFKA, RABBITMQ])
+@pytest.mark.parametrize("publish_timeout", [0.5, 3.0, 30.0])
+def test_the_lease_must_hold_the_claim_the_publish_the_sinks_grace_and_the_settle(
+    sink_url: str, publish_timeout: float
+) -> None:
+    lease = shortest_lease(publish_timeout, GRACE[sink_url])
+    assert run_config(lease, publish_timeout, sink_url).settings.lease_seconds == lease
+    # Each term on its own makes it too short: a longer publish timeout, a
+    # lease that holds the publish and the grace but not the claim and the
+    # settle, or one that holds the publish but not the grace.
+    for too_short in (
+        (lease, publish_timeout + 0.1),
+        (lease - 0.1, publish_timeout),
+        (publish_timeout + GRACE[sink_url] + 1.5, publish_timeout),
+        (publish_timeout + 2.5, publish_timeout),
+    ):
+        with pytest.raises(ConfigError, match="--lease-seconds") as refused:
+            run_config(*too_short, sink_url)
+        message = str(refused.value)
+        assert "\n" not in message and f"{shortest_lease(too_short[1], GRACE[sink_url]):g} s" in message, message
+
+
+def test_rabbitmqs_close_needs_a_longer_lease_than_kafkas_margin() -> None:
+    lease = shortest_lease(3.0, GRACE[KAFKA])
+    run_config(lease, 3.0, KAFKA)
+    with pytest.raises(ConfigError, match="amqp"):
+        run_config(lease, 3.0, RABBITMQ)
+    # With routes, the slowest sink decides.
+    with pytest.raises(ConfigError, match="amqp"):
+        run_config(lease, 3.0, routes=[f"billing.*={RABBITMQ}", f"*={KAFKA}"])
+    config = run_config(shortest_lease(3.0, GRACE[RABBITMQ]), 3.0, routes=[f"billing.*={RABBITMQ}", f"*={KAFKA}"])
+    assert config.publish_grace_seconds == GRACE[RABBITMQ]
+
+
+def test_run_refuses_a_lease_too_short_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--database-url", "postgresql://app@db/shop", "--sink", KAFKA]
+    assert cli.main([*argv, "--lease-seconds", "8", "--publish-timeout", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--lease-seconds 8 is too short" in err and "10 s" in err and len(err.splitlines()) == 1, err
+
+
+class SlowFirstClaim(MemoryStore):
+    """The first claim takes ``seconds`` (a busy database); the others answer at once."""
+
+    def __init__(self, seconds: float, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.seconds = seconds
+        self.released: list[int] = []
+
+    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
+        claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes)
+        if claim.events and self.seconds:
+            await asyncio.sleep(self.seconds)
+            self.seconds = 0
+        return claim
+
+    async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:
+        self.released.extend(ids)
+        await super().release(claim, ids, delay_seconds=delay_seconds)
+
+
+@pytest.mark.parametrize(
+    ("grace", "claim_seconds"),
+    [
+        # Past lease - timeout - settle: the settle might not fit any more.
+        (0.0, 2.0),
+        # Past lease - timeout - grace - settle: the sink's grace might not fit.
+        (2.0, 1.8),
+    ],
+)
+def test_a_batch_claimed_too_late_in_its_lease_goes_back_unpublished(grace: float, claim_seconds: float) -> None:
+    settings = replace(FAST, lease_seconds=3.0 + grace, publish_timeout_seconds=0.5)
+    assert claim_seconds > settings.latest_publish_start_seconds(grace)
+    store, sink = SlowFirstClaim(claim_seconds, lease_seconds=settings.lease_seconds), MemorySink()
+    store.insert("t", {}, idempotency_key="late")
+    relay = Relay(store, sink, settings, publish_grace_seconds=grace)
+    asyncio.run(run_until(relay, lambda: not store.rows, timeout=claim_seconds + 3))
+    assert store.released == [1]
+    assert [e.idempotency_key for e in sink.attempted] == ["late"]
+    assert sink.attempted[0].attempts == 1, "the release gave the attempt back"
