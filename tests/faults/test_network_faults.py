@@ -49,7 +49,7 @@ from tests.faults.conftest import FULL, Recorder
 from tests.faults.proxy import FaultProxy
 from tests.faults.schedule import FaultSchedule
 from tests.integration.kafka_support import unique_topic
-from tests.relay_support import RelayThread, outbox_counts, relay_process, wait_until
+from tests.relay_support import RelayThread, outbox_counts, relay_process
 
 #: Kept well inside the test timeouts, so a relay that wedges still gets its verdict recorded.
 DRAIN_TIMEOUT_SECONDS = 180.0 if FULL else 60.0
@@ -165,10 +165,18 @@ def delivered(database_url: str, writers: Writers, *, keep_sent: bool = False) -
     return committed - sum(outbox_counts(database_url).values())
 
 
-def wait_for_deliveries(database_url: str, writers: Writers, more: int, *, keep_sent: bool = False) -> None:
-    """Wait until the relay has delivered ``more`` events from now on (it takes a moment to start or recover)."""
+def wait_for_deliveries(
+    database_url: str, writers: Writers, more: int, relay: RelayProcess, when: str, *, keep_sent: bool = False
+) -> None:
+    """Wait until the relay has delivered ``more`` events from now on (it takes a moment to start or recover).
+
+    A relay that delivers nothing for a minute fails the scenario here, with its log.
+    """
     base = delivered(database_url, writers, keep_sent=keep_sent)
-    wait_until(lambda: delivered(database_url, writers, keep_sent=keep_sent) >= base + more, timeout=60, interval=0.1)
+    if wait_for(lambda: delivered(database_url, writers, keep_sent=keep_sent) >= base + more, 60) is None:
+        got = delivered(database_url, writers, keep_sent=keep_sent) - base
+        log = "\n".join(relay.lines[-40:])
+        raise AssertionError(f"the relay delivered {got} of {more} events in 60 s {when}; its log ends:\n{log}")
 
 
 def collect_kafka(bootstrap: str, topic: str, expected: set[str]) -> list[Delivery]:
@@ -327,7 +335,7 @@ def test_black_holed_kafka_keeps_timed_out_events_in_the_outbox(database_url: st
             writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.04)
             with FaultSchedule(writers) as schedule:
                 for n in range(rounds):
-                    wait_for_deliveries(database_url, writers, 100)
+                    wait_for_deliveries(database_url, writers, 100, relay, f"before black hole {n + 1}")
                     time.sleep(1.0)
                     with schedule.fault(f"black hole {n + 1}"):
                         proxy.blackhole()
@@ -409,7 +417,9 @@ def test_kafka_broker_restart_loses_nothing_the_relay_was_told_about(database_ur
                 for life in range(restarts):
                     with KafkaCollector(broker.bootstrap, topic) as collector:
                         # This broker life gets some of the traffic before it dies.
-                        wait_for_deliveries(database_url, writers, 100, keep_sent=True)
+                        wait_for_deliveries(
+                            database_url, writers, 100, relay, f"to broker life {life + 1}", keep_sent=True
+                        )
                         time.sleep(rng.uniform(1.0, 3.0))
                         schedule.begin()
                         kills.append(database_now(database_url))
@@ -420,7 +430,9 @@ def test_kafka_broker_restart_loses_nothing_the_relay_was_told_about(database_ur
                     schedule.end(f"broker kill {life + 1}")
                 with KafkaCollector(broker.bootstrap, topic) as collector:
                     # So does the last one: the writers stop only once it has had some.
-                    wait_for_deliveries(database_url, writers, 100, keep_sent=True)
+                    wait_for_deliveries(
+                        database_url, writers, 100, relay, f"to broker life {restarts + 1}", keep_sent=True
+                    )
                     schedule.finish()
                     empty = drained(database_url)
                     # Everything the relay sent after the last kill must reach this broker life.
