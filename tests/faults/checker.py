@@ -73,7 +73,11 @@ class Verdict:
 
 
 class Writers:
-    """``count`` writer threads, each with its own keys and connection."""
+    """``count`` writer threads, each with its own keys and connection.
+
+    They write ``events`` in all, or go on past that until an event is set
+    (``start(until=...)``; ``tests.faults.schedule`` does that for a fault schedule).
+    """
 
     def __init__(
         self,
@@ -98,15 +102,33 @@ class Writers:
         self.pause = pause
         self.errors: list[BaseException] = []
         self._stop = threading.Event()
+        self._until: threading.Event | None = None
+        self._commits = 0
         self._per_writer = events // count
         self._threads = [
             threading.Thread(target=self._write, args=(w, keys_per_writer, seed + w), daemon=True) for w in range(count)
         ]
 
-    def start(self) -> Writers:
+    def start(self, *, until: threading.Event | None = None) -> Writers:
+        """Start writing ``events`` in all; with ``until``, go on past that until it is set."""
+        self._until = until
         for thread in self._threads:
             thread.start()
         return self
+
+    def stop(self) -> None:
+        """Stop after the transaction in hand, quota or not."""
+        self._stop.set()
+
+    def committed(self) -> int:
+        """Events the writer threads committed so far (not what a test added to the ledger itself)."""
+        with self.ledger.lock:
+            return self._commits
+
+    def _more(self, written: int) -> bool:
+        if self._stop.is_set():
+            return False
+        return written < self._per_writer or (self._until is not None and not self._until.is_set())
 
     def join(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -124,10 +146,11 @@ class Writers:
         written = 0
         conn: psycopg.Connection[Any] | None = None
         try:
-            while written < self._per_writer and not self._stop.is_set():
+            while self._more(written):
                 rollback = rng.random() < self.rollback_ratio
                 batch: list[tuple[str, str, int]] = []
-                for _ in range(min(self.per_tx, self._per_writer - written)):
+                left = self._per_writer - written
+                for _ in range(min(self.per_tx, left) if left > 0 else self.per_tx):
                     key = rng.choice(list(seqs))
                     seq = seqs[key] + len([b for b in batch if b[1] == key]) + 1
                     batch.append((str(uuid.uuid4()), key, seq))
@@ -139,6 +162,7 @@ class Writers:
                         for idem, key, seq in batch:
                             self.ledger.committed[idem] = (key, seq)
                             seqs[key] = max(seqs[key], seq)
+                        self._commits += len(batch)
                 written += len(batch)
                 if self.pause:
                     time.sleep(self.pause)

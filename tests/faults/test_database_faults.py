@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import random
 import shutil
@@ -42,6 +43,7 @@ from relay.store.postgres import PostgresStore
 from tests.faults.checker import KafkaCollector, Verdict, Watcher, Writers, verdict
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.proxy import FaultProxy
+from tests.faults.schedule import FaultSchedule
 from tests.integration.kafka_support import unique_topic
 from tests.relay_support import RelayThread, outbox_counts
 
@@ -85,8 +87,7 @@ def unsent_keys(database_url: str) -> set[str]:
 
 
 def drain_and_collect(database_url: str, writers: Writers, collector: KafkaCollector) -> tuple[Verdict, bool]:
-    """Wait for the writers, then for nothing pending and the consumer; judge. True if the outbox drained."""
-    writers.join()
+    """Once the writers stopped, wait for nothing pending and the consumer; judge. True if the outbox drained."""
     drained = wait_for(lambda: outbox_counts(database_url).get("pending", 0) == 0, DRAIN_TIMEOUT_SECONDS) is not None
     expected = set(writers.ledger.committed) - unsent_keys(database_url)
     collector.wait_for(lambda ds: expected <= {d.idempotency_key for d in ds}, timeout=60)
@@ -363,20 +364,23 @@ def test_relay_rides_out_backend_terminations_at_every_phase(
         KafkaCollector(kafka_bootstrap, topic) as collector,
         RelayThread(database_url, f"kafka://{kafka_bootstrap}", max_attempts=10),
     ):
-        # Paced to keep writing until the last termination, so the relay has work at every one.
-        writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.05).start()
-        while done < terminations:
-            time.sleep(rng.uniform(0.1, 0.4))
-            target = targets[done % len(targets)]
-            # A statement is active for a millisecond or two: keep looking for a while.
-            phases = terminate(admin, dbname, target, patience=3.0 if target.startswith("mid-") else 0.5)
-            if not phases:
-                target, phases = "any", terminate(admin, dbname, "any", patience=0.5)
-            hits.update(f"{target}: {p}" for p in phases)
-            done += 1
+        # The writers write until the last termination, so the relay has work at every one.
+        writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.05)
+        with FaultSchedule(writers) as schedule:
+            while done < terminations:
+                time.sleep(rng.uniform(0.1, 0.4))
+                target = targets[done % len(targets)]
+                with schedule.fault(f"terminate {target}"):
+                    # A statement is active for a millisecond or two: keep looking for a while.
+                    phases = terminate(admin, dbname, target, patience=3.0 if target.startswith("mid-") else 0.5)
+                    if not phases:
+                        target, phases = "any", terminate(admin, dbname, "any", patience=0.5)
+                hits.update(f"{target}: {p}" for p in phases)
+                done += 1
         result, drained = drain_and_collect(database_url, writers, collector)
     counts = outbox_counts(database_url)
     note = f"{done} terminations; hit " + ", ".join(f"{k} x{v}" for k, v in sorted(hits.items()))
+    note += f"; {schedule.note()}"
     print(f"5a backend terminations: {result}\n{note}")
     record(f"5a/database: pg_terminate_backend x{done} at every phase", result, runs=done, note=note)
     assert drained and not counts.get("failed"), counts
@@ -406,28 +410,31 @@ def test_relay_waits_out_a_read_only_database_and_resumes_by_itself(
         KafkaCollector(kafka_bootstrap, topic) as collector,
         RelayThread(database_url, f"kafka://{kafka_bootstrap}", max_attempts=10) as relay,
     ):
-        writers = Writers(database_url, topic, count=2, events=600, keys_per_writer=10, pause=0.05).start()
-        collector.wait_for(lambda ds: len(ds) >= 30, timeout=30)
-        admin.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
-        try:
-            terminate(admin, dbname, "any", patience=0.5)  # the relay reconnects into read-only sessions
-            time.sleep(2.0)  # batches in hand when the sessions went are settled or given up
-            frozen_from = collector.count()
-            time.sleep(3.0)
-            delivered_while_read_only = collector.count() - frozen_from
-            relay_alive = relay.error is None and relay.relay is not None
-            unsent_while_read_only = outbox_counts(database_url).get("pending", 0)
-        finally:
-            admin.execute(f'ALTER DATABASE "{dbname}" RESET default_transaction_read_only')
+        writers = Writers(database_url, topic, count=2, events=600, keys_per_writer=10, pause=0.05)
+        with FaultSchedule(writers) as schedule:
+            collector.wait_for(lambda ds: len(ds) >= 30, timeout=30)
+            with schedule.fault("read-only"):
+                admin.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
+                try:
+                    terminate(admin, dbname, "any", patience=0.5)  # the relay reconnects into read-only sessions
+                    time.sleep(2.0)  # batches in hand when the sessions went are settled or given up
+                    frozen_from = collector.count()
+                    time.sleep(3.0)
+                    delivered_while_read_only = collector.count() - frozen_from
+                    relay_alive = relay.error is None and relay.relay is not None
+                    unsent_while_read_only = outbox_counts(database_url).get("pending", 0)
+                finally:
+                    admin.execute(f'ALTER DATABASE "{dbname}" RESET default_transaction_read_only')
         result, drained = drain_and_collect(database_url, writers, collector)
     note = (
         f"read-only for 5 s: {delivered_while_read_only} delivered in its last 3 s, "
         f"{unsent_while_read_only} waiting; {'drained' if drained else 'not drained'} after the RESET, "
-        f"relay {'never stopped' if relay_alive else 'stopped'}"
+        f"relay {'never stopped' if relay_alive else 'stopped'}; {schedule.note()}"
     )
     record("5a'/database: turns read-only, then takes writes again", result, note=note)
     assert relay_alive, "the relay stopped on a read-only database"
     assert delivered_while_read_only == 0, "claims went on: the database was not read-only for the relay"
+    assert not schedule.unloaded(), note
     assert unsent_while_read_only > 0, "the writers wrote nothing while the relay waited"
     assert drained, outbox_counts(database_url)
     assert_nothing_lost(result, 300)
@@ -449,18 +456,28 @@ def test_relay_and_writers_ride_out_database_restarts(kafka_bootstrap: str, reco
             RelayThread(server.url, f"kafka://{kafka_bootstrap}", max_attempts=10),
         ):
             writers = ResilientWriters(server.url, topic, count=4, events=events, keys_per_writer=25, pause=0.03)
-            writers.start()
-            for n in range(restarts):
-                time.sleep(rng.uniform(1.5, 3.0))
-                # Alternate a fast shutdown (sessions ended cleanly) and an immediate one (crash recovery).
-                server.restart(immediate=n % 2 == 1, down_seconds=rng.uniform(1.0, 2.5))
+            # Writers' retries when each restart began; each restart must add some before the next one.
+            retries_at: list[int] = []
+            with FaultSchedule(writers) as schedule:
+                for n in range(restarts):
+                    time.sleep(rng.uniform(1.5, 3.0))
+                    # Once the writers commit again: the last restart is over for them too.
+                    with schedule.fault(f"restart {n + 1}"):
+                        retries_at.append(writers.retries)
+                        # Alternate a fast shutdown (sessions ended cleanly) and an immediate one (crash recovery).
+                        server.restart(immediate=n % 2 == 1, down_seconds=rng.uniform(1.0, 2.5))
+            retries_at.append(writers.retries)
             result, drained = drain_and_collect(server.url, writers, collector)
             counts = outbox_counts(server.url)
-        note = f"{server.restarts} restarts (fast and immediate shutdowns); writers retried {writers.retries} times"
+        seen = [after - before for before, after in itertools.pairwise(retries_at)]
+        note = (
+            f"{server.restarts} restarts (fast and immediate shutdowns); writers retried {writers.retries} times "
+            f"({seen} after each restart); {schedule.note()}"
+        )
     print(f"5b database restarts: {result}; {note}")
     record(f"5b/database: PostgreSQL restarted x{restarts} under load", result, runs=restarts, note=note)
     assert drained and not counts.get("failed"), counts
-    assert writers.retries > 0, "the writers never saw the outage"
+    assert len(seen) == restarts and all(seen), f"the writers did not see every outage: {note}"
     assert_nothing_lost(result, events * 6 // 10)
 
 
@@ -496,26 +513,32 @@ def test_slow_and_slowly_closing_database_links_bound_every_store_call(
         KafkaCollector(kafka_bootstrap, topic) as collector,
         relay_via_proxy(database_url, kafka_bootstrap) as (proxy, relay),
     ):
-        writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.06).start()
+        writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.06)
         with Sampler(call_clock, relay) as sampler:
-            for _ in range(rounds):
-                time.sleep(1.0)
-                proxy.latency(0.05)
-                time.sleep(2.0)
-                proxy.latency(0.2)
-                time.sleep(2.0)
-                proxy.slow_close(slow_close_step)
-                time.sleep(slow_close_step * 3)
-                proxy.passthrough()
+            with FaultSchedule(writers) as schedule:
+                for n in range(1, rounds + 1):
+                    time.sleep(1.0)
+                    with schedule.fault(f"latency 50 ms #{n}"):
+                        proxy.latency(0.05)
+                        time.sleep(2.0)
+                    with schedule.fault(f"latency 200 ms #{n}"):
+                        proxy.latency(0.2)
+                        time.sleep(2.0)
+                    with schedule.fault(f"slow close #{n}"):
+                        proxy.slow_close(slow_close_step)
+                        time.sleep(slow_close_step * 3)
+                    proxy.passthrough()
             result, drained = drain_and_collect(database_url, writers, collector)
         worst, seconds = call_clock.worst()
     counts = outbox_counts(database_url)
     note = (
         f"latency 50 ms and 200 ms, slow close ({slow_close_step:g} s steps) x{rounds}; longest store call "
-        f"{worst} {seconds:.2f} s, longest loop stall {sampler.loop_stall:.2f} s, {proxy.accepted} connections"
+        f"{worst} {seconds:.2f} s, longest loop stall {sampler.loop_stall:.2f} s, {proxy.accepted} connections; "
+        f"{schedule.note()}"
     )
     print(f"5c slow database link: {result}; {note}; calls {dict(call_clock.calls)}")
     record("5c/database: latency and slow close on the database link", result, runs=rounds, note=note)
+    assert not schedule.unloaded(), note
     assert drained and not counts.get("failed"), counts
     assert_nothing_lost(result, events // 2)
     # A slowly closing link ends the calls on it when the FIN comes (one step);
@@ -568,22 +591,26 @@ def test_black_holed_database_link_does_not_hang_the_relay(
         KafkaCollector(kafka_bootstrap, topic) as collector,
         relay_via_proxy(database_url, kafka_bootstrap) as (proxy, relay),
     ):
-        writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.1).start()
+        writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.1)
         with Sampler(call_clock, relay) as sampler:
-            time.sleep(1.5)
-            proxy.blackhole()
-            time.sleep(blackhole_seconds)
-            during = call_clock.worst()
-            proxy.passthrough()
+            with FaultSchedule(writers) as schedule:
+                time.sleep(1.5)
+                with schedule.fault("black hole"):
+                    proxy.blackhole()
+                    time.sleep(blackhole_seconds)
+                    during = call_clock.worst()
+                    proxy.passthrough()
             result, drained = drain_and_collect(database_url, writers, collector)
     worst, seconds = during
     counts = outbox_counts(database_url)
     note = (
         f"black hole {blackhole_seconds:g} s with {short_db_timeouts:g} s database timeouts; longest store call "
-        f"{worst} {seconds:.1f} s (bound {bound:g} s), longest loop stall {sampler.loop_stall:.1f} s"
+        f"{worst} {seconds:.1f} s (bound {bound:g} s), longest loop stall {sampler.loop_stall:.1f} s; "
+        f"{schedule.note()}"
     )
     print(f"5c black-holed database: {result}; {note}")
     record("5c/database: black-holed database link", result, note=note)
+    assert not schedule.unloaded(), note
     assert drained and not counts.get("failed"), counts
     assert_nothing_lost(result, events // 2)
     assert seconds < bound, (

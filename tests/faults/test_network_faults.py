@@ -47,8 +47,9 @@ from relay.sinks.rabbitmq import RabbitMQSink
 from tests.faults.checker import Delivery, KafkaCollector, Ledger, Verdict, Watcher, Writers, verdict
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.proxy import FaultProxy
+from tests.faults.schedule import FaultSchedule
 from tests.integration.kafka_support import unique_topic
-from tests.relay_support import RelayThread, outbox_counts, relay_process, wait_until
+from tests.relay_support import RelayThread, outbox_counts, relay_process
 
 #: Kept well inside the test timeouts, so a relay that wedges still gets its verdict recorded.
 DRAIN_TIMEOUT_SECONDS = 180.0 if FULL else 60.0
@@ -147,26 +148,48 @@ def unsent_keys(database_url: str) -> set[str]:
     return {row[0] for row in rows}
 
 
-def pending_below(database_url: str, limit: float) -> Callable[[], bool]:
-    return lambda: outbox_counts(database_url).get("pending", 0) < limit
+def pending_ids(database_url: str) -> list[int]:
+    """The outbox rows pending now."""
+    with psycopg.connect(database_url) as conn:
+        return [row[0] for row in conn.execute("SELECT id FROM outbox WHERE state = 'pending'").fetchall()]
+
+
+def half_gone(database_url: str, ids: list[int]) -> Callable[[], bool]:
+    """Whether fewer than half of ``ids`` are still pending (whatever the writers added since)."""
+
+    def check() -> bool:
+        with psycopg.connect(database_url) as conn:
+            row = conn.execute("SELECT count(*) FROM outbox WHERE id = ANY(%s) AND state = 'pending'", [ids]).fetchone()
+        return row is not None and row[0] < len(ids) / 2
+
+    return check
 
 
 def includes(expected: set[str], deliveries: list[Delivery]) -> bool:
     return expected <= {d.idempotency_key for d in deliveries}
 
 
-def wait_for_deliveries(database_url: str, writers: Writers, at_least: int, *, keep_sent: bool = False) -> None:
-    """Wait until the relay has delivered ``at_least`` events (it takes a moment to start)."""
+def delivered(database_url: str, writers: Writers, *, keep_sent: bool = False) -> int:
+    """Events the relay has delivered so far: rows marked sent, or committed rows gone from the outbox."""
+    if keep_sent:
+        return outbox_counts(database_url).get("sent", 0)
+    with writers.ledger.lock:
+        committed = len(writers.ledger.committed)
+    return committed - sum(outbox_counts(database_url).values())
 
-    def delivered() -> int:
-        counts = outbox_counts(database_url)
-        if keep_sent:
-            return counts.get("sent", 0)
-        with writers.ledger.lock:
-            committed = len(writers.ledger.committed)
-        return committed - sum(counts.values())
 
-    wait_until(lambda: delivered() >= at_least, timeout=60, interval=0.1)
+def wait_for_deliveries(
+    database_url: str, writers: Writers, more: int, relay: RelayProcess, when: str, *, keep_sent: bool = False
+) -> None:
+    """Wait until the relay has delivered ``more`` events from now on (it takes a moment to start or recover).
+
+    A relay that delivers nothing for a minute fails the scenario here, with its log.
+    """
+    base = delivered(database_url, writers, keep_sent=keep_sent)
+    if wait_for(lambda: delivered(database_url, writers, keep_sent=keep_sent) >= base + more, 60) is None:
+        got = delivered(database_url, writers, keep_sent=keep_sent) - base
+        log = "\n".join(relay.lines[-40:])
+        raise AssertionError(f"the relay delivered {got} of {more} events in 60 s {when}; its log ends:\n{log}")
 
 
 def collect_kafka(bootstrap: str, topic: str, expected: set[str]) -> list[Delivery]:
@@ -321,17 +344,20 @@ def test_black_holed_kafka_keeps_timed_out_events_in_the_outbox(database_url: st
             "--lease-seconds", "9",
         )  # fmt: skip
         try:
-            # Slow writers: they keep writing through the black hole, so batches are in flight when it starts.
-            writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.04).start()
-            for _ in range(rounds):
-                wait_for_deliveries(database_url, writers, 100)
-                time.sleep(1.0)
-                proxy.blackhole()
-                time.sleep(blackhole_seconds)
-                held.append(outbox_counts(database_url))
-                proxy.passthrough()
-                recoveries.append(wait_for(pending_below(database_url, held[-1].get("pending", 0) / 2), timeout=30))
-            writers.join()
+            # Slow writers that write through every black hole, so batches are in flight when each starts.
+            writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.04)
+            with FaultSchedule(writers) as schedule:
+                for n in range(rounds):
+                    wait_for_deliveries(database_url, writers, 100, relay, f"before black hole {n + 1}")
+                    time.sleep(1.0)
+                    with schedule.fault(f"black hole {n + 1}"):
+                        proxy.blackhole()
+                        time.sleep(blackhole_seconds)
+                        held.append(outbox_counts(database_url))
+                        backlog = pending_ids(database_url)
+                        proxy.passthrough()
+                    # The writers go on writing: the recovery is that of the backlog the black hole left.
+                    recoveries.append(wait_for(half_gone(database_url, backlog), timeout=30))
             empty = drained(database_url)
         finally:
             code = relay.stop()
@@ -342,15 +368,17 @@ def test_black_holed_kafka_keeps_timed_out_events_in_the_outbox(database_url: st
     note = (
         f"{rounds} x {blackhole_seconds:g} s black hole, --publish-timeout {PUBLISH_TIMEOUT_SECONDS:g}; "
         f"pending at the end of each: {[h.get('pending', 0) for h in held]}, batches released {released}, "
-        f"back to half within {[None if r is None else round(r, 1) for r in recoveries]} s; left {counts}"
+        f"half of that backlog gone within {[None if r is None else round(r, 1) for r in recoveries]} s; "
+        f"{schedule.note()}; "
+        f"left {counts}"
     )
     print(f"6a kafka black hole: {result}; {note}")
     record("6a/network: Kafka black-holed past the publish timeout", result, runs=rounds, note=note)
     log = "\n".join(relay.lines[-30:])
     assert code == 0, log
-    # The first black hole always catches events in the outbox; a later one may
-    # start after the writers finished and find nothing left to hold back.
-    assert held[0].get("pending", 0) > 0, held
+    # The writers write through every black hole, so each one holds events back and each recovery is measured.
+    assert not schedule.unloaded(), note
+    assert all(h.get("pending", 0) > 0 for h in held), note
     assert all(h.get("failed", 0) == 0 for h in held), held
     assert released > 0, "no batch timed out: the black hole did not outlast the publish timeout"
     assert None not in recoveries and empty and not counts.get("failed"), f"{note}\n{log}"
@@ -399,29 +427,35 @@ def test_kafka_broker_restart_loses_nothing_the_relay_was_told_about(database_ur
             "--lease-seconds", "9", "--keep-sent",
         )  # fmt: skip
         try:
-            writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.02).start()
-            for life in range(restarts + 1):
-                last = life == restarts
-                sent_before = outbox_counts(database_url).get("sent", 0)
-                with KafkaCollector(broker.bootstrap, topic) as collector:
-                    if last:
-                        writers.join()
-                        empty = drained(database_url)
-                        # Everything the relay sent after the last kill must reach this broker life.
-                        since = kills[-1] + timedelta(seconds=SETTLE_GRACE_SECONDS)
-                        expected = {k for k, at in sent_times(database_url).items() if at > since}
-                        collector.wait_for(functools.partial(includes, expected), timeout=30)
-                        time.sleep(1.0)
-                    else:
+            writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.02)
+            with FaultSchedule(writers) as schedule:
+                for life in range(restarts):
+                    with KafkaCollector(broker.bootstrap, topic) as collector:
                         # This broker life gets some of the traffic before it dies.
-                        wait_for_deliveries(database_url, writers, sent_before + 100, keep_sent=True)
+                        wait_for_deliveries(
+                            database_url, writers, 100, relay, f"to broker life {life + 1}", keep_sent=True
+                        )
                         time.sleep(rng.uniform(1.0, 3.0))
+                        schedule.begin()
                         kills.append(database_now(database_url))
                         broker.stop()
-                lives.append(list(collector.deliveries))
-                if not last:
+                    lives.append(list(collector.deliveries))
                     time.sleep(rng.uniform(1.0, 3.0))
                     broker = Tansu(port).start()
+                    schedule.end(f"broker kill {life + 1}")
+                with KafkaCollector(broker.bootstrap, topic) as collector:
+                    # So does the last one: the writers stop only once it has had some.
+                    wait_for_deliveries(
+                        database_url, writers, 100, relay, f"to broker life {restarts + 1}", keep_sent=True
+                    )
+                    schedule.finish()
+                    empty = drained(database_url)
+                    # Everything the relay sent after the last kill must reach this broker life.
+                    since = kills[-1] + timedelta(seconds=SETTLE_GRACE_SECONDS)
+                    expected = {k for k, at in sent_times(database_url).items() if at > since}
+                    collector.wait_for(functools.partial(includes, expected), timeout=30)
+                    time.sleep(1.0)
+                lives.append(list(collector.deliveries))
         finally:
             code = relay.stop()
     finally:
@@ -444,12 +478,14 @@ def test_kafka_broker_restart_loses_nothing_the_relay_was_told_about(database_ur
     result = verdict(ledger, [d for life in lives for d in life])
     note = (
         f"{restarts} broker kills; consumer saw {[len(life) for life in lives]} messages per broker life; "
-        f"{len(died_with_broker)} acknowledged by a dying broker before the consumer read them (excluded)"
+        f"{len(died_with_broker)} acknowledged by a dying broker before the consumer read them (excluded); "
+        f"{schedule.note()}"
     )
     print(f"6b kafka restart: {result}; {note}")
     record("6b/network: Kafka broker killed and restarted under load", result, runs=restarts, note=note)
     counts = outbox_counts(database_url)
     assert code == 0, "\n".join(relay.lines[-30:])
+    assert not schedule.unloaded(), note
     assert all(lives), [len(life) for life in lives]
     assert empty and not counts.get("failed"), f"{counts}\n" + "\n".join(relay.lines[-30:])
     assert len(died_with_broker) <= 200 * restarts, note
@@ -459,19 +495,24 @@ def test_kafka_broker_restart_loses_nothing_the_relay_was_told_about(database_ur
 # --- 8: latency and slow close on the broker path ---------------------------------------
 
 
-def latency_then_slow_close(proxy: FaultProxy, progress: Progress, rounds: int, step: float) -> None:
-    for _ in range(rounds):
+def latency_then_slow_close(
+    proxy: FaultProxy, progress: Progress, schedule: FaultSchedule, rounds: int, step: float
+) -> None:
+    for n in range(1, rounds + 1):
         progress.phase = "pass"
         time.sleep(1.0)
-        progress.phase = "latency 50 ms"
-        proxy.latency(0.05)
-        time.sleep(2.0)
-        progress.phase = "latency 200 ms"
-        proxy.latency(0.2)
-        time.sleep(3.0)
-        progress.phase = "slow close"
-        proxy.slow_close(step)
-        time.sleep(step * 3)
+        with schedule.fault(f"latency 50 ms #{n}"):
+            progress.phase = "latency 50 ms"
+            proxy.latency(0.05)
+            time.sleep(2.0)
+        with schedule.fault(f"latency 200 ms #{n}"):
+            progress.phase = "latency 200 ms"
+            proxy.latency(0.2)
+            time.sleep(3.0)
+        with schedule.fault(f"slow close #{n}"):
+            progress.phase = "slow close"
+            proxy.slow_close(step)
+            time.sleep(step * 3)
         progress.phase = "after slow close"
         proxy.passthrough()
 
@@ -505,31 +546,33 @@ RABBITMQ_BOUNDS = SinkBounds(publish_extra=rabbitmq_sink.CLOSE_TIMEOUT_SECONDS, 
 
 def run_slow_broker_path(
     database_url: str, sink_url: str, topic: str, proxy: FaultProxy, *, rounds: int, step: float
-) -> tuple[Writers, Progress, bool]:
-    """Relay with live writers through latency and slow close; True if the outbox drained."""
+) -> tuple[Writers, Progress, FaultSchedule, bool]:
+    """Relay with writers live through every latency and slow close; True if the outbox drained."""
     events = 1_500 * rounds
     with RelayThread(database_url, sink_url, publish_timeout_seconds=PUBLISH_TIMEOUT_SECONDS, max_attempts=10) as relay:
-        writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.06).start()
+        writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.06)
         with Progress(relay, database_url) as progress:
-            latency_then_slow_close(proxy, progress, rounds, step)
+            with FaultSchedule(writers) as schedule:
+                latency_then_slow_close(proxy, progress, schedule, rounds, step)
             progress.phase = "drain"
-            writers.join()
             empty = drained(database_url)
-    return writers, progress, empty
+    return writers, progress, schedule, empty
 
 
-def slow_note(clock: PublishClock, progress: Progress, rounds: int, step: float, bounds: SinkBounds) -> str:
+def slow_note(clock: PublishClock, progress: Progress, schedule: FaultSchedule, rounds: int, step: float,
+              bounds: SinkBounds) -> str:  # fmt: skip
     return (
         f"latency 50/200 ms then slow close ({step:g} s steps) x{rounds}, --publish-timeout "
         f"{PUBLISH_TIMEOUT_SECONDS:g}; longest publish {clock.longest.get('publish', 0):.2f} s "
         f"(bound {bounds.publish:g}), longest check {clock.longest.get('check', 0):.2f} s, longest stall "
-        f"{progress.longest_gap:.2f} s in '{progress.gap_ended_at}' (bound {bounds.stall:g})"
+        f"{progress.longest_gap:.2f} s in '{progress.gap_ended_at}' (bound {bounds.stall:g}); {schedule.note()}"
     )
 
 
-def check_slow_path(result: Verdict, clock: PublishClock, progress: Progress, bounds: SinkBounds, note: str,
-                    empty: bool, database_url: str, events: int) -> None:  # fmt: skip
+def check_slow_path(result: Verdict, clock: PublishClock, progress: Progress, schedule: FaultSchedule,
+                    bounds: SinkBounds, note: str, empty: bool, database_url: str, events: int) -> None:  # fmt: skip
     counts = outbox_counts(database_url)
+    assert not schedule.unloaded(), note
     assert empty and not counts.get("failed"), counts
     assert_nothing_lost(result, events // 2)
     assert clock.longest.get("publish", 0.0) < bounds.publish, note
@@ -545,15 +588,15 @@ def test_slow_kafka_link_bounds_publishes_and_loses_nothing(
     clock = PublishClock()
     clock.install(monkeypatch, KafkaSink)
     with proxied_tansu() as (proxy, real_bootstrap):
-        writers, progress, empty = run_slow_broker_path(
+        writers, progress, schedule, empty = run_slow_broker_path(
             database_url, f"kafka://{proxy.address}", topic, proxy, rounds=rounds, step=step
         )
         deliveries = collect_kafka(real_bootstrap, topic, set(writers.ledger.committed) - unsent_keys(database_url))
     result = verdict(writers.ledger, deliveries)
-    note = slow_note(clock, progress, rounds, step, KAFKA_BOUNDS)
+    note = slow_note(clock, progress, schedule, rounds, step, KAFKA_BOUNDS)
     print(f"8 slow kafka link: {result}; {note}")
     record("8/network: latency and slow close on the Kafka path", result, runs=rounds, note=note)
-    check_slow_path(result, clock, progress, KAFKA_BOUNDS, note, empty, database_url, 1_500 * rounds)
+    check_slow_path(result, clock, progress, schedule, KAFKA_BOUNDS, note, empty, database_url, 1_500 * rounds)
 
 
 def via_proxy(amqp_url: str, proxy: FaultProxy) -> str:
@@ -576,7 +619,7 @@ def test_slow_rabbitmq_link_bounds_publishes_and_loses_nothing(
         RabbitCollector(amqp_url, queue) as collector,
         FaultProxy(broker.hostname or "127.0.0.1", broker.port or 5672) as proxy,
     ):
-        writers, progress, empty = run_slow_broker_path(
+        writers, progress, schedule, empty = run_slow_broker_path(
             database_url, via_proxy(amqp_url, proxy), queue, proxy, rounds=rounds, step=step
         )
         expected = set(writers.ledger.committed) - unsent_keys(database_url)
@@ -584,7 +627,7 @@ def test_slow_rabbitmq_link_bounds_publishes_and_loses_nothing(
         time.sleep(0.5)
     assert collector.error is None, collector.error
     result = verdict(writers.ledger, collector.deliveries)
-    note = slow_note(clock, progress, rounds, step, RABBITMQ_BOUNDS)
+    note = slow_note(clock, progress, schedule, rounds, step, RABBITMQ_BOUNDS)
     print(f"8 slow rabbitmq link: {result}; {note}")
     record("8/network: latency and slow close on the RabbitMQ path", result, runs=rounds, note=note)
-    check_slow_path(result, clock, progress, RABBITMQ_BOUNDS, note, empty, database_url, 1_500 * rounds)
+    check_slow_path(result, clock, progress, schedule, RABBITMQ_BOUNDS, note, empty, database_url, 1_500 * rounds)

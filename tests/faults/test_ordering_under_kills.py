@@ -16,6 +16,7 @@ import pytest
 
 from tests.faults.checker import KafkaCollector, Writers, verdict
 from tests.faults.conftest import Recorder
+from tests.faults.schedule import FaultSchedule
 from tests.integration.kafka_support import unique_topic
 from tests.relay_support import outbox_counts, relay_process, stop_process, wait_until
 
@@ -41,17 +42,19 @@ def test_three_relays_with_random_sigkills_keep_every_key_in_order(
     topic = unique_topic("order")
     rng = random.Random(11)
     relays = [start_relay(database_url, kafka_bootstrap) for _ in range(RELAYS)]
-    writers = Writers(database_url, topic, count=8, events=EVENTS, keys_per_writer=25, pause=0.002).start()
+    writers = Writers(database_url, topic, count=8, events=EVENTS, keys_per_writer=25, pause=0.002)
     kills = 0
     with KafkaCollector(kafka_bootstrap, topic) as collector:
         try:
-            while kills < KILLS:
-                time.sleep(rng.uniform(0.3, 1.5))
-                victim = rng.randrange(RELAYS)
-                stop_process(relays[victim], signal.SIGKILL)
-                kills += 1
-                relays[victim] = start_relay(database_url, kafka_bootstrap)
-            writers.join()
+            # Every kill lands while the writers write: they go on until the last one is over.
+            with FaultSchedule(writers) as schedule:
+                while kills < KILLS:
+                    time.sleep(rng.uniform(0.3, 1.5))
+                    victim = rng.randrange(RELAYS)
+                    with schedule.fault(f"kill {kills + 1}"):
+                        stop_process(relays[victim], signal.SIGKILL)
+                        kills += 1
+                        relays[victim] = start_relay(database_url, kafka_bootstrap)
             wait_until(lambda: sum(outbox_counts(database_url).values()) == 0, timeout=120)
             committed = len(writers.ledger.committed)
             collector.wait_for(lambda ds: len({d.idempotency_key for d in ds}) >= committed, timeout=60)
@@ -59,8 +62,9 @@ def test_three_relays_with_random_sigkills_keep_every_key_in_order(
         finally:
             codes = [stop_process(r) for r in relays]
         result = verdict(writers.ledger, collector.deliveries)
-    print(f"ordering under {kills} kills: {result}")
-    record(f"1/ordering: SIGKILL x{kills}, {RELAYS} relays, 8 writers, 200 keys", result, runs=kills)
+    print(f"ordering under {kills} kills: {result}; {schedule.note()}")
+    record(f"1/ordering: SIGKILL x{kills}, {RELAYS} relays, 8 writers, 200 keys", result, runs=kills,
+           note=schedule.note())  # fmt: skip
     assert codes == [0] * RELAYS
     assert result.committed > EVENTS * 0.6
     assert result.rolled_back > 0

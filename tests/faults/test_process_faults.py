@@ -37,6 +37,7 @@ from devservers import free_port, wait_for_port
 from tests.faults.checker import KafkaCollector, Ledger, Writers, verdict
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.proxy import FaultProxy
+from tests.faults.schedule import FaultSchedule
 from tests.integration.kafka_support import unique_topic
 from tests.relay_support import RelayThread, outbox_counts, relay_process, wait_until
 
@@ -251,6 +252,9 @@ def test_a_relay_stopped_past_its_lease_cannot_settle_what_another_took_over(
 
 
 RESUME_BACKLOG = 20_000 if FULL else 6_000
+#: Before each stop the backlog is topped up to at least this much, so the relay is busy at every stop and has
+#: work to show it resumed after the SIGCONT, however fast it got through what came before.
+RESUME_LEAST_BACKLOG = 2_000
 RESUME_STOPS = 6 if FULL else 2
 RESUME_LATENCY_SECONDS = 0.05
 FENCED = "PRODUCER_FENCED"
@@ -286,6 +290,18 @@ def proxied_tansu() -> Iterator[tuple[FaultProxy, str]]:
             process.wait()
 
 
+def add_backlog(database_url: str, topic: str, ledger: Ledger, n: int) -> None:
+    """``n`` more committed events without a key, numbered on from those in ``ledger``."""
+    first = len(ledger.committed) + 1
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox (topic, payload, idempotency_key)"
+            " SELECT %s, jsonb_build_object('n', g), 'r-' || g FROM generate_series(%s::int, %s::int) AS g",
+            [topic, first, first + n - 1],
+        )
+    ledger.committed.update({f"r-{g}": ("", g) for g in range(first, first + n)})
+
+
 @pytest.mark.timeout(600 if FULL else 180)
 def test_a_relay_stopped_mid_publish_publishes_again_after_sigcont(database_url: str, record: Recorder) -> None:
     """One relay, a backlog, and SIGSTOPs while it publishes: it must come back to work.
@@ -298,13 +314,8 @@ def test_a_relay_stopped_mid_publish_publishes_again_after_sigcont(database_url:
     """
     topic = unique_topic("resume")
     ledger = Ledger()
-    with psycopg.connect(database_url) as conn:
-        conn.execute(
-            "INSERT INTO outbox (topic, payload, idempotency_key)"
-            " SELECT %s, jsonb_build_object('n', g), 'r-' || g FROM generate_series(1, %s) AS g",
-            [topic, RESUME_BACKLOG],
-        )
-    ledger.committed.update({f"r-{g}": ("", g) for g in range(1, RESUME_BACKLOG + 1)})
+    add_backlog(database_url, topic, ledger, RESUME_BACKLOG)
+    topped_up = 0
     with proxied_tansu() as (proxy, bootstrap):
         relay = stall_relay(database_url, bootstrap)
         with KafkaCollector(bootstrap, topic) as collector:
@@ -315,7 +326,7 @@ def test_a_relay_stopped_mid_publish_publishes_again_after_sigcont(database_url:
             def publishes(what: str) -> None:
                 base = acknowledged()
                 try:
-                    wait_until(lambda: acknowledged() >= base + 200 or unsettled(database_url) == 0, timeout=30)
+                    wait_until(lambda: acknowledged() >= base + 200, timeout=30)
                 except AssertionError:
                     if FENCED in relay.text():
                         pytest.fail(f"{FENCED_BUG}: the relay published nothing {what}")
@@ -325,6 +336,9 @@ def test_a_relay_stopped_mid_publish_publishes_again_after_sigcont(database_url:
                 publishes("at first")
                 with psycopg.connect(database_url, autocommit=True) as conn:
                     for stop in range(RESUME_STOPS):
+                        if unsettled(database_url) < RESUME_LEAST_BACKLOG:
+                            add_backlog(database_url, topic, ledger, RESUME_LEAST_BACKLOG)
+                            topped_up += RESUME_LEAST_BACKLOG
                         proxy.blackhole()
                         wait_until(lambda: bool(held_rows(conn, relay.owner)), timeout=10, interval=0.01)
                         time.sleep(0.3)  # its produce requests are out, unanswered
@@ -334,7 +348,8 @@ def test_a_relay_stopped_mid_publish_publishes_again_after_sigcont(database_url:
                         relay.proc.send_signal(signal.SIGCONT)
                         publishes(f"within 30 s of SIGCONT number {stop + 1}")
                 wait_until(lambda: unsettled(database_url) == 0, timeout=120)
-                collector.wait_for(lambda ds: len({d.idempotency_key for d in ds}) >= RESUME_BACKLOG, timeout=60)
+                written = len(ledger.committed)
+                collector.wait_for(lambda ds: len({d.idempotency_key for d in ds}) >= written, timeout=60)
                 time.sleep(1.0)
             finally:
                 code = relay.stop()
@@ -344,7 +359,10 @@ def test_a_relay_stopped_mid_publish_publishes_again_after_sigcont(database_url:
         f"2c/stall: one relay SIGSTOPped mid-publish x{RESUME_STOPS}, then SIGCONT",
         result,
         runs=RESUME_STOPS,
-        note=f"publishing resumed after each SIGCONT; fenced producers replaced: {replaced}",
+        note=(
+            f"publishing resumed after each SIGCONT; fenced producers replaced: {replaced}; backlog "
+            f"{RESUME_BACKLOG} + {topped_up} topped up before stops"
+        ),
     )
     assert code == 0, relay.text()
     assert outbox_counts(database_url).get("failed", 0) == 0, "nothing dead-lettered"
@@ -612,47 +630,48 @@ def test_a_long_repeatable_read_transaction_does_not_stop_delivery(
 ) -> None:
     topic = unique_topic("longtx")
     relays = [Tapped(relay_process(database_url, f"kafka://{kafka_bootstrap}")) for _ in range(2)]
-    # Paced so that writing lasts past the hold: about (HOLD + 10) seconds.
+    # Paced to write about LONG_TX_EVENTS in (HOLD + 10) seconds; the schedule keeps them writing past the hold.
     pause = (HOLD_SECONDS + 10) / (LONG_TX_EVENTS / 8 / 3)
     writers = Writers(database_url, topic, count=8, events=LONG_TX_EVENTS, keys_per_writer=25, pause=pause)
     codes: list[int] = []
     samples: list[tuple[float, int, float]] = []
     with KafkaCollector(kafka_bootstrap, topic) as collector:
         try:
-            writers.start()
-            wait_until(lambda: collector.count() > 200, timeout=30)
-            time.sleep(2.0)  # stats reach pg_stat_user_tables at most once a second
-            dead_before = dead_tuples(database_url)
-            with (
-                psycopg.connect(database_url, autocommit=True) as probe,
-                psycopg.connect(database_url) as holder,
-            ):
-                holder.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-                snapshot_count = holder.execute("SELECT count(*) FROM outbox").fetchone()
-                holder_pid = holder.info.backend_pid
-                held_from = time.monotonic()
-                delivered_at_start = collector.count()
-                while time.monotonic() - held_from < HOLD_SECONDS:
-                    row = probe.execute(
-                        "SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8"
-                        " FROM outbox WHERE state = 'pending'"
+            with FaultSchedule(writers) as schedule:
+                wait_until(lambda: collector.count() > 200, timeout=30)
+                time.sleep(2.0)  # stats reach pg_stat_user_tables at most once a second
+                dead_before = dead_tuples(database_url)
+                schedule.begin()
+                with (
+                    psycopg.connect(database_url, autocommit=True) as probe,
+                    psycopg.connect(database_url) as holder,
+                ):
+                    holder.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                    snapshot_count = holder.execute("SELECT count(*) FROM outbox").fetchone()
+                    holder_pid = holder.info.backend_pid
+                    held_from = time.monotonic()
+                    delivered_at_start = collector.count()
+                    while time.monotonic() - held_from < HOLD_SECONDS:
+                        row = probe.execute(
+                            "SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8"
+                            " FROM outbox WHERE state = 'pending'"
+                        ).fetchone()
+                        assert row is not None
+                        samples.append((time.monotonic() - held_from, collector.count(), float(row[0])))
+                        time.sleep(1.0)
+                    delivered_in_hold = collector.count() - delivered_at_start
+                    xmin = probe.execute(
+                        "SELECT backend_xmin IS NOT NULL, state FROM pg_stat_activity WHERE pid = %s", [holder_pid]
                     ).fetchone()
-                    assert row is not None
-                    samples.append((time.monotonic() - held_from, collector.count(), float(row[0])))
-                    time.sleep(1.0)
-                delivered_in_hold = collector.count() - delivered_at_start
-                xmin = probe.execute(
-                    "SELECT backend_xmin IS NOT NULL, state FROM pg_stat_activity WHERE pid = %s", [holder_pid]
-                ).fetchone()
-                assert xmin == (True, "idle in transaction"), xmin
-                # Still the same snapshot: the transaction really held it all along.
-                assert holder.execute("SELECT count(*) FROM outbox").fetchone() == snapshot_count
-                time.sleep(1.5)
-                dead_during = dead_tuples(database_url)
-                probe.execute("VACUUM outbox")
-                dead_after_vacuum_during = dead_tuples(database_url)
-                holder.rollback()
-            writers.join()
+                    assert xmin == (True, "idle in transaction"), xmin
+                    # Still the same snapshot: the transaction really held it all along.
+                    assert holder.execute("SELECT count(*) FROM outbox").fetchone() == snapshot_count
+                    time.sleep(1.5)
+                    dead_during = dead_tuples(database_url)
+                    probe.execute("VACUUM outbox")
+                    dead_after_vacuum_during = dead_tuples(database_url)
+                    holder.rollback()
+                schedule.end(f"REPEATABLE READ held {HOLD_SECONDS}s")
             wait_until(lambda: unsettled(database_url) == 0, timeout=120)
             committed = len(writers.ledger.committed)
             collector.wait_for(lambda ds: len({d.idempotency_key for d in ds}) >= committed, timeout=60)
@@ -667,13 +686,14 @@ def test_a_long_repeatable_read_transaction_does_not_stop_delivery(
     note = (
         f"held {HOLD_SECONDS}s; delivered during the hold: {delivered_in_hold}; oldest pending at most "
         f"{worst_age:.1f}s; n_dead_tup before {dead_before}, end of hold {dead_during}, after VACUUM during "
-        f"the hold {dead_after_vacuum_during} (pinned), after release + VACUUM {dead_after}"
+        f"the hold {dead_after_vacuum_during} (pinned), after release + VACUUM {dead_after}; {schedule.note()}"
     )
     print(f"long transaction: {note}; {result}")
     record(f"4/long transaction: REPEATABLE READ held {HOLD_SECONDS}s under load, 2 relays", result, note=note)
     assert codes == [0, 0], relays[0].text() + relays[1].text()
     assert result.lost == result.leaked == result.unexpected == 0, str(result)
     assert result.order_violations == 0, str(result)
+    assert not schedule.unloaded(), "the writers wrote nothing while the transaction was open"
     assert delivered_in_hold > 0, "delivery went on while the transaction was open"
     # Delivery kept up: no event waited long. Hinted claims skip a late commit for at most
     # 10 s (the full-scan spacing's cap), plus a margin; a relay stalled from the start of a

@@ -27,6 +27,7 @@ import pytest
 import producers
 from tests.faults.checker import Delivery, Ledger, Watcher, Writers, verdict
 from tests.faults.conftest import FULL, Recorder
+from tests.faults.schedule import FaultSchedule
 from tests.faults.test_process_faults import Tapped, unsettled
 from tests.integration.rabbit_support import unique_name
 from tests.relay_support import outbox_counts, relay_process, wait_until
@@ -202,43 +203,51 @@ def test_connections_closed_app_restarted_and_memory_alarm_under_load(
                 str(LEASE_SECONDS), "--max-attempts", "50",
             )
         )  # fmt: skip
-        # Paced so that writing outlasts the faults (about 35 s quick).
+        # Paced to write EVENTS in about 35 s a round; the schedule keeps them writing through every fault.
         pause = (35.0 * ROUNDS) / (EVENTS / 8 / 3)
         writers = Writers(database_url, queue, count=8, events=EVENTS, keys_per_writer=25, pause=pause)
         try:
             with HoldWatch(database_url, LEASE_SECONDS) as watch:
-                writers.start()
-                wait_for_growth(amqp_url, queue, 30)
-                for round_ in range(ROUNDS):
-                    rabbitmqctl("close_all_connections", "--vhost", "/", "--limit", "10000", "test: connections")
-                    burst(database_url, queue, writers.ledger, f"close-{round_}")
-                    recoveries["close_all_connections"].append(wait_for_growth(amqp_url, queue, RECOVERY_SECONDS))
+                with FaultSchedule(writers) as schedule:
+                    wait_for_growth(amqp_url, queue, 30)
+                    for round_ in range(ROUNDS):
+                        with schedule.fault(f"close_all_connections #{round_ + 1}"):
+                            rabbitmqctl(
+                                "close_all_connections", "--vhost", "/", "--limit", "10000", "test: connections"
+                            )
+                            burst(database_url, queue, writers.ledger, f"close-{round_}")
+                            recoveries["close_all_connections"].append(
+                                wait_for_growth(amqp_url, queue, RECOVERY_SECONDS)
+                            )
 
-                    app_stopped = True
-                    try:
-                        rabbitmqctl("stop_app")
-                        burst(database_url, queue, writers.ledger, f"stopped-{round_}")
-                        time.sleep(PUBLISH_TIMEOUT_SECONDS)
-                    finally:
-                        rabbitmqctl("start_app")
-                        app_stopped = False
-                    recoveries["stop_app/start_app"].append(wait_for_growth(amqp_url, queue, RECOVERY_SECONDS))
+                        with schedule.fault(f"stop_app #{round_ + 1}"):
+                            app_stopped = True
+                            try:
+                                rabbitmqctl("stop_app")
+                                burst(database_url, queue, writers.ledger, f"stopped-{round_}")
+                                time.sleep(PUBLISH_TIMEOUT_SECONDS)
+                            finally:
+                                rabbitmqctl("start_app")
+                                app_stopped = False
+                        recoveries["stop_app/start_app"].append(wait_for_growth(amqp_url, queue, RECOVERY_SECONDS))
 
-                    try:
-                        blocked_before = relay.text().count(BLOCKED)
-                        rabbitmqctl("set_vm_memory_high_watermark", ALARM_WATERMARK)
-                        # The relay learns of the alarm from the broker (connection.blocked).
-                        wait_until(lambda n=blocked_before: relay.text().count(BLOCKED) > n, timeout=30, interval=0.1)
-                        held_depth = queue_depth(amqp_url, queue)
-                        burst(database_url, queue, writers.ledger, f"alarm-{round_}")
-                        time.sleep(2 * PUBLISH_TIMEOUT_SECONDS)
-                        # Blocked: nothing can have been confirmed, so nothing was added.
-                        assert queue_depth(amqp_url, queue) == held_depth
-                        assert relay.proc.poll() is None, relay.text()
-                    finally:
-                        rabbitmqctl("set_vm_memory_high_watermark", *original_watermark)
-                    recoveries["memory alarm"].append(wait_for_growth(amqp_url, queue, RECOVERY_SECONDS))
-                writers.join()
+                        with schedule.fault(f"memory alarm #{round_ + 1}"):
+                            try:
+                                blocked_before = relay.text().count(BLOCKED)
+                                rabbitmqctl("set_vm_memory_high_watermark", ALARM_WATERMARK)
+                                # The relay learns of the alarm from the broker (connection.blocked).
+                                wait_until(
+                                    lambda n=blocked_before: relay.text().count(BLOCKED) > n, timeout=30, interval=0.1
+                                )
+                                held_depth = queue_depth(amqp_url, queue)
+                                burst(database_url, queue, writers.ledger, f"alarm-{round_}")
+                                time.sleep(2 * PUBLISH_TIMEOUT_SECONDS)
+                                # Blocked: nothing can have been confirmed, so nothing was added.
+                                assert queue_depth(amqp_url, queue) == held_depth
+                                assert relay.proc.poll() is None, relay.text()
+                            finally:
+                                rabbitmqctl("set_vm_memory_high_watermark", *original_watermark)
+                        recoveries["memory alarm"].append(wait_for_growth(amqp_url, queue, RECOVERY_SECONDS))
                 wait_until(lambda: unsettled(database_url) == 0, timeout=120)
             counts = outbox_counts(database_url)
             committed = len(writers.ledger.committed)
@@ -267,7 +276,7 @@ def test_connections_closed_app_restarted_and_memory_alarm_under_load(
     note = (
         f"{ROUNDS} round(s) of close_all_connections, stop_app/start_app, memory alarm; longest hold of a "
         f"claimed batch {watch.worst:.1f}s (publish timeout {PUBLISH_TIMEOUT_SECONDS:g}s); back to delivering "
-        f"after: {recovered}; relay log: {seen}"
+        f"after: {recovered}; relay log: {seen}; {schedule.note()}"
     )
     print(f"rabbitmq faults: {note}; {result}")
     record("7/rabbitmq: connections closed, app restarted, memory alarm, under load", result, runs=ROUNDS, note=note)
@@ -276,6 +285,7 @@ def test_connections_closed_app_restarted_and_memory_alarm_under_load(
     assert codes == [0], log
     # pika logs its own tracebacks for a reset socket; none may come through relay code.
     assert not re.search(r'File "[^"]*/relay/', log), log
+    assert not schedule.unloaded(), note
     assert counts.get("failed", 0) == 0, "nothing was dead-lettered"
     assert result.lost == result.leaked == result.unexpected == 0, str(result)
     assert result.order_violations == 0, str(result)
