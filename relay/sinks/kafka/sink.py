@@ -19,9 +19,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from confluent_kafka import KafkaError, KafkaException
 
-from relay.config import CONNECT_TIMEOUT_SECONDS, KafkaSinkConfig, is_secret_option
+from relay.config import CONNECT_TIMEOUT_SECONDS, KafkaSinkConfig
 from relay.errors import SinkError, SinkUnavailable
 from relay.events import Event, Failure, Outcome
+from relay.secrets import Scrubber, secrets_of_options
 from relay.sinks.kafka.batch import Batch
 from relay.sinks.kafka.client import Client
 from relay.sinks.kafka.errors import classify, describe, error_of, is_unreachable
@@ -68,7 +69,7 @@ class KafkaSink:
         self._publish_timeout_seconds = publish_timeout_seconds
         self._connect_timeout_seconds = connect_timeout_seconds
         self._settings = producer_config(config, publish_timeout_seconds=publish_timeout_seconds, client_id=client_id)
-        self._secrets = [v for k, v in config.options.items() if v and is_secret_option(k)]
+        self._redact = Scrubber(secrets_of_options(config.options))
         self._client: Client | None = None
         self._closed = False
         self._last_ack = -float("inf")
@@ -208,8 +209,3 @@ class KafkaSink:
                     # Later events may share this one's key: they must not overtake it.
                     batch.fail_unreported(failure, unreachable=is_unreachable(error), start=index)
                     return
-
-    def _redact(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text

@@ -6,13 +6,13 @@ echo what they were given.
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import pika
 import pika.exceptions
 
-from relay.config import redact_url
 from relay.errors import ConfigError
+from relay.secrets import Scrubber, redact_url
 
 
 def connection_parameters(
@@ -22,7 +22,7 @@ def connection_parameters(
     try:
         params = pika.URLParameters(url)
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"invalid RabbitMQ sink URL {redact_url(url)!r}: {_scrub(str(exc), url)}") from None
+        raise ConfigError(f"invalid RabbitMQ sink URL {redact_url(url)!r}: {Scrubber.of(url)(str(exc))}") from None
     given = {key for key, _ in parse_qsl(urlsplit(url).query)}
     if "heartbeat" not in given:
         params.heartbeat = heartbeat
@@ -35,14 +35,6 @@ def connection_parameters(
     if "client_properties" not in given:
         params.client_properties = {"connection_name": "outbox-relay"}
     return params
-
-
-def _scrub(text: str, url: str) -> str:
-    """``text`` without the URL's password, in case a library echoed it."""
-    password = urlsplit(url).password
-    if password:
-        text = text.replace(password, "***").replace(unquote(password), "***")
-    return text
 
 
 def root_cause(error: str | BaseException) -> str | BaseException:

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 
 import pika.exceptions
 
-from relay.config import CONNECT_TIMEOUT_SECONDS, AmqpSinkConfig, redact_url
+from relay.config import CONNECT_TIMEOUT_SECONDS, AmqpSinkConfig
 from relay.errors import ConfigError, SinkError, SinkUnavailable
 from relay.events import Event, Failure, Outcome
+from relay.secrets import redact_url
 from relay.sinks.rabbitmq.batch import Batch
 from relay.sinks.rabbitmq.limits import refusal
 from relay.sinks.rabbitmq.link import CLOSE_TIMEOUT_SECONDS, Link, LinkError
