@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from relay.errors import ConfigError
+from relay.kafka_options import check_value, option_name
 from relay.secrets import Scrubber
 
 # What is secret is decided in relay.secrets; these two stay importable from here.
@@ -202,7 +203,9 @@ def _parse_kafka(url: str) -> KafkaSinkConfig:
             shown = Scrubber.of(url)(host)
             raise ConfigError(f"kafka broker {shown!r} in {redact_url(url)!r} is not host:port")
     for key, value in parse_qsl(query, keep_blank_values=True):
-        options[key.replace("_", ".")] = value
+        name = option_name(key)
+        check_value(name, value)
+        options[name] = value
     return KafkaSinkConfig(bootstrap_servers=",".join(hosts), options=options)
 
 

@@ -6,21 +6,16 @@ from typing import Any
 
 from relay.config import KafkaSinkConfig
 from relay.errors import ConfigError
+from relay.kafka_options import checked_options
 
 LINGER_MS = 5
 BATCH_NUM_MESSAGES = 10_000
 QUEUE_BUFFERING_MAX_MESSAGES = 100_000
 
-# Settings a sink URL may not weaken: the contract promises acks=all plus idempotence.
-_GUARANTEES = {
-    "acks": {"all", "-1"},
-    "request.required.acks": {"all", "-1"},
-    "enable.idempotence": {"true", "1"},
-}
-
 
 def producer_config(config: KafkaSinkConfig, *, publish_timeout_seconds: float, client_id: str) -> dict[str, Any]:
-    """The librdkafka settings for the relay's producer; ``config.options`` win."""
+    """The librdkafka settings for the relay's producer; ``config.options`` win where
+    :mod:`relay.kafka_options` allows them (``ConfigError`` otherwise)."""
     timeout_ms = max(1, round(publish_timeout_seconds * 1000))
     settings: dict[str, Any] = {
         "bootstrap.servers": config.bootstrap_servers,
@@ -38,9 +33,16 @@ def producer_config(config: KafkaSinkConfig, *, publish_timeout_seconds: float, 
         "queue.buffering.max.messages": QUEUE_BUFFERING_MAX_MESSAGES,
         "log.connection.close": False,
     }
-    for name, allowed in _GUARANTEES.items():
-        value = config.options.get(name)
-        if value is not None and value.strip().lower() not in allowed:
-            raise ConfigError(f"kafka option {name}={value!r} would break delivery guarantees; remove it")
-    settings.update(config.options)
+    options = checked_options(config.options)
+    linger = options.get("linger.ms", options.get("queue.buffering.max.ms", str(LINGER_MS)))
+    try:
+        linger_ms = float(linger)
+    except ValueError:
+        raise ConfigError(f"kafka option linger.ms={linger[:20]!r} is not a number of milliseconds") from None
+    if linger_ms >= timeout_ms:
+        raise ConfigError(
+            f"kafka option linger.ms={linger_ms:g} must be shorter than --publish-timeout ({timeout_ms} ms): "
+            "messages would time out waiting in the producer's queue"
+        )
+    settings.update(options)
     return settings
