@@ -19,10 +19,12 @@ class Batch:
     """The delivery state of one ``publish`` call, shared with librdkafka's callbacks.
 
     Slots start as ``NOT_REPORTED``; whatever is still unreported when the wait
-    ends counts as a timeout.
+    ends counts as a timeout. ``unreachable`` counts the events that failed
+    because the cluster could not be reached or did not answer in time,
+    ``timed_out`` those among them that the broker may have stored.
     """
 
-    __slots__ = ("_finished", "_future", "_lock", "_loop", "_remaining", "acked", "results", "unreachable")
+    __slots__ = ("_finished", "_future", "_lock", "_loop", "_remaining", "acked", "results", "timed_out", "unreachable")
 
     def __init__(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
         self._lock = threading.Lock()
@@ -33,6 +35,7 @@ class Batch:
         self.results: list[Outcome] = [NOT_REPORTED] * size
         self.acked = 0
         self.unreachable = 0
+        self.timed_out = 0
 
     @property
     def future(self) -> asyncio.Future[None]:
@@ -56,6 +59,7 @@ class Batch:
                 self.acked += 1
             elif unreachable:
                 self.unreachable += 1
+                self.timed_out += outcome.timed_out
             self._remaining -= 1
             if self._remaining == 0:
                 self._finish_locked()
@@ -71,6 +75,7 @@ class Batch:
                     self._remaining -= 1
                     if unreachable:
                         self.unreachable += 1
+                        self.timed_out += failure.timed_out
             if self._remaining == 0:
                 self._finish_locked()
 
@@ -80,6 +85,7 @@ class Batch:
             if not self._finished:
                 self._finished = True
                 self.unreachable += self._remaining
+                self.timed_out += self._remaining
             return list(self.results)
 
     def _finish_locked(self) -> None:
@@ -95,4 +101,4 @@ class Batch:
             self._future.set_result(None)
 
 
-NOT_REPORTED = Failure("kafka: no delivery report within the publish timeout")
+NOT_REPORTED = Failure("kafka: no delivery report within the publish timeout", timed_out=True)

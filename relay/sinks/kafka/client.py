@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from relay.errors import ConfigError
 from relay.events import Failure
 from relay.sinks.kafka.batch import Batch
-from relay.sinks.kafka.errors import PRODUCER_STATE_ERRORS, describe, error_of
+from relay.sinks.kafka.errors import PRODUCER_STATE_ERRORS, TIMEOUT_ERRORS, UNREACHABLE_ERRORS, describe, error_of
 
 logger = logging.getLogger(__name__)
 librdkafka_logger = logging.getLogger("relay.sinks.kafka.librdkafka")
@@ -52,6 +52,8 @@ class Client:
         self._pending: set[Batch] = set()
         self._last_logged: dict[int, float] = {}
         self.broken: str | None = None
+        #: When librdkafka last said a broker could not be reached (``time.monotonic``).
+        self.unreachable_at = -float("inf")
         try:
             self.producer = Producer({**settings, "error_cb": self._on_error, "logger": LibrdkafkaLog(redact)})
         except KafkaException as exc:
@@ -132,6 +134,8 @@ class Client:
                 return
 
     def _on_error(self, error: KafkaError) -> None:
+        if error.code() in UNREACHABLE_ERRORS - TIMEOUT_ERRORS:
+            self.unreachable_at = time.monotonic()
         if error.fatal() or error.code() == KafkaError._FATAL:
             reason = self._redact(describe(error))
             logger.error(

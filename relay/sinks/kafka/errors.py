@@ -53,6 +53,10 @@ UNREACHABLE_ERRORS = frozenset(
     }
 )
 
+#: Errors that say no acknowledgement came in time: the broker may have stored the
+#: message anyway, so sending it again may store a copy.
+TIMEOUT_ERRORS = frozenset({_E._MSG_TIMED_OUT, _E._TIMED_OUT, _E.REQUEST_TIMED_OUT})
+
 #: Errors that say the producer's idempotence state (producer id, epoch,
 #: sequence numbers) is out of step with the broker: no retry through this
 #: producer can succeed, a new producer can, and the event is not to blame.
@@ -75,7 +79,8 @@ def describe(error: KafkaError) -> str:
 
 def classify(error: KafkaError) -> Failure:
     """Turn a delivery or produce error into a :class:`Failure`."""
-    return Failure(describe(error), permanent=error.code() in PERMANENT_ERRORS)
+    code = error.code()
+    return Failure(describe(error), permanent=code in PERMANENT_ERRORS, timed_out=code in TIMEOUT_ERRORS)
 
 
 def is_unreachable(error: KafkaError) -> bool:

@@ -20,9 +20,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from confluent_kafka import KafkaError, KafkaException
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, KafkaSinkConfig
-from relay.errors import SinkError, SinkUnavailable
+from relay.errors import SinkError, SinkTimeout, SinkUnavailable
 from relay.events import Event, Failure, Outcome
 from relay.secrets import Scrubber, secrets_of_options
+from relay.sinks.base import scrubbed
 from relay.sinks.kafka.batch import Batch
 from relay.sinks.kafka.client import Client
 from relay.sinks.kafka.errors import classify, describe, error_of, is_unreachable
@@ -97,6 +98,7 @@ class KafkaSink:
         client = self._usable_client()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._publish_timeout_seconds + WAIT_MARGIN_SECONDS
+        started = time.monotonic()
         batch = Batch(len(events), loop)
         client.add(batch)
         try:
@@ -118,8 +120,13 @@ class KafkaSink:
             self._last_ack = time.monotonic()
         elif batch.unreachable == len(events):
             first = outcomes[0]
-            reason = first.error if first is not None else "no acknowledgement"
-            raise SinkUnavailable(f"kafka at {self._config.bootstrap_servers} unreachable: {reason}")
+            reason = self._redact(first.error if first is not None else "no acknowledgement")
+            where = self._config.bootstrap_servers
+            if batch.timed_out and client.unreachable_at < started:
+                # Connected, but no acknowledgement in time: the broker may have
+                # stored the batch, and each retry may store a copy.
+                raise SinkTimeout(f"kafka at {where} did not acknowledge in time: {reason}")
+            raise SinkUnavailable(f"kafka at {where} unreachable: {reason}")
         failed = len(events) - batch.acked
         if failed:
             logger.warning(
@@ -128,6 +135,8 @@ class KafkaSink:
                 len(events),
                 extra={"action": "kafka_publish_failed", "batch_size": len(events)},
             )
+            if self._redact:
+                outcomes = scrubbed(outcomes, self._redact)
         return outcomes
 
     async def check(self) -> None:

@@ -61,11 +61,29 @@ def content_header(event: Event) -> bytes:
     return _CONTENT_HEADER.pack(60, 0, len(event.payload)) + properties
 
 
+def check_header_fits(size: int, payload_max: int) -> None:
+    """``ValueError`` if a content header of ``size`` bytes exceeds the negotiated frame size.
+
+    Only a body is split over several frames; RabbitMQ closes the connection
+    (501 frame_too_large) on a content header larger than ``frame_max``.
+    """
+    if size > payload_max:
+        raise ValueError(
+            f"message properties and headers of {size} bytes do not fit the "
+            f"{payload_max + FRAME_OVERHEAD_BYTES}-byte frame the broker negotiated (frame_max): shorten the headers"
+        )
+
+
 def publish_frames(channel: int, exchange: str, event: Event, body_max: int) -> bytes:
     """The frames pika's ``basic_publish`` sends for ``event``: persistent, mandatory,
-    ``application/json``, ``message_id`` the idempotency key, the message headers."""
+    ``application/json``, ``message_id`` the idempotency key, the message headers.
+
+    ``body_max`` is the negotiated frame size less a frame's overhead; ``ValueError``
+    if a name is too long for AMQP or the properties do not fit one frame."""
     method = _BASIC_PUBLISH + short_string(exchange) + short_string(event.topic) + _MANDATORY
+    header = content_header(event)
+    check_header_fits(len(header), body_max)
     body = event.payload
-    frames = [_frame(_METHOD, channel, method), _frame(_HEADER, channel, content_header(event))]
+    frames = [_frame(_METHOD, channel, method), _frame(_HEADER, channel, header)]
     frames.extend(_frame(_BODY, channel, body[start : start + body_max]) for start in range(0, len(body), body_max))
     return b"".join(frames)

@@ -30,6 +30,11 @@ from relay.sinks.rabbitmq.transport import CorkedConnection
 logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_SECONDS = 5.0
+#: Reply codes with which RabbitMQ refuses something a client sent on a channel or
+#: connection (a method, a frame, a message's content) and closes it. A close with
+#: any other code (320 forced by an operator, 404 a deleted exchange) or a lost
+#: socket says nothing about the messages in flight.
+REFUSAL_CODES = frozenset({403, 406, 501, 502, 503, 505, 530, 540, 541})
 _OVERSIZE_RE = re.compile(r"message size (\d+) is larger than configured max size (\d+)")
 _ACCESS_REFUSED = 403
 _NOT_FOUND = 404
@@ -58,6 +63,8 @@ class Link:
         #: The broker's reason while it blocks publishers (memory or disk alarm).
         self.blocked: str | None = None
         self.last_error = "not connected"
+        #: Why the broker last closed the channel or connection in refusal, or None.
+        self.refusal: str | None = None
         self._closed: asyncio.Future[None] = loop.create_future()
         self._waiter: asyncio.Future[None] | None = None
         # Delivery tags count from 1 on each confirm-mode channel.
@@ -65,6 +72,8 @@ class Link:
         self._lowest_tag = 1
         self._pending: dict[int, tuple[Batch, int]] = {}
         self._returned: dict[int, str] = {}
+        self._drained = asyncio.Event()
+        self._drained.set()
 
     @property
     def connection_open(self) -> bool:
@@ -108,13 +117,25 @@ class Link:
         await self._waiter
 
     def track(self, batch: Batch, index: int) -> None:
+        """Expect a confirm for event ``index`` of ``batch``, sent just now."""
         self._pending[self._next_tag] = (batch, index)
         self._next_tag += 1
+        self._drained.clear()
 
     def forget(self, batch: Batch) -> None:
+        """Ignore confirms still to come for ``batch``."""
         for tag in [tag for tag, (owner, _) in self._pending.items() if owner is batch]:
             del self._pending[tag]
             self._returned.pop(tag, None)
+        self._check_drained()
+
+    async def drained(self) -> None:
+        """Return once no message sent on this link waits for its confirm."""
+        await self._drained.wait()
+
+    def _check_drained(self) -> None:
+        if not self._pending:
+            self._drained.set()
 
     async def close(self, *, graceful: bool = True) -> None:
         """Close the connection; abort it if the broker does not answer in time."""
@@ -173,7 +194,10 @@ class Link:
     def _on_connection_closed(self, connection: Connection, error: BaseException) -> None:
         self.last_error = f"connection closed: {describe(error)}"
         self.channel = None
-        self._fail_pending(self.last_error)
+        refused = _is_refusal(error)
+        if refused:
+            self.refusal = self.last_error
+        self._fail_pending(self.last_error, refused=refused)
         self._settle(LinkError(self.last_error))
         if not self._closed.done():
             self._closed.set_result(None)
@@ -194,6 +218,7 @@ class Link:
 
     def _on_channel_open(self, channel: Channel) -> None:
         self.channel = channel
+        self.refusal = None
         self._next_tag = self._lowest_tag = 1
         channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_return_callback(self._on_return)
@@ -221,7 +246,11 @@ class Link:
                 if len(batch.events[index].payload) == size:
                     del self._pending[tag]
                     batch.resolve(index, Failure(too_large(size, max_bytes), permanent=True), settled=True)
-        self._fail_pending(self.last_error)
+        # The connection's refusal reaches its channels first.
+        refusing = _is_refusal(error)
+        if refusing:
+            self.refusal = self.last_error
+        self._fail_pending(self.last_error, refused=refusing)
         if self._waiter is not None:
             refused = code in (_ACCESS_REFUSED, _NOT_FOUND)
             if code == _NOT_FOUND and self._exchange:
@@ -233,11 +262,17 @@ class Link:
             # Connection-level losses are logged once, by the connection callback.
             logger.warning("%s", self.last_error, extra={"action": "rabbitmq.channel_closed"})
 
-    def _fail_pending(self, error: str) -> None:
+    def _fail_pending(self, error: str, *, refused: bool) -> None:
+        """Every message awaiting a confirm is lost with the channel; after a
+        refusal each is a suspect, sent again to find the one refused."""
         pending, self._pending = self._pending, {}
         self._returned.clear()
+        self._check_drained()
         for batch, index in pending.values():
-            batch.resolve(index, Failure(f"unconfirmed, {error}"), settled=False)
+            if refused:
+                batch.suspect([index], f"unconfirmed, {error}")
+            else:
+                batch.resolve(index, Failure(f"unconfirmed, {error}"), settled=False)
 
     def _on_return(
         self, channel: Channel, method: spec.Basic.Return, properties: spec.BasicProperties, body: bytes
@@ -279,3 +314,10 @@ class Link:
             batch.resolve(index, outcome, settled=True)
         if method.multiple:
             self._lowest_tag = max(self._lowest_tag, tag + 1)
+        self._check_drained()
+
+
+def _is_refusal(error: BaseException) -> bool:
+    """Whether the broker closed the channel or connection in refusal of something sent on it."""
+    by_broker = pika.exceptions.ChannelClosedByBroker | pika.exceptions.ConnectionClosedByBroker
+    return isinstance(error, by_broker) and error.reply_code in REFUSAL_CODES

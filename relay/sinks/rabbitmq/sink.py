@@ -17,9 +17,10 @@ from collections.abc import Sequence
 import pika.exceptions
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, AmqpSinkConfig
-from relay.errors import ConfigError, SinkError, SinkUnavailable
+from relay.errors import ConfigError, SinkError, SinkTimeout, SinkUnavailable
 from relay.events import Event, Failure, Outcome
-from relay.secrets import redact_url
+from relay.secrets import Scrubber, redact_url
+from relay.sinks.base import scrubbed
 from relay.sinks.rabbitmq.batch import Batch
 from relay.sinks.rabbitmq.limits import refusal
 from relay.sinks.rabbitmq.link import CLOSE_TIMEOUT_SECONDS, Link, LinkError
@@ -62,6 +63,7 @@ class RabbitMQSink:
             raise ConfigError("RabbitMQ sink timeouts and max message size must be positive")
         self._exchange = config.exchange
         self._url = redact_url(config.url)
+        self._redact = Scrubber.of(config.url)
         self._publish_timeout = publish_timeout_seconds
         self._connect_timeout = connect_timeout_seconds
         self._max_message_bytes = max_message_bytes
@@ -111,24 +113,30 @@ class RabbitMQSink:
         try:
             async with asyncio.timeout_at(deadline):
                 async with self._send_lock:
-                    await self._send(link, batch)
+                    await self._send(link, batch, sorted(batch.unresolved))
                 await asyncio.shield(batch.done)
+                if batch.suspects:
+                    await self._isolate(batch, deadline)
         except TimeoutError:
             timed_out = True
         finally:
             self._inflight.discard(batch)
             # Late confirms for this batch (or any after a cancellation) are ignored.
-            link.forget(batch)
+            for used in (link, self._link):
+                if used is not None:
+                    used.forget(batch)
         if timed_out:
-            batch.fail(list(batch.unresolved), f"no publisher confirm within {self._publish_timeout:g}s")
+            batch.time_out(sorted(batch.unresolved), f"no publisher confirm within {self._publish_timeout:g}s")
+        batch.give_back("not sent again: the broker refused a message of its batch and time ran out finding which")
         if batch.settled == 0:
-            # The broker said nothing about any event: treat it as unreachable so
-            # the relay releases the batch instead of spending attempts.
+            # The broker said nothing about any event: the relay releases the
+            # batch without spending attempts. After a timeout the broker may
+            # have stored the events, so it is told apart: copies cost.
             if timed_out:
                 await self._drop(link, graceful=False)
-                raise SinkUnavailable(f"no publisher confirm from {self._url} within {self._publish_timeout:g}s")
+                raise SinkTimeout(f"no publisher confirm from {self._url} within {self._publish_timeout:g}s")
             raise SinkUnavailable(f"lost the channel to {self._url} before any confirm: {link.last_error}")
-        return batch.outcomes
+        return scrubbed(batch.outcomes, self._redact) if self._redact else batch.outcomes
 
     async def check(self) -> None:
         """Cheap when connected; otherwise one connection attempt. ``SinkUnavailable`` if down."""
@@ -155,10 +163,9 @@ class RabbitMQSink:
             await link.close()
         logger.info("closed the RabbitMQ connection", extra={"action": "rabbitmq.close"})
 
-    async def _send(self, link: Link, batch: Batch) -> None:
-        """Write the batch's unresolved events to the channel, in order, without waiting."""
+    async def _send(self, link: Link, batch: Batch, indices: list[int]) -> None:
+        """Write events ``indices`` of the batch to the channel, in order, without waiting."""
         events = batch.events
-        indices = sorted(batch.unresolved)
         channel = link.channel
         for start in range(0, len(indices), YIELD_EVERY_MESSAGES):
             if start:
@@ -166,7 +173,7 @@ class RabbitMQSink:
             # Never continue on a different channel: the events sent on the old
             # one fail, and a later event of the same key must not overtake them.
             if channel is None or link.channel is not channel or not channel.is_open:
-                batch.fail(indices[start:], f"not sent: {link.last_error}")
+                self._not_sent(link, batch, indices[start:], link.last_error)
                 return
             with link.corked():
                 for position in range(start, min(start + YIELD_EVERY_MESSAGES, len(indices))):
@@ -175,15 +182,70 @@ class RabbitMQSink:
                     try:
                         link.publish(channel, event)
                     except ValueError as exc:
-                        # A name too long for AMQP: publish_frames encodes every
-                        # frame before writing any, so nothing went out.
+                        # A name too long for AMQP, or headers too large for a frame:
+                        # publish_frames encodes every frame before writing any, so
+                        # nothing went out.
                         failure = Failure(f"cannot encode message: {exc}", permanent=True)
                         batch.resolve(index, failure, settled=True)
                         continue
                     except pika.exceptions.AMQPError as exc:
-                        batch.fail(indices[position:], f"not sent: {describe(exc)}")
+                        self._not_sent(link, batch, indices[position:], describe(exc))
                         return
                     link.track(batch, index)
+
+    @staticmethod
+    def _not_sent(link: Link, batch: Batch, indices: list[int], reason: str) -> None:
+        # After a refusal the unsent events are suspects too: they go again
+        # while the culprit is looked for, and no attempt is spent on them.
+        if link.refusal is not None:
+            batch.suspect(indices, f"not sent: {reason}")
+        else:
+            batch.fail(indices, f"not sent: {reason}")
+
+    async def _isolate(self, batch: Batch, deadline: float) -> None:
+        """Find the events the broker refused by closing the channel or the connection.
+
+        The events in flight at such a close are suspects: any of them, or none,
+        may be the cause. They are sent again in halves, each half alone on the
+        channel (the send lock is held until its confirms are in, after the
+        confirms of other batches), so a close during a half is that half's
+        doing. A half of one that is refused again is the culprit: it fails, and
+        the failure counts as an attempt, so a poison event ends dead-lettered
+        while the events around it are delivered.
+        """
+        groups = [sorted(batch.suspects)]
+        while groups:
+            group = groups.pop(0)
+            try:
+                link = await self._connected(deadline, attempts=RECONNECT_ATTEMPTS, refusal_is_fatal=False)
+            except SinkUnavailable:
+                return  # the suspects left go back untried
+            async with self._send_lock:
+                await link.drained()
+                batch.retry(group)
+                await self._send(link, batch, group)
+                await asyncio.shield(batch.done)
+            lost = [i for i in group if i not in batch.settled_indices and i not in batch.suspects]
+            if lost:
+                # The link failed for another reason than a refusal: stop looking.
+                batch.suspect_again(lost)
+                return
+            refused = [i for i in group if i in batch.suspects]
+            if len(refused) == 1 and len(group) == 1:
+                self._convict(batch, refused[0], link.refusal or link.last_error)
+            elif refused:
+                half = (len(refused) + 1) // 2
+                groups[:0] = [refused[:half], refused[half:]]
+
+    def _convict(self, batch: Batch, index: int, reason: str) -> None:
+        event = batch.events[index]
+        batch.convict(index, Failure(f"refused by RabbitMQ: {reason}"))
+        logger.warning(
+            "RabbitMQ refused event %d: %s",
+            event.id,
+            reason,
+            extra={"action": "rabbitmq.refused", "event_id": event.id, "topic": event.topic},
+        )
 
     async def _connected(self, deadline: float, *, attempts: int, refusal_is_fatal: bool) -> Link:
         """The open link, reconnecting with backoff until ``deadline`` if needed."""
