@@ -235,7 +235,7 @@ class RabbitMQSink:
                 self._convict(batch, refused[0], link.refusal or link.last_error)
             elif refused:
                 half = (len(refused) + 1) // 2
-                groups[:0] = [refused[:half], refused[half:]]
+                groups[:0] = [part for part in (refused[:half], refused[half:]) if part]
 
     def _convict(self, batch: Batch, index: int, reason: str) -> None:
         event = batch.events[index]
