@@ -19,13 +19,13 @@ import pytest
 
 import producers
 from relay.errors import SinkTimeout
-from relay.events import Event, Failure, Outcome
-from relay.sinks.rabbitmq import RabbitMQSink, frames
+from relay.events import Event, Failure
+from relay.sinks.rabbitmq import frames
 from relay.sinks.rabbitmq.batch import Batch
 from relay.sinks.rabbitmq.link import Link
 from tests.integration.kafka_support import make_event
 from tests.integration.rabbit_support import TcpProxy, temp_queue, via_proxy
-from tests.integration.test_rabbitmq_sink import make_sink
+from tests.integration.test_rabbitmq_sink import make_sink, publish_once
 from tests.relay_support import RelayThread, outbox_counts, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,20 +51,12 @@ def poison(topic: str, idempotency_key: str = "poison") -> Event:
     return make_event(topic, key="poison", headers={"big": "x" * 200_000}, idempotency_key=idempotency_key)
 
 
-async def publishing(sink: RabbitMQSink, *batches: list[Event]) -> list[list[Outcome]]:
-    await sink.start()
-    try:
-        return list(await asyncio.gather(*(sink.publish(batch) for batch in batches)))
-    finally:
-        await sink.close()
-
-
 @pytest.mark.parametrize("headers", TOO_LARGE_HEADERS.values(), ids=TOO_LARGE_HEADERS.keys())
 def test_headers_too_large_for_a_frame_fail_up_front_for_good(amqp_url: str, headers: dict[str, str]) -> None:
     with temp_queue(amqp_url) as queue:
         before, after = make_event(queue.name), make_event(queue.name)
         refused = make_event(queue.name, headers=headers)
-        [outcomes] = asyncio.run(publishing(make_sink(amqp_url), [before, refused, after]))
+        [outcomes] = asyncio.run(publish_once(make_sink(amqp_url), [before, refused, after]))
         assert outcomes[0] is None and outcomes[2] is None, outcomes
         failure = outcomes[1]
         assert isinstance(failure, Failure) and failure.permanent and "frame" in failure.error, failure
@@ -75,7 +67,7 @@ def test_headers_too_large_for_a_frame_fail_up_front_for_good(amqp_url: str, hea
 def test_headers_that_just_fit_are_delivered(amqp_url: str) -> None:
     with temp_queue(amqp_url) as queue:
         event = make_event(queue.name, headers={"big": "x" * (FRAME_MAX - 400)})
-        [outcomes] = asyncio.run(publishing(make_sink(amqp_url), [event]))
+        [outcomes] = asyncio.run(publish_once(make_sink(amqp_url), [event]))
         assert outcomes == [None]
         assert [m.headers["big"] for m in queue.collect(1)] == ["x" * (FRAME_MAX - 400)]
 
@@ -114,7 +106,7 @@ def test_a_close_in_refusal_is_traced_to_the_event_that_caused_it(amqp_url: str,
     with temp_queue(amqp_url) as queue:
         events = [make_event(queue.name) for _ in range(9)]
         events.insert(where, poison(queue.name))
-        [outcomes] = asyncio.run(publishing(make_sink(amqp_url), events))
+        [outcomes] = asyncio.run(publish_once(make_sink(amqp_url), events))
         refused = outcomes[where]
         assert isinstance(refused, Failure) and not refused.permanent and not refused.unavailable, outcomes
         assert "refused by RabbitMQ" in refused.error and "501" in refused.error
@@ -128,7 +120,7 @@ def test_two_poisons_in_one_batch_are_both_found(amqp_url: str) -> None:
     with temp_queue(amqp_url) as queue:
         events = [make_event(queue.name) for _ in range(30)]
         events[3], events[21] = poison(queue.name, "poison-a"), poison(queue.name, "poison-b")
-        [outcomes] = asyncio.run(publishing(make_sink(amqp_url), events))
+        [outcomes] = asyncio.run(publish_once(make_sink(amqp_url), events))
         failed = {events[i].idempotency_key for i, o in enumerate(outcomes) if o is not None}
         assert failed == {"poison-a", "poison-b"}, outcomes
         assert len({m.message_id for m in queue.collect(28)}) == 28
@@ -139,7 +131,7 @@ def test_a_batch_in_flight_beside_the_poison_is_not_blamed(amqp_url: str) -> Non
     with temp_queue(amqp_url) as queue:
         first = [make_event(queue.name) for _ in range(200)]
         second = [make_event(queue.name) for _ in range(20)] + [poison(queue.name)]
-        outcomes_first, outcomes_second = asyncio.run(publishing(make_sink(amqp_url), first, second))
+        outcomes_first, outcomes_second = asyncio.run(publish_once(make_sink(amqp_url), first, second))
         assert outcomes_first == [None] * 200
         assert outcomes_second[:20] == [None] * 20
         assert isinstance(outcomes_second[20], Failure) and "refused by RabbitMQ" in outcomes_second[20].error
@@ -188,7 +180,7 @@ def test_a_confirm_that_never_comes_beside_acknowledged_ones_is_a_timed_out_fail
     monkeypatch.setattr(Link, "track", loses_one)
     with temp_queue(amqp_url) as queue:
         events = [make_event(queue.name), make_event(queue.name, idempotency_key="unconfirmed"), make_event(queue.name)]
-        [outcomes] = asyncio.run(publishing(make_sink(amqp_url, publish_timeout_seconds=1.0), events))
+        [outcomes] = asyncio.run(publish_once(make_sink(amqp_url, publish_timeout_seconds=1.0), events))
         assert outcomes[0] is None and outcomes[2] is None
         lost = outcomes[1]
         assert isinstance(lost, Failure) and lost.timed_out and not lost.permanent and not lost.unavailable, lost
