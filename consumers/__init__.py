@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from consumers.inbox import (
     DEFAULT_INBOX_TABLE,
+    HandlerLeftTransactionBroken,
     acreate_inbox,
     aprocess_once,
     create_inbox,
@@ -24,6 +25,7 @@ from consumers.inbox import (
 
 __all__ = [
     "DEFAULT_INBOX_TABLE",
+    "HandlerLeftTransactionBroken",
     "acreate_inbox",
     "aprocess_once",
     "create_inbox",

@@ -37,6 +37,16 @@ _INSERT = "INSERT INTO {table} (idempotency_key, topic) VALUES (%s, %s) ON CONFL
 HeaderValue = str | bytes | None
 
 
+class HandlerLeftTransactionBroken(RuntimeError):
+    """The handler returned, but the transaction can no longer commit: a statement
+    failed inside it (and the handler caught the error), or the handler ended it.
+
+    The key and the handler's writes are rolled back, so a redelivery is
+    processed again; fix the handler (roll back to a savepoint, or let the error
+    propagate).
+    """
+
+
 class KafkaMessage(Protocol):
     """What :func:`idempotency_key_from_kafka` reads: a ``confluent_kafka.Message``."""
 
@@ -106,7 +116,9 @@ def process_once(
     with the same key waits until this transaction ends, then skips (or, if it
     rolled back, processes). If the handler raises, the transaction rolls back,
     nothing is recorded and the exception propagates, so a redelivery is
-    processed again.
+    processed again. If the handler returns with the transaction aborted (it
+    caught a database error) or ended, :class:`HandlerLeftTransactionBroken` is
+    raised and nothing is recorded: ``True`` always means committed.
 
     On a connection already inside a transaction the work joins it as a
     savepoint and is committed with the caller's transaction.
@@ -119,6 +131,7 @@ def process_once(
             logger.debug("skipped a duplicate", extra={"action": "inbox_duplicate", "topic": topic})
             return False
         handler(conn)
+        _check_transaction(conn.info.transaction_status, topic)
     return True
 
 
@@ -139,7 +152,23 @@ async def aprocess_once(
             logger.debug("skipped a duplicate", extra={"action": "inbox_duplicate", "topic": topic})
             return False
         await handler(conn)
+        _check_transaction(conn.info.transaction_status, topic)
     return True
+
+
+def _check_transaction(status: psycopg.pq.TransactionStatus, topic: str | None) -> None:
+    """Raise unless the handler left the transaction open and healthy.
+
+    PostgreSQL answers COMMIT in an aborted transaction with a ROLLBACK and no
+    error, so without this check the key and the writes would vanish while
+    ``process_once`` reported success, and the consumer would move past the event.
+    """
+    if status == psycopg.pq.TransactionStatus.INTRANS:
+        return
+    why = "a statement failed in it" if status == psycopg.pq.TransactionStatus.INERROR else "the handler ended it"
+    raise HandlerLeftTransactionBroken(
+        f"the handler returned but its transaction cannot commit ({why}; topic {topic!r}): nothing was recorded"
+    )
 
 
 def _text(value: object) -> str | None:

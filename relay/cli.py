@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import sys
@@ -16,13 +15,12 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from relay import __version__, config
+from relay import __version__, config, secrets
 from relay.config import (
     RelaySettings,
     TableName,
     check_database_url,
     parse_duration,
-    parse_route,
     parse_sink_url,
     redact_url,
     resolve_routes,
@@ -564,25 +562,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def _secrets(args: argparse.Namespace) -> list[str]:
-    from relay.store.postgres import password_of
-
-    found = [password_of(args.database_url or "") or ""]
-    sinks: list[config.SinkConfig] = []
-    sink = getattr(args, "sink", None)
-    if sink:
-        with contextlib.suppress(ConfigError):
-            sinks.append(parse_sink_url(sink))
-    for route in getattr(args, "routes", None) or []:
-        with contextlib.suppress(ConfigError):
-            sinks.append(parse_route(route).sink)
-    for parsed in sinks:
-        if isinstance(parsed, config.KafkaSinkConfig):
-            found += [v for k, v in parsed.options.items() if "password" in k]
-        elif isinstance(parsed, config.AmqpSinkConfig):
-            from urllib.parse import urlsplit
-
-            found.append(urlsplit(parsed.url).password or "")
-    return [s for s in found if s]
+    texts = [args.database_url, getattr(args, "sink", None), *(getattr(args, "routes", None) or [])]
+    return [secret for text in texts if text for secret in secrets.secrets_in(text)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -604,10 +585,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _scrub(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return " ".join(text.split())
+def _scrub(text: str, found: list[str]) -> str:
+    return secrets.one_line(text, secrets.Scrubber(found))
 
 
 __all__ = ["add_env_flag", "build_parser", "main", "redact_url", "reject_bad_env"]

@@ -15,6 +15,12 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from relay.errors import ConfigError
+from relay.kafka_options import check_value, option_name
+from relay.secrets import Scrubber
+
+# What is secret is decided in relay.secrets; these two stay importable from here.
+from relay.secrets import is_secret_option as is_secret_option
+from relay.secrets import redact_url as redact_url
 
 DEFAULT_TABLE = "outbox"
 BATCH_SIZE = 2000
@@ -88,30 +94,6 @@ def parse_duration(text: str) -> float:
     if match is None:
         raise ConfigError(f"invalid duration {text[:40]!r}: use a number with s, m, h, d or w (e.g. 7d)")
     return float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
-
-
-def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***``.
-
-    Unparsable input is reduced to its scheme, so an error message can never
-    echo a secret back.
-    """
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-    except ValueError:
-        return "<unparsable URL>"
-    if "@" in netloc:
-        userinfo, _, hosts = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{hosts}" if ":" in userinfo else f"{user}@{hosts}"
-    query = "&".join(f"{k}=***" if is_secret_option(k) else f"{k}={v}" for k, v in parse_qsl(parts.query))
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-
-
-def is_secret_option(name: str) -> bool:
-    lowered = name.lower()
-    return any(word in lowered for word in ("password", "secret", "token", "key.pem", "sslkey"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,9 +205,12 @@ def _parse_kafka(url: str) -> KafkaSinkConfig:
     for host in hosts:
         name, sep, port = host.rpartition(":")
         if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"kafka broker {host!r} in {redact_url(url)!r} is not host:port")
+            shown = Scrubber.of(url)(host)
+            raise ConfigError(f"kafka broker {shown!r} in {redact_url(url)!r} is not host:port")
     for key, value in parse_qsl(query, keep_blank_values=True):
-        options[key.replace("_", ".")] = value
+        name = option_name(key)
+        check_value(name, value)
+        options[name] = value
     return KafkaSinkConfig(bootstrap_servers=",".join(hosts), options=options)
 
 
@@ -234,7 +219,7 @@ def _parse_amqp(url: str) -> AmqpSinkConfig:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - urlsplit checks the port lazily
     except ValueError as exc:
-        raise ConfigError(f"invalid sink URL {redact_url(url)!r}: {exc}") from None
+        raise ConfigError(f"invalid sink URL {redact_url(url)!r}: {Scrubber.of(url)(str(exc))}") from None
     if not parts.hostname:
         raise ConfigError(f"amqp sink URL {redact_url(url)!r} names no host (amqp://user:pass@host:port/vhost)")
     query = parse_qsl(parts.query, keep_blank_values=True)
@@ -258,7 +243,7 @@ def check_database_url(url: str) -> str:
             parts = urlsplit(url)
             parts.port  # noqa: B018 - urlsplit checks the port lazily
         except ValueError as exc:
-            raise ConfigError(f"invalid database URL {redact_url(url)!r}: {exc}") from None
+            raise ConfigError(f"invalid database URL {redact_url(url)!r}: {Scrubber.of(url)(str(exc))}") from None
         if parts.scheme not in ("postgresql", "postgres"):
             raise ConfigError(f"unknown database URL scheme {parts.scheme!r} in {redact_url(url)!r}: use postgresql://")
     return url

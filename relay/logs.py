@@ -7,36 +7,47 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+from relay.secrets import Scrubber
+
 # Attributes every LogRecord has; anything else came in through ``extra=``.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
 
 
 class ScrubSecrets(logging.Filter):
-    """Replaces known secrets in every record's final message with ``***``.
+    """Replaces known secrets with ``***`` in every record: its message, its
+    ``extra=`` fields (the JSON keys), its traceback and its stack.
 
     Adapters already keep passwords out of what they log; this is the second
-    line, for text that comes from libraries.
+    line, for text that comes from libraries. What counts as a secret, and in
+    which spellings, is :class:`relay.secrets.Scrubber`'s call.
     """
 
     def __init__(self, secrets: list[str]) -> None:
         super().__init__()
-        self.secrets = [s for s in secrets if s]
+        self.scrub = Scrubber(secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Rewrite the message in place; never drops a record."""
-        if not self.secrets:
+        """Rewrite the record in place; never drops a record."""
+        if not self.scrub:
             return True
         message = record.getMessage()
-        scrubbed = message
-        for secret in self.secrets:
-            scrubbed = scrubbed.replace(secret, "***")
+        scrubbed = self.scrub(message)
         if scrubbed != message or record.exc_info:
             record.msg, record.args = scrubbed, None
         if record.exc_info:
             text = logging.Formatter().formatException(record.exc_info)
-            for secret in self.secrets:
-                text = text.replace(secret, "***")
-            record.exc_info, record.exc_text = None, text
+            record.exc_info, record.exc_text = None, self.scrub(text)
+        elif record.exc_text:
+            record.exc_text = self.scrub(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.scrub(record.stack_info)
+        for key, value in list(record.__dict__.items()):
+            if key in _STANDARD or isinstance(value, int | float | bool | None):
+                continue
+            text = value if isinstance(value, str) else str(value)
+            clean = self.scrub(text)
+            if clean != text:
+                setattr(record, key, clean)
         return True
 
 

@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from relay.store.base import Status
 
+logger = logging.getLogger(__name__)
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 #: A full batch at the default --batch-size has a bucket of its own (see test_metrics).
 BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 2500, 5000)
+#: Topics that get a series of their own in the per-topic counters; later ones share one.
+TOPIC_SERIES_MAX = 1000
+#: The label of the series the topics past the cap share: no Kafka topic can be named so.
+OTHER_TOPICS = "(other)"
 
 
 class Metrics:
     """Counters, gauges and histograms the relay loop updates as it works."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_topics: int = TOPIC_SERIES_MAX) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.published = Counter("outbox_relay_published", "Events acknowledged by the broker.", ["topic"], registry=r)
+        self.published = TopicCounter(
+            Counter("outbox_relay_published", "Events acknowledged by the broker.", ["topic"], registry=r), max_topics
+        )
         self.failed_attempts = Counter(
             "outbox_relay_failed_attempts", "Publish attempts the broker did not acknowledge.", registry=r
         )
@@ -77,6 +86,43 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
+
+
+class TopicCounter:
+    """A counter labelled by topic with a bounded number of series.
+
+    The first ``max_topics`` distinct topics keep a series each; every later one
+    counts under ``topic="(other)"``, so topics that hold ids cannot grow
+    ``/metrics`` without bound. The first topic folded is logged once.
+    """
+
+    def __init__(self, counter: Counter, max_topics: int) -> None:
+        if max_topics < 0:
+            raise ValueError("max_topics must not be negative")
+        self._counter = counter
+        self._max_topics = max_topics
+        self._topics: set[str] = set()
+        self._folded = False
+
+    def labels(self, topic: str) -> Counter:
+        """The series ``topic`` counts in."""
+        if topic not in self._topics:
+            if len(self._topics) >= self._max_topics:
+                if not self._folded:
+                    self._folded = True
+                    logger.warning(
+                        "more than %d topics: the rest are counted under topic=%s",
+                        self._max_topics,
+                        OTHER_TOPICS,
+                        extra={"action": "metrics_topics_capped"},
+                    )
+                return self._counter.labels(OTHER_TOPICS)
+            self._topics.add(topic)
+        return self._counter.labels(topic)
+
+    def collect(self) -> Iterable[Metric]:
+        """The counter's samples, as ``Counter.collect`` gives them."""
+        return self._counter.collect()
 
 
 class _SinkStates(Collector):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from relay.events import Event, Outcome
@@ -37,3 +38,9 @@ class Sink(Protocol):
 
     async def close(self) -> None:
         """Flush what can be flushed and disconnect. Safe to call twice."""
+
+
+def scrubbed(outcomes: list[Outcome], scrub: Callable[[str], str]) -> list[Outcome]:
+    """``outcomes`` with ``scrub`` applied to each failure's text: it becomes ``last_error``,
+    which ``outbox-relay dead`` shows, and a driver's message may echo a secret."""
+    return [None if outcome is None else replace(outcome, error=scrub(outcome.error)) for outcome in outcomes]

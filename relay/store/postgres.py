@@ -18,6 +18,7 @@ from psycopg import sql
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName, redact_url
 from relay.errors import SchemaError, StoreError, StoreReadOnly, StoreUnavailable
 from relay.events import Event
+from relay.secrets import Scrubber, one_line, secrets_in
 from relay.store import sql as named
 from relay.store.base import Claim, Dead, DeadEvent, RequeueFilter, Retry, Settlement, Status
 from relay.store.floor import FULL_SCAN_INTERVAL_SECONDS, ClaimFloor
@@ -65,11 +66,7 @@ def connect_kwargs(
 
 def password_of(dsn: str) -> str | None:
     """The password in ``dsn``, so that error messages can be scrubbed of it."""
-    try:
-        value = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
-    except psycopg.Error:
-        return None
-    return str(value) if value else None
+    return next(iter(secrets_in(dsn)), None)
 
 
 @contextlib.contextmanager
@@ -106,11 +103,7 @@ def _id_array(ids: Iterable[int]) -> str:
 
 def describe(exc: BaseException, dsn: str) -> str:
     """A one-line description of a database error with any password removed."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    secret = password_of(dsn)
-    if secret:
-        text = text.replace(secret, "***")
-    return text.replace(dsn, redact_url(dsn))
+    return one_line(str(exc).replace(dsn, redact_url(dsn)), Scrubber.of(dsn)) or type(exc).__name__
 
 
 class PostgresStore:

@@ -9,6 +9,7 @@ to every connection, existing and new::
     with FaultProxy("127.0.0.1", 5432) as proxy:
         url = f"postgresql://postgres@127.0.0.1:{proxy.port}/db"
         proxy.latency(0.1)   # each chunk arrives 100 ms late, both ways
+        proxy.latency(3, direction="down")  # only what the server sends is late
         proxy.blackhole()    # accept and read, forward nothing
         proxy.passthrough()  # forward again
 
@@ -16,7 +17,9 @@ Modes:
 
 - ``passthrough()``: forward both ways.
 - ``latency(seconds)``: deliver each chunk ``seconds`` after it was read, in
-  each direction, order kept (a delay, not a bandwidth cap).
+  each direction, order kept (a delay, not a bandwidth cap). With
+  ``direction="down"`` only what the server sends is late (acknowledgements
+  after the server acted), with ``"up"`` only what the client sends.
 - ``blackhole()``: connections stay open and are read, but nothing is
   forwarded; new ones are accepted and stay silent. A byte stream with a hole
   in it cannot go on, so when the black hole ends, every connection that lost
@@ -56,10 +59,16 @@ _FORWARDING = ("pass", "latency")
 
 @dataclass(frozen=True)
 class Mode:
-    """What the proxy does now; ``seconds`` is the latency or the slow-close step."""
+    """What the proxy does now; ``seconds`` is the latency or the slow-close step,
+    ``direction`` which way a latency applies (``both``, ``up`` or ``down``)."""
 
     name: str = "pass"
     seconds: float = 0.0
+    direction: str = "both"
+
+    def delay(self, direction: str) -> float:
+        """How late a chunk read now travels ``direction`` (``up`` or ``down``)."""
+        return self.seconds if self.name == "latency" and self.direction in ("both", direction) else 0.0
 
     @property
     def forwards(self) -> bool:
@@ -133,7 +142,7 @@ class _Connection:
                 mode = self.proxy.mode_now
                 if not data:
                     if mode.forwards and not self.poisoned:
-                        await queue.put((loop.time() + (mode.seconds if mode.name == "latency" else 0.0), None))
+                        await queue.put((loop.time() + mode.delay(direction), None))
                     elif self._slow_close is None:
                         self.close()
                     # In a slow close, the peer's FIN changes nothing: the timer ends it.
@@ -142,8 +151,7 @@ class _Connection:
                     self.poisoned = True
                     self.proxy.dropped_bytes += len(data)
                     continue
-                delay = mode.seconds if mode.name == "latency" else 0.0
-                await queue.put((loop.time() + delay, data))
+                await queue.put((loop.time() + mode.delay(direction), data))
         except (ConnectionError, OSError):
             self.close(rst=True)
 
@@ -277,11 +285,13 @@ class FaultProxy:
         """Forward both ways again; connections that lost bytes meanwhile are reset."""
         self._switch(Mode("pass"))
 
-    def latency(self, seconds: float) -> None:
-        """Deliver every chunk ``seconds`` late, in each direction."""
+    def latency(self, seconds: float, *, direction: str = "both") -> None:
+        """Deliver every chunk ``seconds`` late, in each direction or only ``up`` or ``down``."""
         if seconds < 0:
             raise ValueError("latency must not be negative")
-        self._switch(Mode("latency", seconds))
+        if direction not in ("both", "up", "down"):
+            raise ValueError("direction must be both, up or down")
+        self._switch(Mode("latency", seconds, direction))
 
     def blackhole(self) -> None:
         """Read everything, forward nothing, keep connections open."""

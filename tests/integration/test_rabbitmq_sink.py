@@ -15,7 +15,8 @@ from devservers import free_port
 from relay.config import AmqpSinkConfig, parse_sink_url
 from relay.errors import ConfigError, SinkError, SinkUnavailable
 from relay.events import IDEMPOTENCY_HEADER, Event, Failure, Outcome
-from relay.sinks.rabbitmq import CORK_MAX_BYTES, MAX_MESSAGE_BYTES, RabbitMQSink, _CorkedConnection
+from relay.sinks.rabbitmq import CORK_MAX_BYTES, MAX_MESSAGE_BYTES, RabbitMQSink
+from relay.sinks.rabbitmq.transport import CorkedConnection
 from tests.integration.kafka_support import make_event
 from tests.integration.rabbit_support import (
     Message,
@@ -123,13 +124,13 @@ def test_a_batch_leaves_in_a_few_writes_rather_than_three_per_message(
     amqp_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writes: list[int] = []
-    write = _CorkedConnection._emit
+    write = CorkedConnection._emit
 
-    def counted(connection: _CorkedConnection, data: bytes) -> None:
+    def counted(connection: CorkedConnection, data: bytes) -> None:
         writes.append(len(data))
         write(connection, data)
 
-    monkeypatch.setattr(_CorkedConnection, "_emit", counted)
+    monkeypatch.setattr(CorkedConnection, "_emit", counted)
     with temp_queue(amqp_url) as queue:
         events = [make_event(queue.name, key=f"k{i % 4}") for i in range(300)]
 

@@ -11,15 +11,9 @@ from confluent_kafka import KafkaError
 from relay.config import KafkaSinkConfig
 from relay.errors import ConfigError
 from relay.events import Failure
-from relay.sinks.kafka import (
-    MAX_ERROR_CHARS,
-    _Batch,
-    _LibrdkafkaLog,
-    classify,
-    describe,
-    is_unreachable,
-    producer_config,
-)
+from relay.sinks.kafka import MAX_ERROR_CHARS, classify, describe, is_unreachable, producer_config
+from relay.sinks.kafka.batch import Batch
+from relay.sinks.kafka.client import LibrdkafkaLog
 
 PERMANENT = [
     KafkaError.MSG_SIZE_TOO_LARGE,
@@ -98,7 +92,7 @@ def test_options_may_not_weaken_delivery(name: str, value: str) -> None:
 
 def test_librdkafka_logs_are_demoted_and_redacted(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="relay.sinks.kafka")
-    log = _LibrdkafkaLog(lambda text: text.replace("s3cret", "***"))
+    log = LibrdkafkaLog(lambda text: text.replace("s3cret", "***"))
     log.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#producer-1", "connect failed")
     log.log(logging.INFO, "%s [%s] %s", "STATE", "rdkafka#producer-1", "up")
     log.log(logging.WARNING, "%s [%s] %s", "CONFWARN", "rdkafka#producer-1", "password s3cret ignored")
@@ -111,7 +105,7 @@ def test_librdkafka_logs_are_demoted_and_redacted(caplog: pytest.LogCaptureFixtu
 
 def test_batch_resolves_when_every_event_has_an_outcome() -> None:
     async def scenario() -> None:
-        batch = _Batch(3, asyncio.get_running_loop())
+        batch = Batch(3, asyncio.get_running_loop())
         batch.on_delivery(1, None, None)  # type: ignore[arg-type]
         batch.record(0, Failure("too big", permanent=True))
         assert not batch.future.done()
@@ -128,7 +122,7 @@ def test_batch_resolves_when_every_event_has_an_outcome() -> None:
 
 def test_unreported_events_count_as_unreachable_timeouts() -> None:
     async def scenario() -> None:
-        batch = _Batch(2, asyncio.get_running_loop())
+        batch = Batch(2, asyncio.get_running_loop())
         batch.on_delivery(0, KafkaError(KafkaError._TRANSPORT), None)  # type: ignore[arg-type]
         outcomes = batch.close()
         batch.on_delivery(1, None, None)  # type: ignore[arg-type]  # too late: ignored
@@ -140,7 +134,7 @@ def test_unreported_events_count_as_unreachable_timeouts() -> None:
 
 def test_failing_the_rest_keeps_earlier_outcomes() -> None:
     async def scenario() -> None:
-        batch = _Batch(4, asyncio.get_running_loop())
+        batch = Batch(4, asyncio.get_running_loop())
         batch.on_delivery(0, None, None)  # type: ignore[arg-type]
         batch.fail_unreported(Failure("queue full"), unreachable=True, start=2)
         assert not batch.future.done()

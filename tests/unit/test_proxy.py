@@ -127,6 +127,25 @@ def test_latency_delays_each_direction(proxy: FaultProxy) -> None:
         assert time.monotonic() - started < 0.2
 
 
+@pytest.mark.parametrize(("direction", "arrives_late"), [("down", False), ("up", True)])
+def test_latency_can_delay_one_direction_only(direction: str, arrives_late: bool) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    with server, FaultProxy("127.0.0.1", server.getsockname()[1]) as proxy:
+        proxy.latency(0.3, direction=direction)
+        with client(proxy) as sock:
+            upstream, _ = server.accept()
+            with upstream:
+                started = time.monotonic()
+                sock.sendall(b"ping")
+                assert upstream.recv(16) == b"ping"
+                arrived = time.monotonic() - started
+                upstream.sendall(b"pong")
+                assert sock.recv(16) == b"pong"
+                round_trip = time.monotonic() - started
+    assert (arrived >= 0.3) is arrives_late, arrived
+    assert 0.3 <= round_trip < 0.55, round_trip
+
+
 def test_blackhole_swallows_then_resets_only_connections_that_lost_bytes(proxy: FaultProxy) -> None:
     with client(proxy, timeout=0.5) as busy, client(proxy, timeout=0.5) as idle:
         assert roundtrip(busy) == b"ping"

@@ -1,0 +1,209 @@
+"""What is secret, decided in one place.
+
+Two tools, used by every output path (errors, log messages and their
+structured fields, metric labels, reprs, command output):
+
+- :func:`redact_url` shows a URL (or a libpq keyword string) with its password
+  and every secret option masked: for labels, reprs and error messages;
+- :class:`Scrubber` removes known secrets from free text that a library may
+  have echoed (an exception, a log line), in every spelling the secret may take
+  there: as written, percent-decoded or encoded, escaped, or cut into pieces
+  at the URL delimiters by a parser that misread it.
+
+:func:`secrets_in` finds the secrets a scrubber needs in configuration text,
+valid or not: a URL whose password holds a raw ``/``, ``?``, ``#`` or ``@`` is
+invalid, and different parsers cut it in different places.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from urllib.parse import quote, quote_plus, unquote, unquote_plus
+
+MASK = "***"
+
+#: Options librdkafka marks sensitive (``_RK_SENSITIVE`` in rdkafka_conf.c, plus
+#: the OIDC ones newer versions add), spelled as the relay normalises names.
+SENSITIVE_KAFKA_OPTIONS = frozenset(
+    {
+        "sasl.username",
+        "sasl.password",
+        "sasl.oauthbearer.config",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.client.credentials.client.secret",
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+        "sasl.oauthbearer.assertion.private.key.pem",
+        "ssl.key.location",
+        "ssl.key.password",
+        "ssl.key.pem",
+        "ssl.key",
+        "ssl.keystore.password",
+        "ssl.ca.pem",
+    }
+)
+#: Words that make any option secret, whatever the library: passwords, tokens,
+#: private keys (PostgreSQL's sslpassword and sslkey, pika's ssl_options).
+_SECRET_WORDS = (
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "token",
+    "credential",
+    "private.key",
+    "key.pem",
+    "sslkey",
+    "ssl.key",
+    "keystore",
+    "ssl.options",
+    "api.key",
+    "apikey",
+    "jaas",
+)
+#: Sensitive names whose values are masked where shown but not scrubbed from free
+#: text: a user name such as "relay" would cut words out of every message.
+_NAMES_NOT_SCRUBBED = frozenset({"sasl.username"})
+#: A secret cut at these characters (by a parser that took a raw one for a
+#: delimiter) may be echoed in pieces; pieces this long or longer are scrubbed.
+_DELIMITERS = re.compile(r"[/?#@:&=;,\s]+")
+MIN_PIECE_CHARS = 4
+# ``name=value`` in a URL query or a libpq keyword string; a quoted value may hold spaces.
+_OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>'(?:\\.|[^'\\])*'|[^&\s#;]*)")
+_AUTHORITY_END = re.compile(r"[/?#]")
+
+
+def normalise_option(name: str) -> str:
+    """An option name as the relay compares it: lower case, ``_`` and ``-`` read as ``.``."""
+    return name.strip().lower().replace("_", ".").replace("-", ".")
+
+
+def is_secret_option(name: str) -> bool:
+    """Whether the value of option ``name`` (any library, either spelling) is masked where shown."""
+    normal = normalise_option(name)
+    return normal in SENSITIVE_KAFKA_OPTIONS or any(word in normal for word in _SECRET_WORDS)
+
+
+def _is_scrubbed_option(name: str) -> bool:
+    return is_secret_option(name) and normalise_option(name) not in _NAMES_NOT_SCRUBBED
+
+
+def _mask_options(text: str) -> str:
+    def mask(match: re.Match[str]) -> str:
+        if not is_secret_option(match["name"]) or not match["value"]:
+            return match[0]
+        return f"{match['name']}{match['eq']}{MASK}"
+
+    return _OPTION.sub(mask, text)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password and secret options replaced by ``***``.
+
+    Works on anything: a valid URL keeps its user, host, path and other
+    options; when the password may hold a raw ``/``, ``?`` or ``#`` (so the
+    authority cannot be told apart from the path), everything up to the last
+    ``@`` is masked. A libpq keyword string has its secret keywords masked.
+    """
+    text = _mask_options(url)
+    scheme, separator, rest = text.partition("://")
+    if not separator:
+        return text
+    at = rest.rfind("@")
+    if at < 0:
+        return text
+    end = _AUTHORITY_END.search(rest)
+    if end is not None and end.start() < at:
+        shown = MASK
+    else:
+        user, colon, _ = rest[:at].partition(":")
+        shown = f"{user}:{MASK}" if colon else user
+    return f"{scheme}://{shown}@{rest[at + 1 :]}"
+
+
+def secrets_in(text: str) -> list[str]:
+    """The secrets in configuration ``text``: a URL (valid or not), a ``PATTERN=URL``
+    route or a libpq keyword string. The password is read as everything between
+    the scheme's ``//`` and the last ``@``, which covers what any parser takes it for."""
+    found: list[str] = []
+    _, separator, rest = text.partition("://")
+    if separator:
+        userinfo, at, _ = rest.rpartition("@")
+        _, colon, password = userinfo.partition(":")
+        if at and colon:
+            found.append(password)
+    for match in _OPTION.finditer(text):
+        if _is_scrubbed_option(match["name"]):
+            found.append(_unquote_keyword(match["value"]))
+    return [secret for secret in found if secret]
+
+
+def secrets_of_options(options: Mapping[str, str]) -> list[str]:
+    """The values of the secret options in ``options`` (a sink's library settings)."""
+    return [value for name, value in options.items() if value and _is_scrubbed_option(name)]
+
+
+def _unquote_keyword(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] == "'":
+        return re.sub(r"\\(.)", r"\1", value[1:-1])
+    return value
+
+
+def spellings(secret: str) -> set[str]:
+    """Every form in which ``secret`` may appear in a library's text."""
+    decoded = unquote(secret)
+    forms = {secret, decoded, unquote_plus(secret), quote(decoded, safe=""), quote_plus(decoded)}
+    forms |= {repr(decoded)[1:-1], decoded.encode("unicode_escape").decode("ascii"), json.dumps(decoded)[1:-1]}
+    forms.add(decoded.replace("\\", "\\\\").replace("'", "\\'"))  # libpq's keyword quoting
+    for form in (secret, decoded):
+        forms |= {piece for piece in _DELIMITERS.split(form) if len(piece) >= MIN_PIECE_CHARS}
+    return {form for form in forms if form}
+
+
+class Scrubber:
+    """Replaces known secrets, in every spelling, with ``***`` in free text."""
+
+    __slots__ = ("_pattern",)
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        forms: set[str] = set()
+        for secret in secrets:
+            if secret:
+                forms |= spellings(secret)
+        # Longest first, so a secret is masked whole rather than piece by piece.
+        ordered = sorted(forms, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+    @classmethod
+    def of(cls, *texts: str | None) -> Scrubber:
+        """A scrubber for the secrets in configuration ``texts`` (see :func:`secrets_in`)."""
+        return cls(secret for text in texts if text for secret in secrets_in(text))
+
+    def __bool__(self) -> bool:
+        return self._pattern is not None
+
+    def __call__(self, text: str) -> str:
+        """``text`` with every known secret replaced by ``***``."""
+        return self._pattern.sub(MASK, text) if self._pattern is not None else text
+
+    def __repr__(self) -> str:
+        return f"Scrubber({'some' if self else 'no'} secrets)"
+
+
+def one_line(text: str, scrub: Scrubber) -> str:
+    """``text`` scrubbed and on one line, for an error message."""
+    return " ".join(scrub(text).split())
+
+
+__all__ = [
+    "MASK",
+    "Scrubber",
+    "is_secret_option",
+    "normalise_option",
+    "one_line",
+    "redact_url",
+    "secrets_in",
+    "secrets_of_options",
+    "spellings",
+]

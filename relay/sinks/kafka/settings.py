@@ -1,0 +1,48 @@
+"""The librdkafka settings of the relay's producer, and which a sink URL may change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relay.config import KafkaSinkConfig
+from relay.errors import ConfigError
+from relay.kafka_options import checked_options
+
+LINGER_MS = 5
+BATCH_NUM_MESSAGES = 10_000
+QUEUE_BUFFERING_MAX_MESSAGES = 100_000
+
+
+def producer_config(config: KafkaSinkConfig, *, publish_timeout_seconds: float, client_id: str) -> dict[str, Any]:
+    """The librdkafka settings for the relay's producer; ``config.options`` win where
+    :mod:`relay.kafka_options` allows them (``ConfigError`` otherwise)."""
+    timeout_ms = max(1, round(publish_timeout_seconds * 1000))
+    settings: dict[str, Any] = {
+        "bootstrap.servers": config.bootstrap_servers,
+        "client.id": client_id,
+        "enable.idempotence": True,
+        "acks": "all",
+        # Java's default partitioner: a key lands on the same partition as from a Java client.
+        "partitioner": "murmur2_random",
+        "message.timeout.ms": timeout_ms,
+        # Report a missing topic well before the message times out, so it is dead-lettered
+        # as unknown rather than retried forever as "timed out".
+        "topic.metadata.propagation.max.ms": min(30_000, max(1_000, timeout_ms // 2)),
+        "linger.ms": LINGER_MS,
+        "batch.num.messages": BATCH_NUM_MESSAGES,
+        "queue.buffering.max.messages": QUEUE_BUFFERING_MAX_MESSAGES,
+        "log.connection.close": False,
+    }
+    options = checked_options(config.options)
+    linger = options.get("linger.ms", options.get("queue.buffering.max.ms", str(LINGER_MS)))
+    try:
+        linger_ms = float(linger)
+    except ValueError:
+        raise ConfigError(f"kafka option linger.ms={linger[:20]!r} is not a number of milliseconds") from None
+    if linger_ms >= timeout_ms:
+        raise ConfigError(
+            f"kafka option linger.ms={linger_ms:g} must be shorter than --publish-timeout ({timeout_ms} ms): "
+            "messages would time out waiting in the producer's queue"
+        )
+    settings.update(options)
+    return settings

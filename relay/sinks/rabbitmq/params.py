@@ -1,0 +1,72 @@
+"""pika's connection parameters from a sink URL, and pika's errors in a few words.
+
+Both are where a password could leak: the URL holds it, and pika's errors may
+echo what they were given.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlsplit
+
+import pika
+import pika.exceptions
+
+from relay.errors import ConfigError
+from relay.secrets import Scrubber, redact_url
+
+
+def connection_parameters(
+    url: str, connect_timeout: float, heartbeat: int, blocked_timeout: float
+) -> pika.URLParameters:
+    """pika parameters from ``url``, with our defaults where the URL sets nothing."""
+    try:
+        params = pika.URLParameters(url)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid RabbitMQ sink URL {redact_url(url)!r}: {Scrubber.of(url)(str(exc))}") from None
+    given = {key for key, _ in parse_qsl(urlsplit(url).query)}
+    if "heartbeat" not in given:
+        params.heartbeat = heartbeat
+    if "blocked_connection_timeout" not in given:
+        params.blocked_connection_timeout = blocked_timeout
+    if "socket_timeout" not in given:
+        params.socket_timeout = connect_timeout
+    if "stack_timeout" not in given:
+        params.stack_timeout = connect_timeout
+    if "client_properties" not in given:
+        params.client_properties = {"connection_name": "outbox-relay"}
+    return params
+
+
+def root_cause(error: str | BaseException) -> str | BaseException:
+    """Dig through pika's connection-workflow wrappers to the error that happened."""
+    for _ in range(8):
+        inner = getattr(error, "exceptions", None)
+        if isinstance(inner, list) and inner and isinstance(inner[-1], BaseException):
+            error = inner[-1]
+            continue
+        inner = getattr(error, "exception", None)
+        if isinstance(inner, BaseException):
+            error = inner
+            continue
+        if (
+            type(error) is pika.exceptions.AMQPConnectionError
+            and error.args
+            and isinstance(error.args[0], BaseException)
+        ):
+            error = error.args[0]
+            continue
+        break
+    return error
+
+
+def describe(error: str | BaseException) -> str:
+    """A short description of a pika error (its root cause)."""
+    root = root_cause(error)
+    if isinstance(root, OSError):
+        return root.strerror or type(root).__name__
+    if isinstance(root, pika.exceptions.ConnectionClosed):
+        return f"{root.reply_code} {root.reply_text}"
+    if isinstance(root, BaseException):
+        detail = " ".join(str(arg) for arg in root.args)
+        return f"{type(root).__name__}: {detail}" if detail else type(root).__name__
+    return root

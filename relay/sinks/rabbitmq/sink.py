@@ -1,0 +1,339 @@
+"""The RabbitMQ sink: publisher confirms on one pika channel, on the relay's event loop.
+
+A batch is written to a confirm-mode channel without waiting between messages;
+the broker's acks (often ``multiple=True``) are matched to events by delivery
+tag, and a ``basic.return`` (mandatory, no queue bound) turns the ack that
+follows it into a failure. pika's ``AsyncioConnection`` runs on the running
+loop rather than a connection in a thread: both reach the broker's rate here,
+and the loop version needs no cross-thread hand-off or locking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import pika.exceptions
+
+from relay.config import CONNECT_TIMEOUT_SECONDS, AmqpSinkConfig
+from relay.errors import ConfigError, SinkError, SinkTimeout, SinkUnavailable
+from relay.events import Event, Failure, Outcome
+from relay.secrets import Scrubber, redact_url
+from relay.sinks.base import scrubbed
+from relay.sinks.rabbitmq.batch import Batch
+from relay.sinks.rabbitmq.limits import refusal
+from relay.sinks.rabbitmq.link import CLOSE_TIMEOUT_SECONDS, Link, LinkError
+from relay.sinks.rabbitmq.params import connection_parameters, describe
+
+logger = logging.getLogger(__name__)
+
+#: RabbitMQ 3.x's default ``max_message_size``; a larger body closes the channel.
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+HEARTBEAT_SECONDS = 30
+RECONNECT_ATTEMPTS = 3
+RECONNECT_BACKOFF_INITIAL_SECONDS = 0.2
+RECONNECT_BACKOFF_MAX_SECONDS = 2.0
+#: Messages written between yields to the loop (about 50 ms of encoding), so
+#: the database side keeps moving while a large batch goes out. Yielding every
+#: 100-250 messages measured about 20% more client CPU for no throughput gain.
+YIELD_EVERY_MESSAGES = 1000
+
+
+class RabbitMQSink:
+    """Publishes to an exchange with publisher confirms and ``mandatory`` set.
+
+    Not thread-safe: use it from the event loop it was started on. Concurrent
+    ``publish`` calls are fine; each batch is written contiguously.
+    """
+
+    name = "rabbitmq"
+
+    def __init__(
+        self,
+        config: AmqpSinkConfig,
+        *,
+        publish_timeout_seconds: float,
+        connect_timeout_seconds: float = CONNECT_TIMEOUT_SECONDS,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        heartbeat_seconds: int = HEARTBEAT_SECONDS,
+        blocked_connection_timeout_seconds: float | None = None,
+    ) -> None:
+        if publish_timeout_seconds <= 0 or connect_timeout_seconds <= 0 or max_message_bytes < 1:
+            raise ConfigError("RabbitMQ sink timeouts and max message size must be positive")
+        self._exchange = config.exchange
+        self._url = redact_url(config.url)
+        self._redact = Scrubber.of(config.url)
+        self._publish_timeout = publish_timeout_seconds
+        self._connect_timeout = connect_timeout_seconds
+        self._max_message_bytes = max_message_bytes
+        # A connection blocked by a memory or disk alarm for longer than a
+        # publish may take is of no use; pika then closes it and we reconnect.
+        blocked = blocked_connection_timeout_seconds or publish_timeout_seconds
+        self._params = connection_parameters(config.url, connect_timeout_seconds, heartbeat_seconds, blocked)
+        self._link: Link | None = None
+        self._connect_lock = asyncio.Lock()
+        self._send_lock = asyncio.Lock()
+        self._inflight: set[Batch] = set()
+        self._closed = False
+
+    async def start(self) -> None:
+        """Connect; ``SinkError`` if the broker refuses the login, vhost or exchange."""
+        if self._closed:
+            raise SinkError("the RabbitMQ sink is closed")
+        deadline = asyncio.get_running_loop().time() + self._connect_timeout
+        await self._connected(deadline, attempts=1, refusal_is_fatal=True)
+
+    async def publish(self, events: Sequence[Event]) -> list[Outcome]:
+        """Publish ``events`` in order and wait for their confirms (bounded by the publish timeout)."""
+        loop = asyncio.get_running_loop()
+        batch = Batch(events, loop)
+        for index, event in enumerate(events):
+            refused = refusal(event, self._max_message_bytes)
+            if refused is None:
+                batch.unresolved.add(index)
+                continue
+            batch.outcomes[index] = Failure(refused, permanent=True)
+            logger.debug(
+                "refused event %d: %s",
+                event.id,
+                refused,
+                extra={"action": "rabbitmq.refuse", "event_id": event.id, "topic": event.topic},
+            )
+        if not batch.unresolved:
+            return batch.outcomes
+        if self._closed:
+            raise SinkUnavailable("the RabbitMQ sink is closed")
+        deadline = loop.time() + self._publish_timeout
+        link = await self._connected(deadline, attempts=RECONNECT_ATTEMPTS, refusal_is_fatal=False)
+        if link.blocked is not None:
+            raise SinkUnavailable(f"RabbitMQ blocks publishing: {link.blocked}")
+        self._inflight.add(batch)
+        timed_out = False
+        try:
+            async with asyncio.timeout_at(deadline):
+                async with self._send_lock:
+                    await self._send(link, batch, sorted(batch.unresolved))
+                await asyncio.shield(batch.done)
+                if batch.suspects:
+                    await self._isolate(batch, deadline)
+        except TimeoutError:
+            timed_out = True
+        finally:
+            self._inflight.discard(batch)
+            # Late confirms for this batch (or any after a cancellation) are ignored.
+            for used in (link, self._link):
+                if used is not None:
+                    used.forget(batch)
+        if timed_out:
+            batch.time_out(sorted(batch.unresolved), f"no publisher confirm within {self._publish_timeout:g}s")
+        batch.give_back("not sent again: the broker refused a message of its batch and time ran out finding which")
+        if batch.settled == 0:
+            # The broker said nothing about any event: the relay releases the
+            # batch without spending attempts. After a timeout the broker may
+            # have stored the events, so it is told apart: copies cost.
+            if timed_out:
+                await self._drop(link, graceful=False)
+                raise SinkTimeout(f"no publisher confirm from {self._url} within {self._publish_timeout:g}s")
+            raise SinkUnavailable(f"lost the channel to {self._url} before any confirm: {link.last_error}")
+        return scrubbed(batch.outcomes, self._redact) if self._redact else batch.outcomes
+
+    async def check(self) -> None:
+        """Cheap when connected; otherwise one connection attempt. ``SinkUnavailable`` if down."""
+        if self._closed:
+            raise SinkUnavailable("the RabbitMQ sink is closed")
+        link = self._link
+        if link is None or not link.usable:
+            deadline = asyncio.get_running_loop().time() + self._connect_timeout
+            link = await self._connected(deadline, attempts=1, refusal_is_fatal=False)
+        if link.blocked is not None:
+            raise SinkUnavailable(f"RabbitMQ blocks publishing: {link.blocked}")
+
+    async def close(self) -> None:
+        """Wait briefly for confirms in flight, then disconnect. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        pending = [batch.done for batch in self._inflight]
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSE_TIMEOUT_SECONDS)
+        async with self._connect_lock:
+            link, self._link = self._link, None
+        if link is not None:
+            await link.close()
+        logger.info("closed the RabbitMQ connection", extra={"action": "rabbitmq.close"})
+
+    async def _send(self, link: Link, batch: Batch, indices: list[int]) -> None:
+        """Write events ``indices`` of the batch to the channel, in order, without waiting."""
+        events = batch.events
+        channel = link.channel
+        for start in range(0, len(indices), YIELD_EVERY_MESSAGES):
+            if start:
+                await asyncio.sleep(0)
+            # Never continue on a different channel: the events sent on the old
+            # one fail, and a later event of the same key must not overtake them.
+            if channel is None or link.channel is not channel or not channel.is_open:
+                self._not_sent(link, batch, indices[start:], link.last_error)
+                return
+            with link.corked():
+                for position in range(start, min(start + YIELD_EVERY_MESSAGES, len(indices))):
+                    index = indices[position]
+                    event = events[index]
+                    try:
+                        link.publish(channel, event)
+                    except ValueError as exc:
+                        # A name too long for AMQP, or headers too large for a frame:
+                        # publish_frames encodes every frame before writing any, so
+                        # nothing went out.
+                        failure = Failure(f"cannot encode message: {exc}", permanent=True)
+                        batch.resolve(index, failure, settled=True)
+                        continue
+                    except pika.exceptions.AMQPError as exc:
+                        self._not_sent(link, batch, indices[position:], describe(exc))
+                        return
+                    link.track(batch, index)
+
+    @staticmethod
+    def _not_sent(link: Link, batch: Batch, indices: list[int], reason: str) -> None:
+        # After a refusal the unsent events are suspects too: they go again
+        # while the culprit is looked for, and no attempt is spent on them.
+        if link.refusal is not None:
+            batch.suspect(indices, f"not sent: {reason}")
+        else:
+            batch.fail(indices, f"not sent: {reason}")
+
+    async def _isolate(self, batch: Batch, deadline: float) -> None:
+        """Find the events the broker refused by closing the channel or the connection.
+
+        The events in flight at such a close are suspects: any of them, or none,
+        may be the cause. They are sent again in halves, each half alone on the
+        channel (the send lock is held until its confirms are in, after the
+        confirms of other batches), so a close during a half is that half's
+        doing. A half of one that is refused again is the culprit: it fails, and
+        the failure counts as an attempt, so a poison event ends dead-lettered
+        while the events around it are delivered.
+        """
+        groups = [sorted(batch.suspects)]
+        while groups:
+            group = groups.pop(0)
+            try:
+                link = await self._connected(deadline, attempts=RECONNECT_ATTEMPTS, refusal_is_fatal=False)
+            except SinkUnavailable:
+                return  # the suspects left go back untried
+            async with self._send_lock:
+                await link.drained()
+                batch.retry(group)
+                await self._send(link, batch, group)
+                await asyncio.shield(batch.done)
+            lost = [i for i in group if i not in batch.settled_indices and i not in batch.suspects]
+            if lost:
+                # The link failed for another reason than a refusal: stop looking.
+                batch.suspect_again(lost)
+                return
+            refused = [i for i in group if i in batch.suspects]
+            if len(refused) == 1 and len(group) == 1:
+                self._convict(batch, refused[0], link.refusal or link.last_error)
+            elif refused:
+                half = (len(refused) + 1) // 2
+                groups[:0] = [part for part in (refused[:half], refused[half:]) if part]
+
+    def _convict(self, batch: Batch, index: int, reason: str) -> None:
+        event = batch.events[index]
+        batch.convict(index, Failure(f"refused by RabbitMQ: {reason}"))
+        logger.warning(
+            "RabbitMQ refused event %d: %s",
+            event.id,
+            reason,
+            extra={"action": "rabbitmq.refused", "event_id": event.id, "topic": event.topic},
+        )
+
+    async def _connected(self, deadline: float, *, attempts: int, refusal_is_fatal: bool) -> Link:
+        """The open link, reconnecting with backoff until ``deadline`` if needed."""
+        link = self._link
+        if link is not None and link.usable:
+            return link
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._connect_lock.acquire()
+        except TimeoutError:
+            raise SinkUnavailable(f"cannot reach RabbitMQ at {self._url}: still connecting") from None
+        try:
+            return await self._reconnect(deadline, attempts, refusal_is_fatal)
+        finally:
+            self._connect_lock.release()
+
+    async def _reconnect(self, deadline: float, attempts: int, refusal_is_fatal: bool) -> Link:
+        loop = asyncio.get_running_loop()
+        link = self._link
+        if link is not None and link.usable:
+            return link
+        if link is not None and link.connection_open:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await link.open_channel()
+                return link
+            except (LinkError, TimeoutError) as exc:
+                logger.warning(
+                    "cannot reopen the RabbitMQ channel: %s",
+                    exc,
+                    extra={"action": "rabbitmq.channel_retry"},
+                )
+        if link is not None:
+            self._link = None
+            await link.close()
+        delay = RECONNECT_BACKOFF_INITIAL_SECONDS
+        problem = "no time left to connect"
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
+                delay = min(delay * 2, RECONNECT_BACKOFF_MAX_SECONDS)
+            if loop.time() >= deadline:
+                break
+            link = Link(loop, self._exchange, self._url, self._learn_max_size)
+            try:
+                async with asyncio.timeout_at(min(deadline, loop.time() + self._connect_timeout)):
+                    await link.open(self._params)
+            except LinkError as exc:
+                await link.close()
+                if exc.refused:
+                    if refusal_is_fatal:
+                        raise SinkError(str(exc)) from None
+                    raise SinkUnavailable(str(exc)) from None
+                problem = str(exc)
+            except TimeoutError:
+                await link.close()
+                problem = "timed out connecting"
+            except BaseException:
+                await link.close()
+                raise
+            else:
+                if self._closed:
+                    await link.close()
+                    raise SinkUnavailable("the RabbitMQ sink is closed")
+                self._link = link
+                logger.info("connected to %s", self._url, extra={"action": "rabbitmq.connect"})
+                return link
+            logger.info(
+                "cannot reach RabbitMQ at %s: %s",
+                self._url,
+                problem,
+                extra={"action": "rabbitmq.connect_retry", "attempt": attempt + 1},
+            )
+        raise SinkUnavailable(f"cannot reach RabbitMQ at {self._url}: {problem}")
+
+    async def _drop(self, link: Link, *, graceful: bool) -> None:
+        async with self._connect_lock:
+            if self._link is link:
+                self._link = None
+        await link.close(graceful=graceful)
+
+    def _learn_max_size(self, max_bytes: int) -> None:
+        # The broker's limit is lower than configured: check against it up
+        # front from now on, so one large event does not close the channel again.
+        if max_bytes < self._max_message_bytes:
+            self._max_message_bytes = max_bytes
+            logger.warning(
+                "RabbitMQ's max message size is %d bytes; checking payloads against it",
+                max_bytes,
+                extra={"action": "rabbitmq.max_size"},
+            )

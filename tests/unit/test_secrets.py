@@ -1,0 +1,223 @@
+"""What is secret: a canary password in every spelling, through every in-process output path.
+
+The CLI's own output (one-line errors, JSON logs, /metrics, status and dead)
+is checked as a subprocess in tests/acceptance/test_secrets.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from urllib.parse import quote, unquote
+
+import pytest
+
+from relay.app import RunConfig, build_relay
+from relay.config import (
+    KafkaSinkConfig,
+    RelaySettings,
+    TableName,
+    is_secret_option,
+    parse_route,
+    parse_sink_url,
+    redact_url,
+    resolve_routes,
+)
+from relay.errors import ConfigError
+from relay.logs import JsonFormatter, ScrubSecrets
+from relay.metrics import Metrics
+from relay.sinks import build_router
+
+#: Every piece of every canary holds this marker, so a canary cut into pieces by
+#: a parser that misread a raw delimiter is still found.
+MARK = "Cnry"
+
+#: The password in every form a user may write it in a URL.
+PASSWORDS = {
+    "raw slash": "Cnry1/Cnry2",
+    "raw at": "Cnry1@Cnry2",
+    "raw colon": "Cnry1:Cnry2",
+    "raw hash": "Cnry1#Cnry2",
+    "raw question mark": "Cnry1?Cnry2",
+    "every raw delimiter": "Cnry1/Cnry2@Cnry3:Cnry4#Cnry5?Cnry6",
+    "percent-encoded": "Cnry1%2FCnry2%40Cnry3%3ACnry4%23Cnry5%3FCnry6",
+    "non-ASCII": "Cnry1üß€Cnry2",
+    "percent-encoded non-ASCII": "Cnry1%C3%BC%E2%82%ACCnry2",
+}
+#: Where a password goes, by kind of URL.
+URLS = {
+    "postgresql": "postgresql://app:{pw}@db.example:5432/shop",
+    "amqp": "amqp://relay:{pw}@mq.example:5672/vhost?exchange=events",
+    "kafka": "kafka://relay:{pw}@k1.example:9092,k2.example:9092",
+}
+#: Options whose values are secret although most of their names hold no "password":
+#: every option librdkafka marks sensitive, and PostgreSQL's.
+SECRET_OPTIONS = [
+    "sasl.password",
+    "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.client.credentials.client.secret",
+    "sasl.oauthbearer.config",
+    "sasl.oauthbearer.assertion.private.key.passphrase",
+    "sasl.oauthbearer.assertion.private.key.pem",
+    "ssl.key.pem",
+    "ssl.key.password",
+    "ssl.key.location",
+    "ssl.keystore.password",
+    "ssl.ca.pem",
+    "sslpassword",
+]
+PLAIN_OPTIONS = ["bootstrap.servers", "linger.ms", "sasl.mechanism", "client.id", "security.protocol", "exchange"]
+
+
+def leaks(text: str) -> bool:
+    """Whether ``text`` shows any piece of a canary, as written or percent-decoded."""
+    return MARK in text or MARK in unquote(text)
+
+
+def both_spellings(name: str) -> list[str]:
+    return [name, name.replace(".", "_")]
+
+
+@pytest.mark.parametrize("password", PASSWORDS.values(), ids=PASSWORDS.keys())
+@pytest.mark.parametrize("template", URLS.values(), ids=URLS.keys())
+def test_redact_url_hides_a_password_in_every_form(template: str, password: str) -> None:
+    url = template.format(pw=password)
+    shown = redact_url(url)
+    assert not leaks(shown), shown
+    assert shown.startswith(url.split("://")[0] + "://") and "example" in shown, shown
+
+
+@pytest.mark.parametrize("password", ["pw", "Cnry1%2FCnry2", "Cnry1:Cnry2", "Cnry1üCnry2"])
+def test_a_valid_url_keeps_its_user_host_and_plain_options(password: str) -> None:
+    url = f"postgresql://app:{password}@db.example:5432/shop?sslmode=require&sslpassword={password}"
+    assert redact_url(url) == "postgresql://app:***@db.example:5432/shop?sslmode=require&sslpassword=***"
+    assert redact_url("amqp://guest@h/") == "amqp://guest@h/"
+
+
+@pytest.mark.parametrize("name", [n for option in SECRET_OPTIONS for n in both_spellings(option)])
+def test_every_secret_option_is_masked_in_either_spelling(name: str) -> None:
+    assert is_secret_option(name)
+    password = quote(PASSWORDS["every raw delimiter"], safe="")
+    url = f"kafka://k1.example:9092?linger.ms=5&{name}={password}&client.id=relay"
+    shown = redact_url(url)
+    assert not leaks(shown) and "linger.ms=5" in shown and "client.id=relay" in shown, shown
+    if name != "sslpassword":  # PostgreSQL's, not an option of Kafka
+        assert not leaks(repr(parse_sink_url(url)))
+
+
+@pytest.mark.parametrize("name", PLAIN_OPTIONS)
+def test_plain_options_are_shown(name: str) -> None:
+    assert not is_secret_option(name)
+
+
+def parsed_routes(texts: list[str]) -> list[str]:
+    """The routes among ``texts`` that parse: a raw delimiter makes some URLs invalid (see below)."""
+    valid = []
+    for text in texts:
+        try:
+            parse_route(text)
+        except ConfigError:
+            continue
+        valid.append(text)
+    return valid
+
+
+@pytest.mark.parametrize("password", PASSWORDS.values(), ids=PASSWORDS.keys())
+def test_no_repr_and_no_sink_label_shows_a_route_password(password: str) -> None:
+    encoded = quote(unquote(password), safe="")
+    routes = resolve_routes(
+        [
+            *parsed_routes(
+                [f"billing.*=amqp://u:{password}@mq.example:5672/", f"kafka.*=kafka://u:{password}@k3:9092"]
+            ),
+            f"payments.*=amqp://u:{encoded}@mq.example:5672/",
+            f"audit=kafka://k1.example:9092?sasl.oauthbearer.config={encoded}&ssl_key_pem={encoded}",
+        ],
+        f"kafka://relay:{encoded}@k2.example:9092",
+    )
+    config = RunConfig(
+        f"postgresql://app:{password}@db.example/shop", TableName.parse("outbox"), None, RelaySettings(), routes=routes
+    )
+    router = build_router(routes, publish_timeout_seconds=1)
+    metrics = Metrics()
+    metrics.track_sinks(router.states)
+    shown = [repr(config), repr(router), *router.states(), metrics.render().decode(), *(r.label for r in routes)]
+    assert not [text for text in shown if leaks(text)], shown
+
+
+def test_no_repr_of_a_built_relay_shows_a_keyword_dsn_password() -> None:
+    dsn = "host=db.example dbname=shop password='Cnry1 Cnry2' sslpassword=Cnry3"
+    config = RunConfig(dsn, TableName.parse("outbox"), parse_sink_url("kafka://k:1"), RelaySettings())
+    relay = build_relay(config)
+    shown = [repr(config), repr(relay.store), repr(relay.sink)]
+    assert not [text for text in shown if leaks(text)], shown
+
+
+@pytest.mark.parametrize("password", PASSWORDS.values(), ids=PASSWORDS.keys())
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "postgresql://app:{pw}@db.example:99999/shop",
+        "amqp://u:{pw}@mq.example:99999/",
+        "amqp://u:{pw}@/",
+        "kafka://u:{pw}@nohostport",
+        "nosuch://u:{pw}@h:1/",
+        "billing.*=amqp://u:{pw}@h:99999/",
+    ],
+)
+def test_a_config_error_never_shows_the_password(bad: str, password: str) -> None:
+    from relay.config import check_database_url
+
+    text = bad.format(pw=password)
+    with pytest.raises(ConfigError) as caught:
+        if text.startswith("postgresql"):
+            check_database_url(text)
+        elif text.startswith("billing"):
+            parse_route(text)
+        else:
+            parse_sink_url(text)
+    assert not leaks(str(caught.value)), caught.value
+
+
+def json_log(record_extra: dict[str, object], message: str, secrets: list[str]) -> str:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    handler.addFilter(ScrubSecrets(secrets))
+    logger = logging.getLogger("tests.secrets")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning(message, extra=record_extra)
+    finally:
+        logger.removeHandler(handler)
+    return stream.getvalue()
+
+
+class _Opaque:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"opaque({self.text})"
+
+
+@pytest.mark.parametrize("password", PASSWORDS.values(), ids=PASSWORDS.keys())
+def test_json_logs_scrub_the_structured_fields_too(password: str) -> None:
+    decoded = unquote(password)
+    url = f"amqp://u:{password}@mq.example:5672/"
+    line = json_log(
+        {"action": "x", "sink": url, "error": _Opaque(decoded), "attempt": 2},
+        f"lost {decoded}",
+        [password],
+    )
+    entry = json.loads(line)
+    assert not leaks(line) and not leaks(json.dumps(entry, ensure_ascii=False)), line
+    assert entry["attempt"] == 2 and entry["action"] == "x"
+
+
+@pytest.mark.parametrize("name", SECRET_OPTIONS)
+def test_a_kafka_config_repr_masks_every_secret_option(name: str) -> None:
+    config = KafkaSinkConfig("k:1", {name: "Cnry1", "linger.ms": "5"})
+    assert not leaks(repr(config)) and "'linger.ms': '5'" in repr(config)
