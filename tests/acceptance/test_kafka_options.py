@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 import producers
-from relay.devservices import free_port
+from devservers import free_port
 from tests.acceptance.cli import cli
 from tests.integration.kafka_support import consume, unique_topic
 from tests.relay_support import relay_process, stop_process, wait_until

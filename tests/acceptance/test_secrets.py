@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 import producers
-from relay.devservices import free_port
+from devservers import free_port
 from tests.acceptance.cli import cli, env
 from tests.integration.kafka_support import unique_topic
 from tests.relay_support import status_json, wait_until
