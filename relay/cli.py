@@ -12,9 +12,9 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from relay import __version__, config
 from relay.config import (
@@ -30,9 +30,10 @@ from relay.config import (
 )
 from relay.errors import ConfigError, RelayError
 from relay.logs import configure_from_flags as configure_logging
-from relay.store.base import RequeueFilter
+from relay.store.base import Admin, ReplayFilter, RequeueFilter
 
 PROG = "outbox-relay"
+T = TypeVar("T")
 
 
 def _env_name(flag: str) -> str:
@@ -387,25 +388,25 @@ def _database(args: argparse.Namespace) -> tuple[str, TableName]:
     return check_database_url(args.database_url or ""), TableName.parse(args.table)
 
 
-def _store(args: argparse.Namespace) -> Any:
-    from relay.store.postgres import PostgresStore
+def _admin(args: argparse.Namespace) -> Admin:
+    from relay.store.postgres import PostgresAdmin
 
     dsn, table = _database(args)
-    return PostgresStore(dsn, table, owner="cli", lease_seconds=config.LEASE_SECONDS, listen=False)
+    return PostgresAdmin(dsn, table)
 
 
-async def _with_store(args: argparse.Namespace, work: Callable[[Any], Any]) -> Any:
-    store = _store(args)
+async def _with_admin(args: argparse.Namespace, work: Callable[[Admin], Awaitable[T]]) -> T:
+    admin = _admin(args)
     try:
-        await store.open()
-        return await work(store)
+        await admin.open()
+        return await work(admin)
     finally:
-        await store.close()
+        await admin.close()
 
 
-def _on_store(args: argparse.Namespace, call: Callable[[Any], Any]) -> Any:
-    """Open the store, await ``call(store)``, close the store; the CLI's one way in."""
-    return asyncio.run(_with_store(args, call))
+def _on_store(args: argparse.Namespace, call: Callable[[Admin], Awaitable[T]]) -> T:
+    """Open the store, await ``call(store)``, close the store; the admin commands' one way in."""
+    return asyncio.run(_with_admin(args, call))
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -543,9 +544,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not (args.all or args.since or args.until or args.key or args.topic):
         raise ConfigError("replay needs --since, --until, --key, --topic or --all")
 
-    ids = _on_store(
-        args, lambda store: store.replay(since=args.since, until=args.until, key=args.key, topic=args.topic)
-    )
+    selection = ReplayFilter(since=args.since, until=args.until, key=args.key, topic=args.topic, all=args.all)
+    ids = _on_store(args, lambda store: store.replay(selection))
     print(json.dumps({"replayed": ids}) if args.json else f"replayed {len(ids)} events")
     return 0
 

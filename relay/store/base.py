@@ -1,11 +1,11 @@
-"""The store port: the database side of the relay."""
+"""The store ports: the database side of the relay (``Store``) and of its operators (``Admin``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
 from relay.events import Event
@@ -109,6 +109,20 @@ class RequeueFilter:
     all: bool = field(default=False)
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayFilter:
+    """Which kept (already sent) events to send again; all ``None`` with ``all`` set means every one.
+
+    ``since`` and ``until`` bound the time each was sent (``until`` excluded).
+    """
+
+    since: datetime | None = None
+    until: datetime | None = None
+    key: str | None = None
+    topic: str | None = None
+    all: bool = False
+
+
 class Store(Protocol):
     """The relay's view of the outbox table."""
 
@@ -151,3 +165,39 @@ class Store(Protocol):
 
     async def check(self) -> None:
         """Raise ``StoreUnavailable`` unless the database answers now and takes writes."""
+
+
+class Admin(Protocol):
+    """The operator's view of the outbox table: the commands behind ``status``,
+    ``dead``, ``requeue``, ``skip``, ``inspect``, ``purge`` and ``replay``.
+
+    Every call is bounded in time: a database that stops answering raises
+    ``StoreUnavailable`` instead of hanging.
+    """
+
+    async def open(self) -> None:
+        """Connect and check the table exists; raise ``StoreUnavailable`` or ``SchemaError``."""
+
+    async def close(self) -> None:
+        """Disconnect. Safe to call twice."""
+
+    async def status(self) -> Status:
+        """Exact pending, in-flight and dead-lettered counts."""
+
+    async def dead(self, limit: int = 1000) -> list[DeadEvent]:
+        """Dead-lettered events, oldest first, at most ``limit``."""
+
+    async def requeue(self, selection: RequeueFilter) -> list[int]:
+        """Put matching dead-lettered events back to pending, attempts reset; their ids."""
+
+    async def skip(self, event_id: int) -> bool:
+        """Mark one dead-lettered or waiting event skipped, releasing its key; False if it is neither."""
+
+    async def inspect(self, event_id: int) -> dict[str, Any] | None:
+        """Every column of one event by name, or None when there is no such event."""
+
+    async def purge(self, older_than_seconds: float) -> int:
+        """Delete sent and skipped events older than the cut-off; how many. Unsent events are never touched."""
+
+    async def replay(self, selection: ReplayFilter) -> list[int]:
+        """Put matching kept (sent) events back to pending with their idempotency keys; their ids."""

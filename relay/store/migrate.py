@@ -14,7 +14,7 @@ from psycopg import sql
 
 from relay.config import TableName
 from relay.store import sql as named
-from relay.store.postgres import connect_kwargs, translate_errors
+from relay.store.postgres.connection import connect_kwargs, translate_errors
 
 logger = logging.getLogger(__name__)
 

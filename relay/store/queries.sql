@@ -9,6 +9,7 @@
 -- lease that expires because its relay died still counts as an attempt.
 -- The last two columns, the same in every row, are the xmin of the claim's
 -- snapshot and its own transaction id, for the keyset hint (relay/store/floor.py).
+-- The store reads every column by name.
 -- A hinted claim runs this as claim_hinted (relay/store/sql.py), which enters
 -- the claim index at (priority, after) for each priority seen so far.
 WITH candidates AS (
@@ -35,10 +36,11 @@ SET claim_token = %(token)s,
     attempts = o.attempts + 1
 FROM candidates AS c
 WHERE o.id = c.id
-RETURNING o.id, o.topic, o.key, o.payload::text, nullif(o.headers, '{{}}'::jsonb)::text, o.idempotency_key,
+RETURNING o.id, o.topic, o.key, o.payload::text AS payload,
+          nullif(o.headers, '{{}}'::jsonb)::text AS headers, o.idempotency_key,
           o.attempts, o.created_at, o.priority, c.old_lease IS NOT NULL AS reaped,
-          (SELECT pg_snapshot_xmin(pg_current_snapshot()))::text::bigint,
-          (SELECT pg_current_xact_id())::text::bigint;
+          (SELECT pg_snapshot_xmin(pg_current_snapshot()))::text::bigint AS snapshot_xmin,
+          (SELECT pg_current_xact_id())::text::bigint AS xact_id;
 
 -- name: reap_exhausted
 -- Dead-letter events whose lease expired with no attempts left: the relays
@@ -115,7 +117,7 @@ WITH RECURSIVE priorities AS (
     FROM priorities AS p
     WHERE p.priority IS NOT NULL
 )
-SELECT coalesce(extract(epoch FROM now() - min(h.created_at)), 0)::float8
+SELECT coalesce(extract(epoch FROM now() - min(h.created_at)), 0)::float8 AS age
 FROM priorities AS p
 CROSS JOIN LATERAL (
     SELECT o.created_at FROM {table} AS o
@@ -143,7 +145,8 @@ WITH head AS (
     ORDER BY o.priority DESC, o.id
     LIMIT %(exact_up_to)s::bigint + 1
 )
-SELECT h.unsent, h.in_flight, f.failed, f.parked_keys, round(s.live_rows * s.unsent_share)::bigint
+SELECT h.unsent, h.in_flight, f.failed, f.parked_keys,
+       round(s.live_rows * s.unsent_share)::bigint AS unsent_estimate
 FROM (SELECT count(*) AS unsent, count(*) FILTER (WHERE leased) AS in_flight FROM head) AS h
 CROSS JOIN (
     SELECT count(*) AS failed, count(DISTINCT key) AS parked_keys
