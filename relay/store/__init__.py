@@ -1,5 +1,27 @@
-"""The database side of the relay: the store port and its PostgreSQL adapter."""
+"""The database side of the relay: the store ports (``Store``, ``Admin``) and their adapters."""
 
-from relay.store.base import Claim, Dead, DeadEvent, RequeueFilter, Retry, Settlement, Status, Store
+from relay.store.base import (
+    Admin,
+    Claim,
+    Dead,
+    DeadEvent,
+    ReplayFilter,
+    RequeueFilter,
+    Retry,
+    Settlement,
+    Status,
+    Store,
+)
 
-__all__ = ["Claim", "Dead", "DeadEvent", "RequeueFilter", "Retry", "Settlement", "Status", "Store"]
+__all__ = [
+    "Admin",
+    "Claim",
+    "Dead",
+    "DeadEvent",
+    "ReplayFilter",
+    "RequeueFilter",
+    "Retry",
+    "Settlement",
+    "Status",
+    "Store",
+]
