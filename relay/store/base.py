@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
@@ -99,21 +99,36 @@ class DeadEvent:
         }
 
 
+def _refuse_empty(kind: str, everything: bool, *filters: object) -> None:
+    """An operator's selection names something, or says ``all``: nothing is never read as everything."""
+    if not everything and all(value is None for value in filters):
+        raise ValueError(f"{kind}: an empty selection would match every event; pass all=True to mean that")
+
+
 @dataclass(frozen=True, slots=True)
 class RequeueFilter:
-    """Which dead-lettered events to put back; all ``None`` with ``all`` set means every one."""
+    """Which dead-lettered events to put back: by ``id``, ``topic`` and/or ``key``, or ``all``.
+
+    An empty filter is refused (``ValueError``) rather than read as "every one";
+    ``all`` is needed only when no filter is given.
+    """
 
     id: int | None = None
     topic: str | None = None
     key: str | None = None
-    all: bool = field(default=False)
+    all: bool = False
+
+    def __post_init__(self) -> None:
+        _refuse_empty("requeue", self.all, self.id, self.topic, self.key)
 
 
 @dataclass(frozen=True, slots=True)
 class ReplayFilter:
-    """Which kept (already sent) events to send again; all ``None`` with ``all`` set means every one.
+    """Which kept (already sent) events to send again: by time sent, ``key`` and/or ``topic``, or ``all``.
 
     ``since`` and ``until`` bound the time each was sent (``until`` excluded).
+    An empty filter is refused (``ValueError``) rather than read as "every one";
+    ``all`` is needed only when no filter is given.
     """
 
     since: datetime | None = None
@@ -121,6 +136,9 @@ class ReplayFilter:
     key: str | None = None
     topic: str | None = None
     all: bool = False
+
+    def __post_init__(self) -> None:
+        _refuse_empty("replay", self.all, self.since, self.until, self.key, self.topic)
 
 
 class Store(Protocol):

@@ -179,10 +179,12 @@ ORDER BY o.id
 LIMIT %(limit)s;
 
 -- name: requeue
+-- Every dead letter only with %(all)s: an empty filter matches nothing.
 UPDATE {table}
 SET state = 'pending', attempts = 0, failed_at = NULL, deliver_at = now(),
     lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
 WHERE state = 'failed'
+  AND (%(all)s OR num_nonnulls(%(id)s::bigint, %(topic)s::text, %(key)s::text) > 0)
   AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
   AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(key)s::text IS NULL OR key = %(key)s::text)
@@ -232,11 +234,13 @@ WHERE id IN (
 
 -- name: replay
 -- Send kept (already sent) events again, with their idempotency keys, so
--- consumers that already have them drop the copies.
+-- consumers that already have them drop the copies. Every kept event only
+-- with %(all)s: an empty filter matches nothing.
 UPDATE {table}
 SET state = 'pending', attempts = 0, deliver_at = now(), published_at = NULL,
     lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
 WHERE state = 'sent'
+  AND (%(all)s OR num_nonnulls(%(since)s::timestamptz, %(until)s::timestamptz, %(key)s::text, %(topic)s::text) > 0)
   AND (%(since)s::timestamptz IS NULL OR published_at >= %(since)s::timestamptz)
   AND (%(until)s::timestamptz IS NULL OR published_at < %(until)s::timestamptz)
   AND (%(key)s::text IS NULL OR key = %(key)s::text)

@@ -148,3 +148,16 @@ def test_status_through_the_admin_port_counts_like_the_store(h: Harness) -> None
         by_store.in_flight,
         by_store.failed,
     )
+
+
+def test_an_empty_selection_is_refused_and_changes_nothing(h: Harness) -> None:
+    h.insert_sent("kept")
+    h.insert("t", {}, idempotency_key="dead")
+    dead_letter(h, "dead")
+    with pytest.raises(ValueError, match="empty selection"):
+        run(h.admin.requeue(RequeueFilter()))
+    with pytest.raises(ValueError, match="empty selection"):
+        run(h.admin.replay(ReplayFilter()))
+    assert (h.state_of("kept"), h.state_of("dead")) == ("sent", "failed")
+    assert run(h.admin.requeue(RequeueFilter(all=True))) == [h.id_of("dead")]
+    assert run(h.admin.replay(ReplayFilter(all=True))) == [h.id_of("kept")]

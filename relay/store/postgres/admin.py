@@ -53,7 +53,7 @@ class PostgresAdmin:
 
     async def requeue(self, selection: RequeueFilter) -> list[int]:
         """Put matching dead-lettered events back to pending with their attempts reset."""
-        params = {"id": selection.id, "topic": selection.topic, "key": selection.key}
+        params = {"id": selection.id, "topic": selection.topic, "key": selection.key, "all": selection.all}
         return await self._db.fetch("requeue", params, column_of("id", int))
 
     async def inspect(self, event_id: int) -> dict[str, Any] | None:
@@ -72,7 +72,13 @@ class PostgresAdmin:
 
     async def replay(self, selection: ReplayFilter) -> list[int]:
         """Put kept, already-sent events back to pending; returns their ids."""
-        params = {"since": selection.since, "until": selection.until, "key": selection.key, "topic": selection.topic}
+        params = {
+            "since": selection.since,
+            "until": selection.until,
+            "key": selection.key,
+            "topic": selection.topic,
+            "all": selection.all,
+        }
         return await self._db.fetch("replay", params, column_of("id", int))
 
     async def skip(self, event_id: int) -> bool:
