@@ -16,9 +16,13 @@ from relay.cli.commands import database
 from relay.cli.flags import PROG
 from relay.config import parse_duration
 from relay.errors import ConfigError
-from relay.store.base import Admin, ReplayFilter, RequeueFilter
+from relay.store.base import Admin, ReplayFilter, RequeueFilter, Skipped
 
 T = TypeVar("T")
+#: How long past ``--publish-timeout`` a relay's publish may still run: the sinks
+#: wait a margin past the timeout for the last acknowledgements (Kafka: 5 s), and
+#: a RabbitMQ channel takes a moment to close.
+PUBLISH_OVERRUN_SECONDS = 10.0
 
 
 def _admin(args: argparse.Namespace) -> Admin:
@@ -86,15 +90,21 @@ def cmd_requeue(args: argparse.Namespace) -> int:
 
 def cmd_skip(args: argparse.Namespace) -> int:
     """``outbox-relay skip``."""
-
-    if not _on_store(args, lambda store: store.skip(args.id)):
-        print(
-            f"{PROG}: error: event {args.id} is not dead-lettered or waiting (or does not exist)",
-            file=sys.stderr,
+    grace = args.publish_timeout + PUBLISH_OVERRUN_SECONDS
+    outcome = _on_store(args, lambda store: store.skip(args.id, lease_grace_seconds=grace))
+    if outcome is Skipped.SKIPPED:
+        print(f"skipped event {args.id}")
+        return 0
+    if outcome is Skipped.IN_FLIGHT:
+        problem = (
+            f"event {args.id} may be in flight: a relay holds its lease, or the lease ended less than {grace:g}s ago "
+            "(--publish-timeout plus a margin) and its publish may still be running; try again once it has been "
+            "over that long"
         )
-        return 1
-    print(f"skipped event {args.id}")
-    return 0
+    else:
+        problem = f"event {args.id} is not dead-lettered or waiting (or does not exist)"
+    print(f"{PROG}: error: {problem}", file=sys.stderr)
+    return 1
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -210,6 +210,14 @@ def _add_admin_commands(commands: Commands) -> None:
 
     skip = _command(commands, "skip")
     skip.add_argument("--id", type=positive_int, required=True, help="the event to skip")
+    env_flag(
+        skip,
+        "--publish-timeout",
+        type=seconds,
+        default=config.PUBLISH_TIMEOUT_SECONDS,
+        help="the relays' --publish-timeout: an event whose lease ended less than this plus 10 s ago "
+        "may still be in flight and is not skipped",
+    )
 
     inspect = _command(commands, "inspect")
     inspect.add_argument("id", type=positive_int, help="the event id")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -141,6 +142,19 @@ class ReplayFilter:
         _refuse_empty("replay", self.all, self.since, self.until, self.key, self.topic)
 
 
+class Skipped(enum.Enum):
+    """What ``skip`` did."""
+
+    #: Marked skipped: the later events of its key flow again.
+    SKIPPED = "skipped"
+    #: No such event, or it is already sent or skipped.
+    NOT_FOUND = "not_found"
+    #: Refused: a relay holds its lease, or the lease ended so recently that a
+    #: publish may still be under way (skipping it could let its key's next
+    #: event overtake it at the broker).
+    IN_FLIGHT = "in_flight"
+
+
 class Store(Protocol):
     """The relay's view of the outbox table."""
 
@@ -208,8 +222,12 @@ class Admin(Protocol):
     async def requeue(self, selection: RequeueFilter) -> list[int]:
         """Put matching dead-lettered events back to pending, attempts reset; their ids."""
 
-    async def skip(self, event_id: int) -> bool:
-        """Mark one dead-lettered or waiting event skipped, releasing its key; False if it is neither."""
+    async def skip(self, event_id: int, *, lease_grace_seconds: float) -> Skipped:
+        """Mark one dead-lettered or waiting event skipped, releasing its key.
+
+        An event whose lease is live, or ended less than ``lease_grace_seconds``
+        ago (a relay's publish may outlast its lease), is refused: ``IN_FLIGHT``.
+        """
 
     async def inspect(self, event_id: int) -> dict[str, Any] | None:
         """Every column of one event by name, or None when there is no such event."""

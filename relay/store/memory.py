@@ -16,7 +16,17 @@ from uuid import UUID, uuid4
 
 from relay.errors import StoreUnavailable
 from relay.events import Event
-from relay.store.base import Claim, Dead, DeadEvent, ReplayFilter, RequeueFilter, Retry, Settlement, Status
+from relay.store.base import (
+    Claim,
+    Dead,
+    DeadEvent,
+    ReplayFilter,
+    RequeueFilter,
+    Retry,
+    Settlement,
+    Skipped,
+    Status,
+)
 
 #: The columns of a row that ``dead`` lists as they are.
 _DEAD_COLUMNS = [f.name for f in fields(DeadEvent) if f.name != "blocked_events"]
@@ -325,15 +335,15 @@ class MemoryStore:
             ids.append(row.id)
         return ids
 
-    async def skip(self, event_id: int) -> bool:
-        """Mark one dead-lettered or waiting event skipped."""
+    async def skip(self, event_id: int, *, lease_grace_seconds: float) -> Skipped:
+        """Mark one dead-lettered or waiting event skipped; refuse one that may be in flight."""
         self._check()
         row = self.rows.get(event_id)
-        now = self.now()
-        if row is None or not (
-            row.state == "failed"
-            or (row.state == "pending" and (row.lease_expires_at is None or row.lease_expires_at < now))
-        ):
-            return False
+        if row is None or row.state not in ("pending", "failed"):
+            return Skipped.NOT_FOUND
+        grace_ends = self.now() - timedelta(seconds=lease_grace_seconds)
+        if row.state == "pending" and row.lease_expires_at is not None and row.lease_expires_at >= grace_ends:
+            return Skipped.IN_FLIGHT
         row.state, row.claim_token, row.lease_expires_at = "skipped", None, None
-        return True
+        row.last_error = (row.last_error or "") + " [skipped by operator]"
+        return Skipped.SKIPPED

@@ -192,14 +192,28 @@ RETURNING id;
 
 -- name: skip
 -- Give up on one dead-lettered (or waiting, not in flight) event so the
--- later events of its key can flow.
-UPDATE {table}
-SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL,
-    last_error = coalesce(last_error, '') || ' [skipped by operator]'
-WHERE id = %(id)s
-  AND (state = 'failed'
-       OR (state = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at < now())))
-RETURNING id;
+-- later events of its key can flow. An event whose lease is live, or ended
+-- less than %(grace)s seconds ago, is refused: its relay may still be
+-- publishing it, and skipping it would let the key's next event overtake it.
+WITH target AS (
+    SELECT id,
+           state = 'pending'
+               AND coalesce(lease_expires_at >= now() - make_interval(secs => %(grace)s), false) AS in_flight,
+           state IN ('pending', 'failed') AS unsent
+    FROM {table}
+    WHERE id = %(id)s
+    FOR UPDATE
+), skipped AS (
+    UPDATE {table} AS o
+    SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL,
+        last_error = coalesce(o.last_error, '') || ' [skipped by operator]'
+    FROM target AS t
+    WHERE o.id = t.id AND t.unsent AND NOT t.in_flight
+    RETURNING o.id
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM skipped) THEN 'skipped'
+            WHEN (SELECT in_flight FROM target) THEN 'in_flight'
+            ELSE 'not_found' END AS outcome;
 
 -- name: check_table
 SELECT 1 FROM {table} LIMIT 0;

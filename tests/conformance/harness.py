@@ -22,6 +22,8 @@ from relay.store.postgres import PostgresAdmin, PostgresStore
 
 T = TypeVar("T")
 MAX = 3
+#: The lease grace ``skip`` is given: as the CLI computes it by default (30 s publish timeout + 10 s).
+GRACE = 40.0
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from relay.store.base import Dead, ReplayFilter, RequeueFilter
-from tests.conformance.harness import MAX, Harness, run
+from relay.store.base import Dead, ReplayFilter, RequeueFilter, Skipped
+from tests.conformance.harness import GRACE, MAX, Harness, run
 
 INSPECTED_COLUMNS = {
     "id", "topic", "key", "payload", "headers", "idempotency_key", "deliver_at", "priority", "state", "attempts",
@@ -93,7 +93,7 @@ def test_purge_deletes_only_kept_events_past_the_cut_off(h: Harness) -> None:
     h.insert("t", {}, idempotency_key="failed")
     h.insert("t", {}, idempotency_key="pending")
     dead_letter(h, "failed")
-    assert run(h.admin.skip(h.id_of("skipped"))) is True
+    assert run(h.admin.skip(h.id_of("skipped"), lease_grace_seconds=GRACE)) is Skipped.SKIPPED
     assert run(h.admin.purge(3600)) == 1
     assert [h.state_of(i) for i in ("old", "recent", "skipped", "failed", "pending")] == [
         None,
@@ -161,3 +161,53 @@ def test_an_empty_selection_is_refused_and_changes_nothing(h: Harness) -> None:
     assert (h.state_of("kept"), h.state_of("dead")) == ("sent", "failed")
     assert run(h.admin.requeue(RequeueFilter(all=True))) == [h.id_of("dead")]
     assert run(h.admin.replay(ReplayFilter(all=True))) == [h.id_of("kept")]
+
+
+def test_skip_takes_dead_letters_and_waiting_events_and_releases_their_keys(h: Harness) -> None:
+    h.insert("t", {}, key="k1", idempotency_key="dead")
+    h.insert("t", {}, key="k1", idempotency_key="behind-dead")
+    h.insert("t", {}, key="k2", idempotency_key="waiting", deliver_at=datetime.now(UTC) + timedelta(days=1))
+    h.insert("t", {}, key="k2", idempotency_key="behind-waiting")
+    dead_letter(h, "dead")
+    for idem in ("dead", "waiting"):
+        assert run(h.admin.skip(h.id_of(idem), lease_grace_seconds=GRACE)) is Skipped.SKIPPED
+        assert h.state_of(idem) == "skipped"
+        shown = run(h.admin.inspect(h.id_of(idem)))
+        assert shown is not None and "[skipped by operator]" in shown["last_error"]
+    claimed = run(h.store.claim(10, max_attempts=MAX)).events
+    assert sorted(e.idempotency_key for e in claimed) == ["behind-dead", "behind-waiting"]
+
+
+@pytest.mark.parametrize(
+    ("lease_ended_ago", "expected"),
+    [
+        (None, Skipped.IN_FLIGHT),  # the lease is live: a relay is publishing it
+        (1, Skipped.IN_FLIGHT),  # just expired: the relay's publish may still be running
+        (GRACE - 5, Skipped.IN_FLIGHT),
+        (GRACE + 5, Skipped.SKIPPED),  # over long enough: no publish of it can still be running
+        (3600, Skipped.SKIPPED),
+    ],
+)
+def test_skip_refuses_an_event_whose_publish_may_still_be_in_flight(
+    h: Harness, lease_ended_ago: float | None, expected: Skipped
+) -> None:
+    h.insert("t", {}, key="k", idempotency_key="leased")
+    h.insert("t", {}, key="k", idempotency_key="next")
+    run(h.store.claim(10, max_attempts=MAX))
+    if lease_ended_ago is not None:
+        h.expire_leases(ago=lease_ended_ago)
+    before = h.snapshot("leased")
+    assert run(h.admin.skip(h.id_of("leased"), lease_grace_seconds=GRACE)) is expected
+    if expected is Skipped.IN_FLIGHT:
+        assert h.snapshot("leased") == before  # untouched: still leased, still heading its key
+    else:
+        assert h.state_of("leased") == "skipped"
+
+
+def test_skip_finds_nothing_to_skip_in_sent_skipped_or_missing_events(h: Harness) -> None:
+    h.insert_sent("sent")
+    h.insert("t", {}, idempotency_key="twice")
+    assert run(h.admin.skip(h.id_of("twice"), lease_grace_seconds=GRACE)) is Skipped.SKIPPED
+    for event_id in (h.id_of("sent"), h.id_of("twice"), h.id_of("twice") + 1000):
+        assert run(h.admin.skip(event_id, lease_grace_seconds=GRACE)) is Skipped.NOT_FOUND
+    assert (h.state_of("sent"), h.state_of("twice")) == ("sent", "skipped")

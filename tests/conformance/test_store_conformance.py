@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from relay.store.base import Claim, Dead, RequeueFilter, Retry
-from tests.conformance.harness import MAX, Harness, run
+from relay.store.base import Claim, Dead, RequeueFilter, Retry, Skipped
+from tests.conformance.harness import GRACE, MAX, Harness, run
 
 
 def test_claims_due_events_by_priority_then_id_up_to_the_limit(h: Harness) -> None:
@@ -131,7 +131,7 @@ def test_dead_letter_then_skip_releases_the_key(h: Harness) -> None:
     claim = run(h.store.claim(10, max_attempts=MAX))
     run(h.store.settle(claim, sent=[], retry=[], dead=[Dead(claim.events[0].id, "too large")]))
     assert run(h.store.claim(10, max_attempts=MAX)).events == []
-    assert run(h.admin.skip(claim.events[0].id)) is True
+    assert run(h.admin.skip(claim.events[0].id, lease_grace_seconds=GRACE)) is Skipped.SKIPPED
     assert h.state_of("bad") == "skipped"
     assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events] == ["good"]
 

@@ -34,7 +34,7 @@ CALLS: dict[str, Callable[[PostgresStore, int], Awaitable[Any]]] = {
     "status": lambda s, i: s.status(),
     "dead": lambda s, i: s.dead(),
     "requeue": lambda s, i: s.requeue(RequeueFilter(id=i)),
-    "skip": lambda s, i: s.skip(i),
+    "skip": lambda s, i: s.skip(i, lease_grace_seconds=40),
     "inspect": lambda s, i: s.inspect(i),
     "purge": lambda s, i: s.purge(3600),
     "replay": lambda s, i: s.replay(ReplayFilter(all=True)),

@@ -7,7 +7,7 @@ from typing import Any
 from psycopg.rows import class_row, dict_row
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName, redact_url
-from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, Status
+from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, Skipped, Status
 from relay.store.postgres import monitoring
 from relay.store.postgres.connection import Database, column_of
 
@@ -81,6 +81,7 @@ class PostgresAdmin:
         }
         return await self._db.fetch("replay", params, column_of("id", int))
 
-    async def skip(self, event_id: int) -> bool:
-        """Mark one dead-lettered or waiting event skipped, releasing its key."""
-        return bool(await self._db.fetch("skip", {"id": event_id}, column_of("id", int)))
+    async def skip(self, event_id: int, *, lease_grace_seconds: float) -> Skipped:
+        """Mark one dead-lettered or waiting event skipped, releasing its key; refuse one that may be in flight."""
+        params = {"id": event_id, "grace": lease_grace_seconds}
+        return Skipped((await self._db.fetch("skip", params, column_of("outcome", str)))[0])
