@@ -56,6 +56,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(
             f"pending: {status.pending}\nin flight: {status.in_flight}\nfailed: {status.failed}\n"
             f"parked keys: {status.parked_keys}\n"
+            f"scheduled: {status.scheduled}\n"
+            f"keys waiting on schedule: {status.keys_waiting_on_schedule}\n"
             f"oldest pending age: {status.oldest_pending_age_seconds:.1f}s"
         )
     return 0

@@ -51,13 +51,20 @@ class Settlement:
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """Counts an operator looks at first."""
+    """Counts an operator looks at first.
+
+    ``scheduled`` counts the pending events that are not due yet (``deliver_at``
+    ahead, or a retry's backoff); ``keys_waiting_on_schedule`` the keys whose due
+    events wait behind such an event of their own key.
+    """
 
     pending: int
     in_flight: int
     failed: int
     oldest_pending_age_seconds: float
     parked_keys: int = 0
+    scheduled: int = 0
+    keys_waiting_on_schedule: int = 0
 
     def as_dict(self) -> dict[str, int | float]:
         """The ``status --json`` object."""
@@ -67,6 +74,8 @@ class Status:
             "failed": self.failed,
             "oldest_pending_age_seconds": round(self.oldest_pending_age_seconds, 3),
             "parked_keys": self.parked_keys,
+            "scheduled": self.scheduled,
+            "keys_waiting_on_schedule": self.keys_waiting_on_schedule,
         }
 
 

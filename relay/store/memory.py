@@ -242,12 +242,21 @@ class MemoryStore:
         pending = [r for r in rows if r.state == "pending" and r not in live]
         due = [r.created_at for r in pending if r.deliver_at <= now]
         failed = [r for r in rows if r.state == "failed"]
+        scheduled = [r for r in pending if r.deliver_at > now]
+        waiting = {
+            r.key
+            for r in scheduled
+            if r.key is not None
+            and any(o.key == r.key and o.id > r.id and o.state == "pending" and o.deliver_at <= now for o in rows)
+        }
         return Status(
             pending=len(pending),
             in_flight=len(live),
             failed=len(failed),
             oldest_pending_age_seconds=max(0.0, (now - min(due)).total_seconds()) if due else 0.0,
             parked_keys=len({r.key for r in failed if r.key is not None}),
+            scheduled=len(scheduled),
+            keys_waiting_on_schedule=len(waiting),
         )
 
     async def gauges(self) -> Status:

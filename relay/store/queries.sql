@@ -93,14 +93,40 @@ WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s;
 -- Counts are exact: one pass over the unsent rows, which costs about as much
 -- as a sequential scan of the table (see gauges for the relays' cheap form).
 -- The age is cheap whatever the table holds (see oldest_pending_age).
-SELECT
-    count(*) FILTER (WHERE state = 'pending'
-                       AND (lease_expires_at IS NULL OR lease_expires_at < now())) AS pending,
-    count(*) FILTER (WHERE state = 'pending' AND lease_expires_at >= now()) AS in_flight,
-    count(*) FILTER (WHERE state = 'failed') AS failed,
-    count(DISTINCT key) FILTER (WHERE state = 'failed') AS parked_keys
-FROM {table}
-WHERE state IN ('pending', 'failed');
+-- scheduled counts the pending events not due yet; keys_waiting_on_schedule
+-- the keys whose oldest unsent event is one of them while a later event of
+-- the key is due: a few probes of the key index for each key with a scheduled
+-- event, none when there is none.
+WITH counts AS (
+    SELECT
+        count(*) FILTER (WHERE o.state = 'pending' AND NOT coalesce(o.lease_expires_at >= now(), false)) AS pending,
+        count(*) FILTER (WHERE o.state = 'pending' AND o.lease_expires_at >= now()) AS in_flight,
+        count(*) FILTER (WHERE o.state = 'failed') AS failed,
+        count(DISTINCT o.key) FILTER (WHERE o.state = 'failed') AS parked_keys,
+        count(*) FILTER (WHERE o.state = 'pending' AND o.deliver_at > now()
+                           AND NOT coalesce(o.lease_expires_at >= now(), false)) AS scheduled,
+        array_agg(DISTINCT o.key) FILTER (WHERE o.state = 'pending' AND o.deliver_at > now()
+                                            AND o.key IS NOT NULL) AS scheduled_keys
+    FROM {table} AS o
+    WHERE o.state IN ('pending', 'failed')
+)
+SELECT c.pending, c.in_flight, c.failed, c.parked_keys, c.scheduled,
+       (SELECT count(*)
+        FROM unnest(c.scheduled_keys) AS k(key)
+        CROSS JOIN LATERAL (
+            SELECT o.id, o.state = 'pending' AND o.deliver_at > now()
+                         AND NOT coalesce(o.lease_expires_at >= now(), false) AS scheduled
+            FROM {table} AS o
+            WHERE o.key = k.key AND o.state IN ('pending', 'failed')
+            ORDER BY o.id
+            LIMIT 1
+        ) AS first
+        WHERE first.scheduled
+          AND EXISTS (SELECT 1 FROM {table} AS later
+                      WHERE later.key = k.key AND later.id > first.id
+                        AND later.state = 'pending' AND later.deliver_at <= now())
+       ) AS keys_waiting_on_schedule
+FROM counts AS c;
 
 -- name: oldest_pending_age
 -- The age of the oldest event status counts as pending: due, and not leased.
@@ -132,22 +158,45 @@ WHERE p.priority IS NOT NULL;
 -- The status figures for the relays' gauges, at a bounded cost whatever the
 -- table holds. It reads the first %(exact_up_to)s + 1 unsent events in claim
 -- order (the claim index, and the heap for each lease): when that is all of
--- them, pending and in_flight are exact, as in status. Past that the caller
--- takes unsent_estimate instead: the table's live-row counter, which the
--- statistics system keeps as rows are inserted and deleted, times the share of
--- unsent rows at the last ANALYZE; in_flight then counts the leases among the
--- events read, at the front of the order, where claims take them. Dead letters
--- have their own small index: always exact.
+-- them, pending, in_flight and scheduled are exact, as in status. Past that
+-- the caller takes unsent_estimate instead: the table's live-row counter,
+-- which the statistics system keeps as rows are inserted and deleted, times
+-- the share of unsent rows at the last ANALYZE; in_flight and scheduled then
+-- count what the events read hold, at the front of the order, where claims
+-- take them. keys_waiting_on_schedule probes the key index as status does,
+-- for at most 1,000 of the keys with a scheduled event among them.
+-- Dead letters have their own small index: always exact.
 WITH head AS (
-    SELECT o.lease_expires_at >= now() AS leased
+    SELECT o.key, o.lease_expires_at >= now() AS leased,
+           o.deliver_at > now() AND NOT coalesce(o.lease_expires_at >= now(), false) AS scheduled
     FROM {table} AS o
     WHERE o.state = 'pending'
     ORDER BY o.priority DESC, o.id
     LIMIT %(exact_up_to)s::bigint + 1
+), h AS (
+    SELECT count(*) AS unsent, count(*) FILTER (WHERE leased) AS in_flight, count(*) FILTER (WHERE scheduled) AS scheduled,
+           (array_agg(DISTINCT key) FILTER (WHERE scheduled AND key IS NOT NULL))[:1000] AS scheduled_keys
+    FROM head
 )
-SELECT h.unsent, h.in_flight, f.failed, f.parked_keys,
-       round(s.live_rows * s.unsent_share)::bigint AS unsent_estimate
-FROM (SELECT count(*) AS unsent, count(*) FILTER (WHERE leased) AS in_flight FROM head) AS h
+SELECT h.unsent, h.in_flight, h.scheduled, f.failed, f.parked_keys,
+       round(s.live_rows * s.unsent_share)::bigint AS unsent_estimate,
+       -- As in status, for at most 1,000 keys: a lower bound past that.
+       (SELECT count(*)
+        FROM unnest(h.scheduled_keys) AS k(key)
+        CROSS JOIN LATERAL (
+            SELECT o.id, o.state = 'pending' AND o.deliver_at > now()
+                         AND NOT coalesce(o.lease_expires_at >= now(), false) AS scheduled
+            FROM {table} AS o
+            WHERE o.key = k.key AND o.state IN ('pending', 'failed')
+            ORDER BY o.id
+            LIMIT 1
+        ) AS first
+        WHERE first.scheduled
+          AND EXISTS (SELECT 1 FROM {table} AS later
+                      WHERE later.key = k.key AND later.id > first.id
+                        AND later.state = 'pending' AND later.deliver_at <= now())
+       ) AS keys_waiting_on_schedule
+FROM h
 CROSS JOIN (
     SELECT count(*) AS failed, count(DISTINCT key) AS parked_keys
     FROM {table}

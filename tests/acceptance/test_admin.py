@@ -130,3 +130,16 @@ def test_skip_refuses_an_event_that_may_be_in_flight_and_says_why(database_url: 
     done = cli("skip", "--id", str(row[0]), "--database-url", database_url, RELAY_PUBLISH_TIMEOUT="5")
     assert done.returncode == 0, done.stderr
     assert outbox_counts(database_url) == {"pending": 1, "skipped": 1}
+
+
+def test_status_shows_what_waits_on_a_schedule(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        # Plain SQL may write what publish() refuses: a key parked until the year 9999.
+        conn.execute("INSERT INTO outbox (topic, key, payload, deliver_at) VALUES ('t', 'k', '{}', '9999-12-31')")
+        conn.execute("INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', '{}')")
+        conn.execute("INSERT INTO outbox (topic, payload, deliver_at) VALUES ('t', '{}', now() + interval '1 day')")
+    shown = json.loads(cli("status", "--json", "--database-url", database_url).stdout)
+    assert (shown["pending"], shown["failed"], shown["parked_keys"]) == (3, 0, 0)
+    assert (shown["scheduled"], shown["keys_waiting_on_schedule"]) == (2, 1)
+    text = cli("status", "--database-url", database_url).stdout
+    assert "scheduled: 2\n" in text and "keys waiting on schedule: 1\n" in text

@@ -239,3 +239,22 @@ def test_payload_and_headers_survive_the_round_trip(h: Harness) -> None:
     assert json.loads(event.payload) == {"a": [1, "é"], "b": None}
     assert event.headers == {"h": "v"}
     assert event.message_headers() == {"h": "v", "idempotency-key": "p"}
+
+
+def test_status_and_gauges_show_scheduled_events_and_the_keys_waiting_behind_them(h: Harness) -> None:
+    far, soon = datetime(9999, 12, 31, tzinfo=UTC), datetime.now(UTC) + timedelta(hours=1)
+    h.insert("t", {}, key="k", idempotency_key="far", deliver_at=far)
+    h.insert("t", {}, key="k", idempotency_key="behind-far")  # due, but its key waits for "far"
+    h.insert("t", {}, key="j", idempotency_key="later", deliver_at=soon)  # nothing behind it
+    h.insert("t", {}, idempotency_key="free-later", deliver_at=soon)
+    h.insert("t", {}, key="m", idempotency_key="due")
+    assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events] == ["due"]
+    for status in (run(h.store.status()), run(h.store.gauges())):
+        assert (status.pending, status.in_flight, status.failed, status.parked_keys) == (4, 1, 0, 0)
+        assert (status.scheduled, status.keys_waiting_on_schedule) == (3, 1)
+        assert status.oldest_pending_age_seconds > 0  # "behind-far" is due and waiting
+        shown = status.as_dict()
+        assert (shown["scheduled"], shown["keys_waiting_on_schedule"]) == (3, 1)
+    h.make_due()
+    status = run(h.store.status())
+    assert (status.scheduled, status.keys_waiting_on_schedule) == (0, 0)

@@ -1,4 +1,4 @@
-"""What operators and the relay's gauges read: counts, dead letters held back, the oldest pending age."""
+"""What operators and the relay's gauges read: counts, parked and scheduled keys, the oldest pending age."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ async def status(db: Database) -> Status:
         failed=row["failed"],
         oldest_pending_age_seconds=await oldest_pending_age(db),
         parked_keys=row["parked_keys"],
+        scheduled=row["scheduled"],
+        keys_waiting_on_schedule=row["keys_waiting_on_schedule"],
     )
 
 
@@ -37,6 +39,8 @@ async def gauges(db: Database, *, exact_up_to: int = GAUGES_EXACT_UP_TO) -> Stat
         failed=row["failed"],
         oldest_pending_age_seconds=await oldest_pending_age(db),
         parked_keys=row["parked_keys"],
+        scheduled=row["scheduled"],
+        keys_waiting_on_schedule=row["keys_waiting_on_schedule"],
     )
 
 
