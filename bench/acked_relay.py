@@ -44,8 +44,10 @@ def main() -> int:
                 acked.setdefault(event.idempotency_key, now)
         return judge(self, events, outcomes)
 
-    async def stamped_claim(self: PostgresStore, limit: int, *, max_attempts: int) -> Claim:
-        result = await claim(self, limit, max_attempts=max_attempts)
+    async def stamped_claim(
+        self: PostgresStore, limit: int, *, max_attempts: int, max_bytes: int | None = None
+    ) -> Claim:
+        result = await claim(self, limit, max_attempts=max_attempts, max_bytes=max_bytes)
         now = time.monotonic()
         for event in result.events:
             claimed.setdefault(event.idempotency_key, now)

@@ -31,6 +31,10 @@ class StoreReadOnly(StoreUnavailable):
     """The database takes no writes now: a hot standby, or read-only by setting."""
 
 
+class ClaimTimeout(StoreUnavailable):
+    """The claim hit the statement timeout: the batch was too big to read in time."""
+
+
 class SchemaError(StoreError):
     """The outbox table is missing or older than this relay needs."""
 

@@ -35,6 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     dsn, table = database(args)
     settings = RelaySettings(
         batch_size=args.batch_size,
+        batch_bytes=args.batch_bytes,
         max_attempts=args.max_attempts,
         backoff_initial_seconds=args.backoff_initial,
         backoff_max_seconds=args.backoff_max,

@@ -71,6 +71,7 @@ ABOUT: dict[str, tuple[str, str]] = {
 #: ``run``'s tuning flags, in the order ``--help`` lists them, with their types and defaults...
 _RUN_SETTINGS: dict[str, tuple[Callable[[str], float], float]] = {
     "--batch-size": (positive_int, config.BATCH_SIZE),
+    "--batch-bytes": (positive_int, config.BATCH_BYTES),
     "--max-attempts": (positive_int, config.MAX_ATTEMPTS),
     "--backoff-initial": (seconds, config.BACKOFF_INITIAL_SECONDS),
     "--backoff-max": (seconds, config.BACKOFF_MAX_SECONDS),
@@ -83,6 +84,7 @@ _RUN_SETTINGS: dict[str, tuple[Callable[[str], float], float]] = {
 #: ...and what they mean.
 _RUN_HELP = {
     "--batch-size": "most events claimed at once",
+    "--batch-bytes": "a claim stops adding events once their payloads reach this many bytes (at least one event)",
     "--max-attempts": "attempts before an event is dead-lettered",
     "--backoff-initial": "seconds before the first retry; doubles each attempt, with jitter",
     "--backoff-max": "longest retry delay",

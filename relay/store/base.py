@@ -173,8 +173,13 @@ class Store(Protocol):
     async def close(self) -> None:
         """Disconnect. Safe to call twice."""
 
-    async def claim(self, limit: int, *, max_attempts: int) -> Claim:
-        """Lease up to ``limit`` due events, honouring per-key order."""
+    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
+        """Lease up to ``limit`` due events, honouring per-key order.
+
+        With ``max_bytes`` the batch stops adding events once their payloads
+        reach that many bytes; it always holds at least one. A claim that runs
+        out of time raises ``ClaimTimeout``: claim fewer events, or fewer bytes.
+        """
 
     async def settle(
         self, claim: Claim, *, sent: Sequence[int], retry: Sequence[Retry], dead: Sequence[Dead]

@@ -134,15 +134,21 @@ class MemoryStore:
             r.key == row.key and r.id < row.id and r.state in ("pending", "failed") for r in self.rows.values()
         )
 
-    async def claim(self, limit: int, *, max_attempts: int) -> Claim:
-        """Lease up to ``limit`` due events, one per key."""
+    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
+        """Lease up to ``limit`` due events, one per key, their payloads up to ``max_bytes`` (at least one)."""
         self._check()
         now = self.now()
         token = uuid4()
-        chosen = sorted(
+        candidates = sorted(
             (r for r in self.rows.values() if self._claimable(r, max_attempts, now)),
             key=lambda r: (-r.priority, r.id),
         )[:limit]
+        chosen, size = [], 0
+        for row in candidates:
+            if max_bytes is not None and size >= max_bytes:
+                break
+            chosen.append(row)
+            size += len(json.dumps(row.payload).encode())
         reaped = 0
         events = []
         for row in chosen:

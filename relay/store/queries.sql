@@ -7,13 +7,22 @@
 -- that key, and only while no earlier event of the key is pending, in flight
 -- or dead-lettered), any number without a key. attempts counts claims, so a
 -- lease that expires because its relay died still counts as an attempt.
+-- The batch stops adding events once their payloads reach %(max_bytes)s bytes
+-- (the first event always goes in), each counted at its size uncompressed:
+-- the size it takes in the table unless it is compressed there (#> '{{}}' is
+-- then the payload itself, decompressed). That is within a few bytes of the
+-- JSON text for strings, somewhat more for small numbers, and costs next to
+-- nothing: rendering the text of events the cap leaves out would cost what
+-- the cap is for (about 185 MB/s).
 -- The last two columns, the same in every row, are the xmin of the claim's
 -- snapshot and its own transaction id, for the keyset hint (relay/store/floor.py).
 -- The store reads every column by name.
 -- A hinted claim runs this as claim_hinted (relay/store/sql.py), which enters
 -- the claim index at (priority, after) for each priority seen so far.
 WITH candidates AS (
-    SELECT o.id, o.lease_expires_at AS old_lease
+    SELECT o.id, o.priority, o.lease_expires_at AS old_lease,
+           CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
+                ELSE pg_column_size(o.payload #> '{{}}') END AS bytes
     FROM {table} AS o
     WHERE o.state = 'pending'
       AND o.id >= %(after)s  -- the keyset hint (relay/store/floor.py); 0 for a full scan
@@ -28,13 +37,18 @@ WITH candidates AS (
     ORDER BY o.priority DESC, o.id
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
+), chosen AS (
+    SELECT c.id, c.old_lease
+    FROM (SELECT *, sum(bytes) OVER (ORDER BY priority DESC, id ROWS UNBOUNDED PRECEDING) - bytes AS before
+          FROM candidates) AS c
+    WHERE c.before < %(max_bytes)s
 )
 UPDATE {table} AS o
 SET claim_token = %(token)s,
     lease_owner = %(owner)s,
     lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
     attempts = o.attempts + 1
-FROM candidates AS c
+FROM chosen AS c
 WHERE o.id = c.id
 RETURNING o.id, o.topic, o.key, o.payload::text AS payload,
           nullif(o.headers, '{{}}'::jsonb)::text AS headers, o.idempotency_key,

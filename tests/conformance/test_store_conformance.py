@@ -258,3 +258,44 @@ def test_status_and_gauges_show_scheduled_events_and_the_keys_waiting_behind_the
     h.make_due()
     status = run(h.store.status())
     assert (status.scheduled, status.keys_waiting_on_schedule) == (0, 0)
+
+
+def payload_of(size: int) -> dict[str, str]:
+    """A payload whose JSON text is exactly ``size`` bytes, in either store: {"s": "x..."}."""
+    return {"s": "x" * (size - 9)}
+
+
+@pytest.mark.parametrize(
+    ("sizes", "max_bytes", "claimed"),
+    [
+        ([1009] * 5, 2500, 3),  # 0, 1009 and 2018 bytes in hand when each was added; 3027 reaches the cap
+        ([1009] * 5, 2018, 2),  # reaching the cap exactly stops the batch
+        ([1009] * 5, 1, 1),  # always one event, however large
+        ([100, 5000, 100], 1000, 2),  # one large payload may take the batch past the cap
+        ([300_000] * 5, 500_000, 2),  # compressible payloads count by their text, not their stored size
+        ([1009] * 5, 10**9, 5),
+        ([1009] * 5, None, 5),
+    ],
+)
+def test_a_claim_stops_adding_events_once_their_payloads_reach_max_bytes(
+    h: Harness, sizes: list[int], max_bytes: int | None, claimed: int
+) -> None:
+    for i, size in enumerate(sizes):
+        h.insert("t", payload_of(size), idempotency_key=f"b{i}")
+    claim = run(h.store.claim(10, max_attempts=MAX, max_bytes=max_bytes))
+    assert [len(e.payload) for e in claim.events] == sizes[:claimed]
+    assert [e.idempotency_key for e in claim.events] == [f"b{i}" for i in range(claimed)]
+    rest = run(h.store.claim(10, max_attempts=MAX))
+    assert len(rest.events) == len(sizes) - claimed  # the events left out are still there, unleased
+
+
+def test_the_byte_cap_follows_priority_order_and_the_count_still_applies(h: Harness) -> None:
+    h.insert("t", payload_of(1000), idempotency_key="low")
+    h.insert("t", payload_of(1000), idempotency_key="high", priority=5)
+    h.insert("t", payload_of(10), idempotency_key="small")
+    h.insert("t", payload_of(10), idempotency_key="small-2")
+    assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX, max_bytes=1500)).events] == [
+        "high",
+        "low",
+    ]
+    assert [e.idempotency_key for e in run(h.store.claim(1, max_attempts=MAX, max_bytes=10**6)).events] == ["small"]

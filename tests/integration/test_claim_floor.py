@@ -138,8 +138,8 @@ def test_a_writer_still_open_keeps_the_floor_below_its_event(database_url: str) 
 def claim_statement(name: str, after: int, priorities: list[int]) -> tuple[sql.Composed, dict[str, Any]]:
     """One of the store's claim statements, by name, and its parameters."""
     query = named.render(named.queries()[name], TableName.parse("outbox"))
-    params = {"after": after, "priorities": priorities, "limit": 10, "max_attempts": 5, "token": uuid4(),
-              "owner": "t", "lease_seconds": 30}  # fmt: skip
+    params = {"after": after, "priorities": priorities, "limit": 10, "max_bytes": 2**62, "max_attempts": 5,
+              "token": uuid4(), "owner": "t", "lease_seconds": 30}  # fmt: skip
     return query, params
 
 

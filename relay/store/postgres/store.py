@@ -9,15 +9,20 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 from uuid import uuid4
 
+import psycopg
 from psycopg.rows import RowMaker
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
+from relay.errors import ClaimTimeout, StoreUnavailable
 from relay.events import Event
 from relay.store.base import Claim, Dead, Retry, Settlement, Status
 from relay.store.floor import FULL_SCAN_INTERVAL_SECONDS, ClaimFloor
 from relay.store.postgres import monitoring
 from relay.store.postgres.admin import PostgresAdmin
 from relay.store.postgres.connection import column_of, id_array
+
+#: ``max_bytes`` when the caller sets no bound: more than any batch can hold.
+UNBOUNDED_BYTES = 2**62
 
 
 class Claimed(NamedTuple):
@@ -101,13 +106,15 @@ class PostgresStore(PostgresAdmin):
         """Connect, check the table, and LISTEN if enabled."""
         await self._db.open(listen=self._listen_enabled)
 
-    async def claim(self, limit: int, *, max_attempts: int) -> Claim:
-        """Lease up to ``limit`` due events (one per key), ordered by priority then id."""
+    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
+        """Lease up to ``limit`` due events (one per key, at least one, their payloads up to
+        ``max_bytes``), ordered by priority then id."""
         token = uuid4()
         after = self._floor.next_after()
         params = {
             "after": after,
             "limit": limit,
+            "max_bytes": UNBOUNDED_BYTES if max_bytes is None else max_bytes,
             "max_attempts": max_attempts,
             "token": token,
             "owner": self._owner,
@@ -119,7 +126,12 @@ class PostgresStore(PostgresAdmin):
         if priorities is not None:
             params["priorities"] = priorities
         started = time.perf_counter()
-        rows = await self._db.fetch("claim" if priorities is None else "claim_hinted", params, claimed_row)
+        try:
+            rows = await self._db.fetch("claim" if priorities is None else "claim_hinted", params, claimed_row)
+        except StoreUnavailable as exc:
+            if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):  # the statement timeout
+                raise ClaimTimeout(f"claiming up to {limit} events: {exc}") from exc
+            raise
         self._floor.claimed(
             token,
             [r.id for r in rows],
