@@ -1,27 +1,9 @@
-"""The database side of the relay: the store ports (``Store``, ``Admin``) and their adapters."""
+"""The database side of the relay: the ports ``Store`` (the relay's) and ``Admin`` (the operator's).
 
-from relay.store.base import (
-    Admin,
-    Claim,
-    Dead,
-    DeadEvent,
-    ReplayFilter,
-    RequeueFilter,
-    Retry,
-    Settlement,
-    Status,
-    Store,
-)
+Their data types are in :mod:`relay.store.base`; the adapters are
+:mod:`relay.store.postgres` and, for unit tests, :mod:`relay.store.memory`.
+"""
 
-__all__ = [
-    "Admin",
-    "Claim",
-    "Dead",
-    "DeadEvent",
-    "ReplayFilter",
-    "RequeueFilter",
-    "Retry",
-    "Settlement",
-    "Status",
-    "Store",
-]
+from relay.store.base import Admin, Store
+
+__all__ = ["Admin", "Store"]

@@ -107,10 +107,7 @@ WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s;
 -- Counts are exact: one pass over the unsent rows, which costs about as much
 -- as a sequential scan of the table (see gauges for the relays' cheap form).
 -- The age is cheap whatever the table holds (see oldest_pending_age).
--- scheduled counts the pending events not due yet; keys_waiting_on_schedule
--- the keys whose oldest unsent event is one of them while a later event of
--- the key is due: a few probes of the key index for each key with a scheduled
--- event, none when there is none.
+-- scheduled counts the pending events not due yet.
 WITH counts AS (
     SELECT
         count(*) FILTER (WHERE o.state = 'pending' AND NOT coalesce(o.lease_expires_at >= now(), false)) AS pending,
@@ -125,21 +122,7 @@ WITH counts AS (
     WHERE o.state IN ('pending', 'failed')
 )
 SELECT c.pending, c.in_flight, c.failed, c.parked_keys, c.scheduled,
-       (SELECT count(*)
-        FROM unnest(c.scheduled_keys) AS k(key)
-        CROSS JOIN LATERAL (
-            SELECT o.id, o.state = 'pending' AND o.deliver_at > now()
-                         AND NOT coalesce(o.lease_expires_at >= now(), false) AS scheduled
-            FROM {table} AS o
-            WHERE o.key = k.key AND o.state IN ('pending', 'failed')
-            ORDER BY o.id
-            LIMIT 1
-        ) AS first
-        WHERE first.scheduled
-          AND EXISTS (SELECT 1 FROM {table} AS later
-                      WHERE later.key = k.key AND later.id > first.id
-                        AND later.state = 'pending' AND later.deliver_at <= now())
-       ) AS keys_waiting_on_schedule
+       /* include keys_waiting_on_schedule */ AS keys_waiting_on_schedule
 FROM counts AS c;
 
 -- name: oldest_pending_age
@@ -194,22 +177,8 @@ WITH head AS (
 )
 SELECT h.unsent, h.in_flight, h.scheduled, f.failed, f.parked_keys,
        round(s.live_rows * s.unsent_share)::bigint AS unsent_estimate,
-       -- As in status, for at most 1,000 keys: a lower bound past that.
-       (SELECT count(*)
-        FROM unnest(h.scheduled_keys) AS k(key)
-        CROSS JOIN LATERAL (
-            SELECT o.id, o.state = 'pending' AND o.deliver_at > now()
-                         AND NOT coalesce(o.lease_expires_at >= now(), false) AS scheduled
-            FROM {table} AS o
-            WHERE o.key = k.key AND o.state IN ('pending', 'failed')
-            ORDER BY o.id
-            LIMIT 1
-        ) AS first
-        WHERE first.scheduled
-          AND EXISTS (SELECT 1 FROM {table} AS later
-                      WHERE later.key = k.key AND later.id > first.id
-                        AND later.state = 'pending' AND later.deliver_at <= now())
-       ) AS keys_waiting_on_schedule
+       -- As in status, for at most 1,000 keys (see h): a lower bound past that.
+       /* include keys_waiting_on_schedule */ AS keys_waiting_on_schedule
 FROM h
 CROSS JOIN (
     SELECT count(*) AS failed, count(DISTINCT key) AS parked_keys
@@ -323,3 +292,25 @@ WHERE state = 'sent'
   AND (%(key)s::text IS NULL OR key = %(key)s::text)
   AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
 RETURNING id;
+
+-- name: keys_waiting_on_schedule
+-- Not a statement: a piece that status and gauges include (relay/store/sql.py).
+-- It counts, among the keys in their column scheduled_keys (keys with an event
+-- not due yet), those whose oldest unsent event is not due yet while a later
+-- event of the key is due: two probes of the key index per key, none when
+-- there is none.
+(SELECT count(*)
+ FROM unnest(scheduled_keys) AS k(key)
+ CROSS JOIN LATERAL (
+     SELECT o.id, o.state = 'pending' AND o.deliver_at > now()
+                  AND NOT coalesce(o.lease_expires_at >= now(), false) AS scheduled
+     FROM {table} AS o
+     WHERE o.key = k.key AND o.state IN ('pending', 'failed')
+     ORDER BY o.id
+     LIMIT 1
+ ) AS first
+ WHERE first.scheduled
+   AND EXISTS (SELECT 1 FROM {table} AS later
+               WHERE later.key = k.key AND later.id > first.id
+                 AND later.state = 'pending' AND later.deliver_at <= now())
+)

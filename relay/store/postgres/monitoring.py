@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from psycopg.rows import dict_row
 
 from relay.store.base import Status
@@ -15,15 +17,7 @@ GAUGES_EXACT_UP_TO = 20_000
 async def status(db: Database) -> Status:
     """Exact counts: one pass over the unsent rows."""
     row = (await db.fetch("status", {}, dict_row, lane="stats"))[0]
-    return Status(
-        pending=row["pending"],
-        in_flight=row["in_flight"],
-        failed=row["failed"],
-        oldest_pending_age_seconds=await oldest_pending_age(db),
-        parked_keys=row["parked_keys"],
-        scheduled=row["scheduled"],
-        keys_waiting_on_schedule=row["keys_waiting_on_schedule"],
-    )
+    return await _status(db, row, pending=row["pending"])
 
 
 async def gauges(db: Database, *, exact_up_to: int = GAUGES_EXACT_UP_TO) -> Status:
@@ -33,8 +27,13 @@ async def gauges(db: Database, *, exact_up_to: int = GAUGES_EXACT_UP_TO) -> Stat
     unsent = row["unsent"]
     if unsent > exact_up_to:
         unsent = max(unsent, row["unsent_estimate"])
+    return await _status(db, row, pending=unsent - row["in_flight"])
+
+
+async def _status(db: Database, row: dict[str, Any], *, pending: int) -> Status:
+    """A ``Status`` from a status or gauges row, with the oldest pending age read now."""
     return Status(
-        pending=unsent - row["in_flight"],
+        pending=pending,
         in_flight=row["in_flight"],
         failed=row["failed"],
         oldest_pending_age_seconds=await oldest_pending_age(db),
