@@ -41,15 +41,15 @@ async def _with_admin(args: argparse.Namespace, work: Callable[[Admin], Awaitabl
         await admin.close()
 
 
-def _on_store(args: argparse.Namespace, call: Callable[[Admin], Awaitable[T]]) -> T:
-    """Open the store, await ``call(store)``, close the store; the admin commands' one way in."""
+def _on_admin(args: argparse.Namespace, call: Callable[[Admin], Awaitable[T]]) -> T:
+    """Open the ``Admin`` port, await ``call(admin)``, close it: the commands' one way in."""
     return asyncio.run(_with_admin(args, call))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``outbox-relay status``."""
 
-    status = _on_store(args, lambda store: store.status())
+    status = _on_admin(args, lambda admin: admin.status())
     if args.json:
         print(json.dumps(status.as_dict()))
     else:
@@ -66,7 +66,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_dead(args: argparse.Namespace) -> int:
     """``outbox-relay dead``."""
 
-    events = _on_store(args, lambda store: store.dead(args.limit))
+    events = _on_admin(args, lambda admin: admin.dead(args.limit))
     if len(events) == args.limit:
         # stderr, so that --json stays one parsable document.
         print(f"{PROG}: showing the oldest {args.limit} dead letters; there may be more (--limit)", file=sys.stderr)
@@ -85,7 +85,7 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     """``outbox-relay requeue``."""
     selection = RequeueFilter(id=args.id, topic=args.topic, key=args.key, all=args.all)
 
-    ids = _on_store(args, lambda store: store.requeue(selection))
+    ids = _on_admin(args, lambda admin: admin.requeue(selection))
     print(json.dumps({"requeued": ids}) if args.json else f"requeued {len(ids)} events")
     return 0
 
@@ -93,7 +93,7 @@ def cmd_requeue(args: argparse.Namespace) -> int:
 def cmd_skip(args: argparse.Namespace) -> int:
     """``outbox-relay skip``."""
     grace = args.publish_timeout + PUBLISH_OVERRUN_SECONDS
-    outcome = _on_store(args, lambda store: store.skip(args.id, lease_grace_seconds=grace))
+    outcome = _on_admin(args, lambda admin: admin.skip(args.id, lease_grace_seconds=grace))
     if outcome is Skipped.SKIPPED:
         print(f"skipped event {args.id}")
         return 0
@@ -112,7 +112,7 @@ def cmd_skip(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     """``outbox-relay inspect``."""
 
-    row = _on_store(args, lambda store: store.inspect(args.id))
+    row = _on_admin(args, lambda admin: admin.inspect(args.id))
     if row is None:
         print(f"{PROG}: error: no event {args.id}", file=sys.stderr)
         return 1
@@ -130,7 +130,7 @@ def cmd_purge(args: argparse.Namespace) -> int:
         raise ConfigError("purge needs --older-than DURATION (or RELAY_OLDER_THAN)")
     seconds = parse_duration(args.older_than)
 
-    deleted = _on_store(args, lambda store: store.purge(seconds))
+    deleted = _on_admin(args, lambda admin: admin.purge(seconds))
     print(json.dumps({"purged": deleted}) if args.json else f"purged {deleted} events")
     return 0
 
@@ -141,6 +141,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise ConfigError("replay needs --since, --until, --key, --topic or --all")
 
     selection = ReplayFilter(since=args.since, until=args.until, key=args.key, topic=args.topic, all=args.all)
-    ids = _on_store(args, lambda store: store.replay(selection))
+    ids = _on_admin(args, lambda admin: admin.replay(selection))
     print(json.dumps({"replayed": ids}) if args.json else f"replayed {len(ids)} events")
     return 0

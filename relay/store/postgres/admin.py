@@ -15,7 +15,7 @@ PURGE_BATCH_SIZE = 1000
 
 
 class PostgresAdmin:
-    """The outbox table as operators see it (the ``Admin`` port), on one connection."""
+    """The outbox table as operators see it (the ``Admin`` port): what the CLI's commands call."""
 
     def __init__(
         self,
@@ -32,7 +32,7 @@ class PostgresAdmin:
 
     @property
     def table(self) -> TableName:
-        """The outbox table this store works on."""
+        """The outbox table these commands work on."""
         return self._db.table
 
     async def open(self) -> None:
