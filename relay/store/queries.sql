@@ -13,7 +13,8 @@
 -- then the payload itself, decompressed). That is within a few bytes of the
 -- JSON text for strings, somewhat more for small numbers, and costs next to
 -- nothing: rendering the text of events the cap leaves out would cost what
--- the cap is for (about 185 MB/s).
+-- the cap is for (about 185 MB/s). The running sum, and the sort it needs,
+-- run only when the candidates reach the cap at all.
 -- The last two columns, the same in every row, are the xmin of the claim's
 -- snapshot and its own transaction id, for the keyset hint (relay/store/floor.py).
 -- The store reads every column by name.
@@ -37,11 +38,19 @@ WITH candidates AS (
     ORDER BY o.priority DESC, o.id
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
+), total AS (
+    SELECT coalesce(sum(bytes), 0) AS bytes FROM candidates
 ), chosen AS (
+    -- Under the cap, all of them, without the running sum (its sort) ...
+    SELECT c.id, c.old_lease
+    FROM candidates AS c
+    WHERE (SELECT bytes FROM total) < %(max_bytes)s
+    UNION ALL
+    -- ... or those that came while the sum was under the cap.
     SELECT c.id, c.old_lease
     FROM (SELECT *, sum(bytes) OVER (ORDER BY priority DESC, id ROWS UNBOUNDED PRECEDING) - bytes AS before
           FROM candidates) AS c
-    WHERE c.before < %(max_bytes)s
+    WHERE (SELECT bytes FROM total) >= %(max_bytes)s AND c.before < %(max_bytes)s
 )
 UPDATE {table} AS o
 SET claim_token = %(token)s,

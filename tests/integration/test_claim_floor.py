@@ -9,6 +9,7 @@ from uuid import uuid4
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import namedtuple_row
 
 from relay.config import TableName
 from relay.store import sql as named
@@ -143,11 +144,13 @@ def claim_statement(name: str, after: int, priorities: list[int]) -> tuple[sql.C
     return query, params
 
 
-def run_claim(conn: psycopg.Connection[Any], name: str, after: int, priorities: list[int]) -> list[tuple[Any, ...]]:
-    """Run a claim statement in a transaction rolled back afterwards."""
+def run_claim(conn: psycopg.Connection[Any], name: str, after: int, priorities: list[int]) -> list[Any]:
+    """Run a claim statement in a transaction rolled back afterwards; its rows in claim order, as the store sorts them
+    (RETURNING follows no order)."""
     query, params = claim_statement(name, after, priorities)
     with conn.transaction(force_rollback=True):
-        return conn.execute(query, params).fetchall()
+        rows = conn.cursor(row_factory=namedtuple_row).execute(query, params).fetchall()
+    return sorted(rows, key=lambda row: (-row.priority, row.id))
 
 
 def test_a_hinted_claim_looks_only_at_the_priorities_it_is_given(database_url: str) -> None:
