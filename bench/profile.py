@@ -265,7 +265,8 @@ def _explain(url: str) -> dict[str, Any]:
                 "parts_ms": subplan_times(plan["Plan"]),
             }
 
-        claim = {"after": 0, "limit": 1000, "max_attempts": 10, "token": token, "owner": "bench", "lease_seconds": 60.0}
+        claim = {"after": 0, "limit": 1000, "max_bytes": 16 * 2**20, "max_attempts": 10, "token": token,
+                 "owner": "bench", "lease_seconds": 60.0}  # fmt: skip
         explain("claim UPDATE (1,000 rows)", queries["claim"], claim)
         ids = [row[0] for row in conn.execute("SELECT id FROM outbox WHERE claim_token = %s", [token])]
         explain("settle DELETE (ack_delete, 1,000 ids)", queries["ack_delete"], {"ids": ids, "token": token})

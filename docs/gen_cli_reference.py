@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "reference" / "cli.md"
 COMMAND = "python docs/gen_cli_reference.py"
 
-# _flag and _switch in relay/cli.py append these to every help text.
+# env_flag and env_switch in relay/cli/flags.py append these to every help text.
 _ENV_RE = re.compile(r"\s*\[env ([A-Z][A-Z0-9_]*)\]")
 _DEFAULT_RE = re.compile(r"\s*\(default: [^()]*\)$")
 # Flags, environment variables and URLs in help texts are set as code.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
@@ -23,6 +23,13 @@ _INSERT = (
 )
 
 
+#: How far ahead ``deliver_at`` may lie. Further is almost always a mistake (a
+#: unit mix-up, a sentinel like ``datetime(9999, ...)``), and such an event would
+#: hold back every later event of its key until then; pass ``max_deliver_ahead``
+#: to allow more.
+MAX_DELIVER_AHEAD = timedelta(days=365)
+
+
 @cache
 def _insert_for(table: str) -> sql.Composed:
     return sql.SQL(_INSERT).format(table=sql.Identifier(*TableName.parse(table).parts))
@@ -36,6 +43,7 @@ def _params(
     idempotency_key: str | None,
     deliver_at: datetime | None,
     priority: int,
+    max_deliver_ahead: timedelta,
 ) -> dict[str, Any]:
     if not isinstance(topic, str) or not topic:
         raise ValueError("topic must be a non-empty string")
@@ -43,8 +51,8 @@ def _params(
         raise TypeError(f"key must be a string or None, not {type(key).__name__}")
     if headers is not None and not all(isinstance(k, str) and k and isinstance(v, str) for k, v in headers.items()):
         raise TypeError("headers must map non-empty strings to strings")
-    if deliver_at is not None and deliver_at.tzinfo is None:
-        raise ValueError("deliver_at must be timezone-aware")
+    if deliver_at is not None:
+        _check_deliver_at(deliver_at, max_deliver_ahead)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TypeError("priority must be an int")
     return {
@@ -58,6 +66,18 @@ def _params(
     }
 
 
+def _check_deliver_at(deliver_at: object, max_ahead: timedelta) -> None:
+    if not isinstance(deliver_at, datetime):
+        raise TypeError(f"deliver_at must be a datetime or None, not {type(deliver_at).__name__}")
+    if deliver_at.utcoffset() is None:
+        raise ValueError("deliver_at must be timezone-aware (e.g. datetime.now(UTC) + timedelta(hours=1))")
+    if deliver_at - datetime.now(UTC) > max_ahead:
+        raise ValueError(
+            f"deliver_at {deliver_at.isoformat()} is more than {max_ahead} ahead; an event that far out would hold "
+            "back its key's later events until then (pass max_deliver_ahead= to allow it)"
+        )
+
+
 def publish(
     conn: psycopg.Connection[Any],
     topic: str,
@@ -69,6 +89,7 @@ def publish(
     deliver_at: datetime | None = None,
     priority: int = 0,
     table: str = DEFAULT_TABLE,
+    max_deliver_ahead: timedelta = MAX_DELIVER_AHEAD,
 ) -> str:
     """Write one event in ``conn``'s current transaction and return its idempotency key.
 
@@ -76,9 +97,10 @@ def publish(
     the outbox already holds, nothing is written and the key is returned.
     Events with the same ``key`` are delivered in the order they are written;
     ``priority`` orders due events of different keys (higher first);
-    ``deliver_at`` holds an event back until that time.
+    ``deliver_at`` (timezone-aware, at most ``max_deliver_ahead`` ahead, a year
+    by default) holds an event back until that time.
     """
-    params = _params(topic, payload, key, headers, idempotency_key, deliver_at, priority)
+    params = _params(topic, payload, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead)
     conn.execute(_insert_for(table), params)
     return str(params["idempotency_key"])
 
@@ -94,8 +116,9 @@ async def apublish(
     deliver_at: datetime | None = None,
     priority: int = 0,
     table: str = DEFAULT_TABLE,
+    max_deliver_ahead: timedelta = MAX_DELIVER_AHEAD,
 ) -> str:
     """The same as :func:`publish`, for a psycopg ``AsyncConnection``."""
-    params = _params(topic, payload, key, headers, idempotency_key, deliver_at, priority)
+    params = _params(topic, payload, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead)
     await conn.execute(_insert_for(table), params)
     return str(params["idempotency_key"])

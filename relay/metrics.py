@@ -52,6 +52,10 @@ class Metrics:
         self.in_flight = Gauge("outbox_relay_in_flight", "Events leased and not yet settled.", registry=r)
         self.failed = Gauge("outbox_relay_failed", "Dead-lettered events in the table.", registry=r)
         self.parked_keys = Gauge("outbox_relay_parked_keys", "Keys held back by a dead-lettered event.", registry=r)
+        self.scheduled = Gauge("outbox_relay_scheduled", "Pending events not due yet (deliver_at ahead).", registry=r)
+        self.keys_waiting_on_schedule = Gauge(
+            "outbox_relay_keys_waiting_on_schedule", "Keys whose due events wait behind a not-yet-due one.", registry=r
+        )
         self.oldest_pending_age = Gauge(
             "outbox_relay_oldest_pending_age_seconds", "Age of the oldest due, unpublished event.", registry=r
         )
@@ -81,6 +85,8 @@ class Metrics:
         self.in_flight.set(status.in_flight)
         self.failed.set(status.failed)
         self.parked_keys.set(status.parked_keys)
+        self.scheduled.set(status.scheduled)
+        self.keys_waiting_on_schedule.set(status.keys_waiting_on_schedule)
         self.oldest_pending_age.set(status.oldest_pending_age_seconds)
 
     def render(self) -> bytes:

@@ -7,17 +7,17 @@ import contextlib
 import logging
 
 from relay.errors import StoreUnavailable
-from relay.store.postgres import PostgresStore
+from relay.store.base import Admin
 
 logger = logging.getLogger(__name__)
 
 PURGE_INTERVAL_SECONDS = 60.0
 
 
-async def purge_forever(store: PostgresStore, retention_seconds: float, stop: asyncio.Event) -> None:
+async def purge_forever(store: Admin, retention_seconds: float, stop: asyncio.Event) -> None:
     """Every minute, purge what is older than ``retention_seconds``, until ``stop``.
 
-    Each purge deletes in small batches (see ``PostgresStore.purge``) so it
+    Each purge deletes in small batches (see ``Admin.purge``) so it
     never holds long locks. A database outage is waited out; anything else
     propagates and stops the relay.
     """

@@ -1,5 +1,9 @@
-"""The database side of the relay: the store port and its PostgreSQL adapter."""
+"""The database side of the relay: the ports ``Store`` (the relay's) and ``Admin`` (the operator's).
 
-from relay.store.base import Claim, Dead, DeadEvent, RequeueFilter, Retry, Settlement, Status, Store
+Their data types are in :mod:`relay.store.base`; the adapters are
+:mod:`relay.store.postgres` and, for unit tests, :mod:`relay.store.memory`.
+"""
 
-__all__ = ["Claim", "Dead", "DeadEvent", "RequeueFilter", "Retry", "Settlement", "Status", "Store"]
+from relay.store.base import Admin, Store
+
+__all__ = ["Admin", "Store"]

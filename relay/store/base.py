@@ -1,11 +1,12 @@
-"""The store port: the database side of the relay."""
+"""The store ports: the database side of the relay (``Store``) and of its operators (``Admin``)."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
 from relay.events import Event
@@ -50,13 +51,20 @@ class Settlement:
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """Counts an operator looks at first."""
+    """Counts an operator looks at first.
+
+    ``scheduled`` counts the pending events that are not due yet (``deliver_at``
+    ahead, or a retry's backoff); ``keys_waiting_on_schedule`` the keys whose due
+    events wait behind such an event of their own key.
+    """
 
     pending: int
     in_flight: int
     failed: int
     oldest_pending_age_seconds: float
     parked_keys: int = 0
+    scheduled: int = 0
+    keys_waiting_on_schedule: int = 0
 
     def as_dict(self) -> dict[str, int | float]:
         """The ``status --json`` object."""
@@ -66,6 +74,8 @@ class Status:
             "failed": self.failed,
             "oldest_pending_age_seconds": round(self.oldest_pending_age_seconds, 3),
             "parked_keys": self.parked_keys,
+            "scheduled": self.scheduled,
+            "keys_waiting_on_schedule": self.keys_waiting_on_schedule,
         }
 
 
@@ -99,14 +109,59 @@ class DeadEvent:
         }
 
 
+def _refuse_empty(kind: str, everything: bool, *filters: object) -> None:
+    """An operator's selection names something, or says ``all``: nothing is never read as everything."""
+    if not everything and all(value is None for value in filters):
+        raise ValueError(f"{kind}: an empty selection would match every event; pass all=True to mean that")
+
+
 @dataclass(frozen=True, slots=True)
 class RequeueFilter:
-    """Which dead-lettered events to put back; all ``None`` with ``all`` set means every one."""
+    """Which dead-lettered events to put back: by ``id``, ``topic`` and/or ``key``, or ``all``.
+
+    An empty filter is refused (``ValueError``) rather than read as "every one";
+    ``all`` is needed only when no filter is given.
+    """
 
     id: int | None = None
     topic: str | None = None
     key: str | None = None
-    all: bool = field(default=False)
+    all: bool = False
+
+    def __post_init__(self) -> None:
+        _refuse_empty("requeue", self.all, self.id, self.topic, self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayFilter:
+    """Which kept (already sent) events to send again: by time sent, ``key`` and/or ``topic``, or ``all``.
+
+    ``since`` and ``until`` bound the time each was sent (``until`` excluded).
+    An empty filter is refused (``ValueError``) rather than read as "every one";
+    ``all`` is needed only when no filter is given.
+    """
+
+    since: datetime | None = None
+    until: datetime | None = None
+    key: str | None = None
+    topic: str | None = None
+    all: bool = False
+
+    def __post_init__(self) -> None:
+        _refuse_empty("replay", self.all, self.since, self.until, self.key, self.topic)
+
+
+class Skipped(enum.Enum):
+    """What ``skip`` did."""
+
+    #: Marked skipped: the later events of its key flow again.
+    SKIPPED = "skipped"
+    #: No such event, or it is already sent or skipped.
+    NOT_FOUND = "not_found"
+    #: Refused: a relay holds its lease, or the lease ended so recently that a
+    #: publish may still be under way (skipping it could let its key's next
+    #: event overtake it at the broker).
+    IN_FLIGHT = "in_flight"
 
 
 class Store(Protocol):
@@ -121,8 +176,9 @@ class Store(Protocol):
     async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
         """Lease up to ``limit`` due events, honouring per-key order.
 
-        With ``max_bytes``, stop adding events once their payloads reach that
-        many bytes (always at least one event).
+        With ``max_bytes`` the batch stops adding events once their payloads
+        reach that many bytes; it always holds at least one. A claim that runs
+        out of time raises ``ClaimTimeout``: claim fewer events, or fewer bytes.
         """
 
     async def settle(
@@ -155,3 +211,43 @@ class Store(Protocol):
 
     async def check(self) -> None:
         """Raise ``StoreUnavailable`` unless the database answers now and takes writes."""
+
+
+class Admin(Protocol):
+    """The operator's view of the outbox table: the commands behind ``status``,
+    ``dead``, ``requeue``, ``skip``, ``inspect``, ``purge`` and ``replay``.
+
+    Every call is bounded in time: a database that stops answering raises
+    ``StoreUnavailable`` instead of hanging.
+    """
+
+    async def open(self) -> None:
+        """Connect and check the table exists; raise ``StoreUnavailable`` or ``SchemaError``."""
+
+    async def close(self) -> None:
+        """Disconnect. Safe to call twice."""
+
+    async def status(self) -> Status:
+        """Exact pending, in-flight and dead-lettered counts."""
+
+    async def dead(self, limit: int = 1000) -> list[DeadEvent]:
+        """Dead-lettered events, oldest first, at most ``limit``."""
+
+    async def requeue(self, selection: RequeueFilter) -> list[int]:
+        """Put matching dead-lettered events back to pending, attempts reset; their ids."""
+
+    async def skip(self, event_id: int, *, lease_grace_seconds: float) -> Skipped:
+        """Mark one dead-lettered or waiting event skipped, releasing its key.
+
+        An event whose lease is live, or ended less than ``lease_grace_seconds``
+        ago (a relay's publish may outlast its lease), is refused: ``IN_FLIGHT``.
+        """
+
+    async def inspect(self, event_id: int) -> dict[str, Any] | None:
+        """Every column of one event by name, or None when there is no such event."""
+
+    async def purge(self, older_than_seconds: float) -> int:
+        """Delete sent and skipped events older than the cut-off; how many. Unsent events are never touched."""
+
+    async def replay(self, selection: ReplayFilter) -> list[int]:
+        """Put matching kept (sent) events back to pending with their idempotency keys; their ids."""

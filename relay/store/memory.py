@@ -9,14 +9,27 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
 from relay.errors import StoreUnavailable
 from relay.events import Event
-from relay.store.base import Claim, Dead, DeadEvent, RequeueFilter, Retry, Settlement, Status
+from relay.store.base import (
+    Claim,
+    Dead,
+    DeadEvent,
+    ReplayFilter,
+    RequeueFilter,
+    Retry,
+    Settlement,
+    Skipped,
+    Status,
+)
+
+#: The columns of a row that ``dead`` lists as they are.
+_DEAD_COLUMNS = [f.name for f in fields(DeadEvent) if f.name != "blocked_events"]
 
 
 @dataclass(slots=True)
@@ -34,14 +47,38 @@ class Row:
     state: str = "pending"
     attempts: int = 0
     last_error: str | None = None
+    lease_owner: str | None = None
     claim_token: UUID | None = None
     lease_expires_at: datetime | None = None
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    published_at: datetime | None = None
     failed_at: datetime | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every column by name, as ``inspect`` shows it on PostgreSQL."""
+        return {
+            "id": self.id,
+            "topic": self.topic,
+            "key": self.key,
+            "payload": json.dumps(self.payload),
+            "headers": dict(self.headers),
+            "idempotency_key": self.idempotency_key,
+            "deliver_at": self.deliver_at,
+            "priority": self.priority,
+            "state": self.state,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+            "lease_owner": self.lease_owner,
+            "claim_token": self.claim_token,
+            "lease_expires_at": self.lease_expires_at,
+            "created_at": self.created_at,
+            "published_at": self.published_at,
+            "failed_at": self.failed_at,
+        }
 
 
 class MemoryStore:
-    """Rows in a dict; ``now`` can be moved forward to expire leases."""
+    """Rows in a dict; ``now`` can be moved forward to expire leases. Both ports: ``Store`` and ``Admin``."""
 
     def __init__(self, *, lease_seconds: float = 60.0, keep_sent: bool = False) -> None:
         self.rows: dict[int, Row] = {}
@@ -98,20 +135,23 @@ class MemoryStore:
         )
 
     async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
-        """Lease up to ``limit`` due events, one per key, until their payloads reach ``max_bytes``."""
+        """Lease up to ``limit`` due events, one per key, their payloads up to ``max_bytes`` (at least one)."""
         self._check()
         now = self.now()
         token = uuid4()
-        chosen = sorted(
+        candidates = sorted(
             (r for r in self.rows.values() if self._claimable(r, max_attempts, now)),
             key=lambda r: (-r.priority, r.id),
         )[:limit]
-        reaped = 0
-        events: list[Event] = []
-        size = 0
-        for row in chosen:
+        chosen, size = [], 0
+        for row in candidates:
             if max_bytes is not None and size >= max_bytes:
                 break
+            chosen.append(row)
+            size += len(json.dumps(row.payload).encode())
+        reaped = 0
+        events = []
+        for row in chosen:
             reaped += row.lease_expires_at is not None
             row.claim_token = token
             row.lease_expires_at = now + timedelta(seconds=self.lease_seconds)
@@ -128,7 +168,6 @@ class MemoryStore:
                     created_at=row.created_at,
                 )
             )
-            size += len(events[-1].payload)
         return Claim(token=token, events=events, reaped=reaped)
 
     def _owned(self, claim: Claim, ids: Sequence[int]) -> list[Row]:
@@ -143,7 +182,7 @@ class MemoryStore:
         done = self._owned(claim, sent)
         for row in done:
             if self.keep_sent:
-                row.state, row.lease_expires_at = "sent", None
+                row.state, row.lease_expires_at, row.published_at = "sent", None, now
             else:
                 del self.rows[row.id]
         retried = 0
@@ -209,12 +248,21 @@ class MemoryStore:
         pending = [r for r in rows if r.state == "pending" and r not in live]
         due = [r.created_at for r in pending if r.deliver_at <= now]
         failed = [r for r in rows if r.state == "failed"]
+        scheduled = [r for r in pending if r.deliver_at > now]
+        waiting = {
+            r.key
+            for r in scheduled
+            if r.key is not None
+            and any(o.key == r.key and o.id > r.id and o.state == "pending" and o.deliver_at <= now for o in rows)
+        }
         return Status(
             pending=len(pending),
             in_flight=len(live),
             failed=len(failed),
             oldest_pending_age_seconds=max(0.0, (now - min(due)).total_seconds()) if due else 0.0,
             parked_keys=len({r.key for r in failed if r.key is not None}),
+            scheduled=len(scheduled),
+            keys_waiting_on_schedule=len(waiting),
         )
 
     async def gauges(self) -> Status:
@@ -231,28 +279,24 @@ class MemoryStore:
 
     async def dead(self, limit: int = 1000) -> list[DeadEvent]:
         """Dead-lettered events, oldest first."""
+        self._check()
         rows = sorted((r for r in self.rows.values() if r.state == "failed"), key=lambda r: r.id)[:limit]
         return [
-            DeadEvent(
-                r.id,
-                r.topic,
-                r.key,
-                r.idempotency_key,
-                r.attempts,
-                r.last_error,
-                r.created_at,
-                r.failed_at,
-                sum(
-                    1
-                    for o in self.rows.values()
-                    if r.key is not None and o.key == r.key and o.id > r.id and o.state == "pending"
-                ),
-            )
+            DeadEvent(**{name: getattr(r, name) for name in _DEAD_COLUMNS}, blocked_events=self._behind(r))
             for r in rows
         ]
 
+    def _behind(self, dead: Row) -> int:
+        """How many pending events of its key a dead letter holds back."""
+        return sum(
+            1
+            for o in self.rows.values()
+            if dead.key is not None and o.key == dead.key and o.id > dead.id and o.state == "pending"
+        )
+
     async def requeue(self, selection: RequeueFilter) -> list[int]:
         """Put matching dead-lettered events back with attempts reset."""
+        self._check()
         ids = []
         for row in self.rows.values():
             if row.state != "failed":
@@ -267,14 +311,54 @@ class MemoryStore:
             ids.append(row.id)
         return ids
 
-    async def skip(self, event_id: int) -> bool:
-        """Mark one dead-lettered or waiting event skipped."""
+    async def inspect(self, event_id: int) -> dict[str, Any] | None:
+        """Every column of one event, or None."""
+        self._check()
         row = self.rows.get(event_id)
-        now = self.now()
-        if row is None or not (
-            row.state == "failed"
-            or (row.state == "pending" and (row.lease_expires_at is None or row.lease_expires_at < now))
-        ):
-            return False
+        return row.as_dict() if row else None
+
+    async def purge(self, older_than_seconds: float) -> int:
+        """Delete sent and skipped events older than the cut-off."""
+        self._check()
+        cutoff = self.now() - timedelta(seconds=older_than_seconds)
+        old = [
+            r.id
+            for r in self.rows.values()
+            if r.state in ("sent", "skipped") and (r.published_at or r.failed_at or r.created_at) < cutoff
+        ]
+        for event_id in old:
+            del self.rows[event_id]
+        return len(old)
+
+    async def replay(self, selection: ReplayFilter) -> list[int]:
+        """Put matching sent events back to pending."""
+        self._check()
+        ids = []
+        for row in sorted(self.rows.values(), key=lambda r: r.id):
+            if row.state != "sent" or row.published_at is None:
+                continue
+            if selection.since is not None and row.published_at < selection.since:
+                continue
+            if selection.until is not None and row.published_at >= selection.until:
+                continue
+            if selection.key is not None and row.key != selection.key:
+                continue
+            if selection.topic is not None and row.topic != selection.topic:
+                continue
+            row.state, row.attempts, row.deliver_at, row.published_at = "pending", 0, self.now(), None
+            row.lease_expires_at = row.claim_token = row.lease_owner = None
+            ids.append(row.id)
+        return ids
+
+    async def skip(self, event_id: int, *, lease_grace_seconds: float) -> Skipped:
+        """Mark one dead-lettered or waiting event skipped; refuse one that may be in flight."""
+        self._check()
+        row = self.rows.get(event_id)
+        if row is None or row.state not in ("pending", "failed"):
+            return Skipped.NOT_FOUND
+        grace_ends = self.now() - timedelta(seconds=lease_grace_seconds)
+        if row.state == "pending" and row.lease_expires_at is not None and row.lease_expires_at >= grace_ends:
+            return Skipped.IN_FLIGHT
         row.state, row.claim_token, row.lease_expires_at = "skipped", None, None
-        return True
+        row.last_error = (row.last_error or "") + " [skipped by operator]"
+        return Skipped.SKIPPED

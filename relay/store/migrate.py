@@ -14,7 +14,7 @@ from psycopg import sql
 
 from relay.config import TableName
 from relay.store import sql as named
-from relay.store.postgres import connect_kwargs, translate_errors
+from relay.store.postgres.connection import connect_kwargs, translate_errors
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +71,31 @@ def schema_version(dsn: str, table: TableName) -> int:
     return int(row[0]) if row and row[0] is not None else 0
 
 
-def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: str) -> None:
-    """Create (if missing) a relay role and a writer role with the least they need.
+#: What writers may set: the application's columns. Everything else is the relay's.
+WRITER_COLUMNS = ("topic", "key", "payload", "headers", "idempotency_key", "deliver_at", "priority")
+#: What relays may change: the columns they own, and deliver_at (retries and held-back events wait).
+RELAY_COLUMNS = (
+    "state", "attempts", "last_error", "lease_owner", "claim_token", "lease_expires_at", "published_at", "failed_at",
+    "deliver_at",
+)  # fmt: skip
 
-    The relay reads, leases (UPDATE) and deletes outbox rows and reads the
-    schema version; a writer only inserts (and reads ``idempotency_key``, which
-    ``ON CONFLICT (idempotency_key)`` requires). Both are NOLOGIN: grant them
-    to your login users.
+
+def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: str) -> None:
+    """Create (if missing) a relay role and a writer role with the least they need, column by column.
+
+    A writer may insert the application's columns (:data:`WRITER_COLUMNS`) and
+    read ``idempotency_key``, which ``ON CONFLICT (idempotency_key)`` requires;
+    nothing else. The relay reads and deletes rows, updates only the columns it
+    owns (:data:`RELAY_COLUMNS`), and reads the schema version. Any other
+    privilege the two roles held on the table is revoked first, so running this
+    again tightens the table-wide grants of earlier versions. Both roles are
+    NOLOGIN: grant them to your login users.
     """
     ids = named.identifiers(table)
+
+    def columns(names: tuple[str, ...]) -> sql.Composed:
+        return sql.SQL(", ").join(map(sql.Identifier, names))
+
     with translate_errors(dsn, table), psycopg.connect(dsn, **connect_kwargs()) as conn, conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [_LOCK_NAMESPACE + str(table)])
         for role in (relay_role, writer_role):
@@ -88,11 +104,22 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
                 conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
         relay, writer = sql.Identifier(relay_role), sql.Identifier(writer_role)
         for statement in (
+            # Revoking a table privilege revokes it on every column too.
+            "REVOKE ALL ON {table} FROM {relay}, {writer}",
             "GRANT USAGE ON SCHEMA {schema} TO {relay}, {writer}",
-            "GRANT SELECT, UPDATE, DELETE ON {table} TO {relay}",
+            "GRANT SELECT, DELETE ON {table} TO {relay}",
+            "GRANT UPDATE ({relay_columns}) ON {table} TO {relay}",
             "GRANT SELECT ON {version_table} TO {relay}",
-            "GRANT INSERT ON {table} TO {writer}",
+            "GRANT INSERT ({writer_columns}) ON {table} TO {writer}",
             "GRANT SELECT (idempotency_key) ON {table} TO {writer}",
         ):
-            conn.execute(sql.SQL(statement).format(relay=relay, writer=writer, **ids))
+            conn.execute(
+                sql.SQL(statement).format(
+                    relay=relay,
+                    writer=writer,
+                    relay_columns=columns(RELAY_COLUMNS),
+                    writer_columns=columns(WRITER_COLUMNS),
+                    **ids,
+                )
+            )
         logger.info("granted roles %s and %s", relay_role, writer_role, extra={"action": "create_roles"})

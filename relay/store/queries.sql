@@ -7,12 +7,23 @@
 -- that key, and only while no earlier event of the key is pending, in flight
 -- or dead-lettered), any number without a key. attempts counts claims, so a
 -- lease that expires because its relay died still counts as an attempt.
+-- The batch stops adding events once their payloads reach %(max_bytes)s bytes
+-- (the first event always goes in), each counted at its size uncompressed:
+-- the size it takes in the table unless it is compressed there (#> '{{}}' is
+-- then the payload itself, decompressed). That is within a few bytes of the
+-- JSON text for strings, somewhat more for small numbers, and costs next to
+-- nothing: rendering the text of events the cap leaves out would cost what
+-- the cap is for (about 185 MB/s). The running sum, and the sort it needs,
+-- run only when the candidates reach the cap at all.
 -- The last two columns, the same in every row, are the xmin of the claim's
 -- snapshot and its own transaction id, for the keyset hint (relay/store/floor.py).
+-- The store reads every column by name.
 -- A hinted claim runs this as claim_hinted (relay/store/sql.py), which enters
 -- the claim index at (priority, after) for each priority seen so far.
 WITH candidates AS (
-    SELECT o.id, o.lease_expires_at AS old_lease
+    SELECT o.id, o.priority, o.lease_expires_at AS old_lease,
+           CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
+                ELSE pg_column_size(o.payload #> '{{}}') END AS bytes
     FROM {table} AS o
     WHERE o.state = 'pending'
       AND o.id >= %(after)s  -- the keyset hint (relay/store/floor.py); 0 for a full scan
@@ -27,18 +38,32 @@ WITH candidates AS (
     ORDER BY o.priority DESC, o.id
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
+), total AS (
+    SELECT coalesce(sum(bytes), 0) AS bytes FROM candidates
+), chosen AS (
+    -- Under the cap, all of them, without the running sum (its sort) ...
+    SELECT c.id, c.old_lease
+    FROM candidates AS c
+    WHERE (SELECT bytes FROM total) < %(max_bytes)s
+    UNION ALL
+    -- ... or those that came while the sum was under the cap.
+    SELECT c.id, c.old_lease
+    FROM (SELECT *, sum(bytes) OVER (ORDER BY priority DESC, id ROWS UNBOUNDED PRECEDING) - bytes AS before
+          FROM candidates) AS c
+    WHERE (SELECT bytes FROM total) >= %(max_bytes)s AND c.before < %(max_bytes)s
 )
 UPDATE {table} AS o
 SET claim_token = %(token)s,
     lease_owner = %(owner)s,
     lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
     attempts = o.attempts + 1
-FROM candidates AS c
+FROM chosen AS c
 WHERE o.id = c.id
-RETURNING o.id, o.topic, o.key, o.payload::text, nullif(o.headers, '{{}}'::jsonb)::text, o.idempotency_key,
+RETURNING o.id, o.topic, o.key, o.payload::text AS payload,
+          nullif(o.headers, '{{}}'::jsonb)::text AS headers, o.idempotency_key,
           o.attempts, o.created_at, o.priority, c.old_lease IS NOT NULL AS reaped,
-          (SELECT pg_snapshot_xmin(pg_current_snapshot()))::text::bigint,
-          (SELECT pg_current_xact_id())::text::bigint;
+          (SELECT pg_snapshot_xmin(pg_current_snapshot()))::text::bigint AS snapshot_xmin,
+          (SELECT pg_current_xact_id())::text::bigint AS xact_id;
 
 -- name: reap_exhausted
 -- Dead-letter events whose lease expired with no attempts left: the relays
@@ -91,14 +116,23 @@ WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s;
 -- Counts are exact: one pass over the unsent rows, which costs about as much
 -- as a sequential scan of the table (see gauges for the relays' cheap form).
 -- The age is cheap whatever the table holds (see oldest_pending_age).
-SELECT
-    count(*) FILTER (WHERE state = 'pending'
-                       AND (lease_expires_at IS NULL OR lease_expires_at < now())) AS pending,
-    count(*) FILTER (WHERE state = 'pending' AND lease_expires_at >= now()) AS in_flight,
-    count(*) FILTER (WHERE state = 'failed') AS failed,
-    count(DISTINCT key) FILTER (WHERE state = 'failed') AS parked_keys
-FROM {table}
-WHERE state IN ('pending', 'failed');
+-- scheduled counts the pending events not due yet.
+WITH counts AS (
+    SELECT
+        count(*) FILTER (WHERE o.state = 'pending' AND NOT coalesce(o.lease_expires_at >= now(), false)) AS pending,
+        count(*) FILTER (WHERE o.state = 'pending' AND o.lease_expires_at >= now()) AS in_flight,
+        count(*) FILTER (WHERE o.state = 'failed') AS failed,
+        count(DISTINCT o.key) FILTER (WHERE o.state = 'failed') AS parked_keys,
+        count(*) FILTER (WHERE o.state = 'pending' AND o.deliver_at > now()
+                           AND NOT coalesce(o.lease_expires_at >= now(), false)) AS scheduled,
+        array_agg(DISTINCT o.key) FILTER (WHERE o.state = 'pending' AND o.deliver_at > now()
+                                            AND o.key IS NOT NULL) AS scheduled_keys
+    FROM {table} AS o
+    WHERE o.state IN ('pending', 'failed')
+)
+SELECT c.pending, c.in_flight, c.failed, c.parked_keys, c.scheduled,
+       /* include keys_waiting_on_schedule */ AS keys_waiting_on_schedule
+FROM counts AS c;
 
 -- name: oldest_pending_age
 -- The age of the oldest event status counts as pending: due, and not leased.
@@ -115,7 +149,7 @@ WITH RECURSIVE priorities AS (
     FROM priorities AS p
     WHERE p.priority IS NOT NULL
 )
-SELECT coalesce(extract(epoch FROM now() - min(h.created_at)), 0)::float8
+SELECT coalesce(extract(epoch FROM now() - min(h.created_at)), 0)::float8 AS age
 FROM priorities AS p
 CROSS JOIN LATERAL (
     SELECT o.created_at FROM {table} AS o
@@ -130,21 +164,31 @@ WHERE p.priority IS NOT NULL;
 -- The status figures for the relays' gauges, at a bounded cost whatever the
 -- table holds. It reads the first %(exact_up_to)s + 1 unsent events in claim
 -- order (the claim index, and the heap for each lease): when that is all of
--- them, pending and in_flight are exact, as in status. Past that the caller
--- takes unsent_estimate instead: the table's live-row counter, which the
--- statistics system keeps as rows are inserted and deleted, times the share of
--- unsent rows at the last ANALYZE; in_flight then counts the leases among the
--- events read, at the front of the order, where claims take them. Dead letters
--- have their own small index: always exact.
+-- them, pending, in_flight and scheduled are exact, as in status. Past that
+-- the caller takes unsent_estimate instead: the table's live-row counter,
+-- which the statistics system keeps as rows are inserted and deleted, times
+-- the share of unsent rows at the last ANALYZE; in_flight and scheduled then
+-- count what the events read hold, at the front of the order, where claims
+-- take them. keys_waiting_on_schedule probes the key index as status does,
+-- for at most 1,000 of the keys with a scheduled event among them.
+-- Dead letters have their own small index: always exact.
 WITH head AS (
-    SELECT o.lease_expires_at >= now() AS leased
+    SELECT o.key, o.lease_expires_at >= now() AS leased,
+           o.deliver_at > now() AND NOT coalesce(o.lease_expires_at >= now(), false) AS scheduled
     FROM {table} AS o
     WHERE o.state = 'pending'
     ORDER BY o.priority DESC, o.id
     LIMIT %(exact_up_to)s::bigint + 1
+), h AS (
+    SELECT count(*) AS unsent, count(*) FILTER (WHERE leased) AS in_flight, count(*) FILTER (WHERE scheduled) AS scheduled,
+           (array_agg(DISTINCT key) FILTER (WHERE scheduled AND key IS NOT NULL))[:1000] AS scheduled_keys
+    FROM head
 )
-SELECT h.unsent, h.in_flight, f.failed, f.parked_keys, round(s.live_rows * s.unsent_share)::bigint
-FROM (SELECT count(*) AS unsent, count(*) FILTER (WHERE leased) AS in_flight FROM head) AS h
+SELECT h.unsent, h.in_flight, h.scheduled, f.failed, f.parked_keys,
+       round(s.live_rows * s.unsent_share)::bigint AS unsent_estimate,
+       -- As in status, for at most 1,000 keys (see h): a lower bound past that.
+       /* include keys_waiting_on_schedule */ AS keys_waiting_on_schedule
+FROM h
 CROSS JOIN (
     SELECT count(*) AS failed, count(DISTINCT key) AS parked_keys
     FROM {table}
@@ -176,10 +220,12 @@ ORDER BY o.id
 LIMIT %(limit)s;
 
 -- name: requeue
+-- Every dead letter only with %(all)s: an empty filter matches nothing.
 UPDATE {table}
 SET state = 'pending', attempts = 0, failed_at = NULL, deliver_at = now(),
     lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
 WHERE state = 'failed'
+  AND (%(all)s OR num_nonnulls(%(id)s::bigint, %(topic)s::text, %(key)s::text) > 0)
   AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
   AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(key)s::text IS NULL OR key = %(key)s::text)
@@ -187,14 +233,28 @@ RETURNING id;
 
 -- name: skip
 -- Give up on one dead-lettered (or waiting, not in flight) event so the
--- later events of its key can flow.
-UPDATE {table}
-SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL,
-    last_error = coalesce(last_error, '') || ' [skipped by operator]'
-WHERE id = %(id)s
-  AND (state = 'failed'
-       OR (state = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at < now())))
-RETURNING id;
+-- later events of its key can flow. An event whose lease is live, or ended
+-- less than %(grace)s seconds ago, is refused: its relay may still be
+-- publishing it, and skipping it would let the key's next event overtake it.
+WITH target AS (
+    SELECT id,
+           state = 'pending'
+               AND coalesce(lease_expires_at >= now() - make_interval(secs => %(grace)s), false) AS in_flight,
+           state IN ('pending', 'failed') AS unsent
+    FROM {table}
+    WHERE id = %(id)s
+    FOR UPDATE
+), skipped AS (
+    UPDATE {table} AS o
+    SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL,
+        last_error = coalesce(o.last_error, '') || ' [skipped by operator]'
+    FROM target AS t
+    WHERE o.id = t.id AND t.unsent AND NOT t.in_flight
+    RETURNING o.id
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM skipped) THEN 'skipped'
+            WHEN (SELECT in_flight FROM target) THEN 'in_flight'
+            ELSE 'not_found' END AS outcome;
 
 -- name: check_table
 SELECT 1 FROM {table} LIMIT 0;
@@ -229,13 +289,37 @@ WHERE id IN (
 
 -- name: replay
 -- Send kept (already sent) events again, with their idempotency keys, so
--- consumers that already have them drop the copies.
+-- consumers that already have them drop the copies. Every kept event only
+-- with %(all)s: an empty filter matches nothing.
 UPDATE {table}
 SET state = 'pending', attempts = 0, deliver_at = now(), published_at = NULL,
     lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
 WHERE state = 'sent'
+  AND (%(all)s OR num_nonnulls(%(since)s::timestamptz, %(until)s::timestamptz, %(key)s::text, %(topic)s::text) > 0)
   AND (%(since)s::timestamptz IS NULL OR published_at >= %(since)s::timestamptz)
   AND (%(until)s::timestamptz IS NULL OR published_at < %(until)s::timestamptz)
   AND (%(key)s::text IS NULL OR key = %(key)s::text)
   AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
 RETURNING id;
+
+-- name: keys_waiting_on_schedule
+-- Not a statement: a piece that status and gauges include (relay/store/sql.py).
+-- It counts, among the keys in their column scheduled_keys (keys with an event
+-- not due yet), those whose oldest unsent event is not due yet while a later
+-- event of the key is due: two probes of the key index per key, none when
+-- there is none.
+(SELECT count(*)
+ FROM unnest(scheduled_keys) AS k(key)
+ CROSS JOIN LATERAL (
+     SELECT o.id, o.state = 'pending' AND o.deliver_at > now()
+                  AND NOT coalesce(o.lease_expires_at >= now(), false) AS scheduled
+     FROM {table} AS o
+     WHERE o.key = k.key AND o.state IN ('pending', 'failed')
+     ORDER BY o.id
+     LIMIT 1
+ ) AS first
+ WHERE first.scheduled
+   AND EXISTS (SELECT 1 FROM {table} AS later
+               WHERE later.key = k.key AND later.id > first.id
+                 AND later.state = 'pending' AND later.deliver_at <= now())
+)

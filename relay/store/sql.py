@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import LiteralString, cast
+from typing import LiteralString
 
 from psycopg import sql
 
@@ -24,6 +24,8 @@ _NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _HINT: LiteralString = "AND o.id >= %(after)s"
 _HINT_BY_PRIORITY: LiteralString = "AND o.priority = ANY(%(priorities)s::int[]) AND o.id >= %(after)s"
 _MIGRATION_RE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+#: Where a query takes in another named piece of SQL (a fragment two queries share).
+_INCLUDE_RE = re.compile(r"/\* include (\w+) \*/")
 
 
 def _read(path: str) -> LiteralString:
@@ -34,13 +36,14 @@ def _read(path: str) -> LiteralString:
 
 @cache
 def queries() -> dict[str, LiteralString]:
-    """Every named query of ``queries.sql``, and ``claim_hinted``, derived from ``claim``."""
+    """Every named query of ``queries.sql`` (with the pieces it includes), and ``claim_hinted``, from ``claim``."""
     text = _read("queries.sql")
     pieces = _NAME_RE.split(text)
     # split gives [preamble, name1, body1, name2, body2, ...]
-    found = {
-        name: cast(LiteralString, body.strip().rstrip(";"))
-        for name, body in zip(pieces[1::2], pieces[2::2], strict=True)
+    bodies = {name: body.strip().rstrip(";") for name, body in zip(pieces[1::2], pieces[2::2], strict=True)}
+    # The text comes from the package's own file (see _read): as literal as the code.
+    found: dict[str, LiteralString] = {
+        name: _INCLUDE_RE.sub(lambda included: bodies[included.group(1)], body) for name, body in bodies.items()
     }
     if found["claim"].count(_HINT) != 1:
         raise RuntimeError(f"queries.sql: the claim must contain {_HINT!r} exactly once")

@@ -109,3 +109,37 @@ def test_the_relay_runs_with_only_the_relay_role_and_writers_can_only_insert(
     assert status.returncode == 0, status.stderr
     with psycopg.connect(login_roles["relay"]) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute("INSERT INTO outbox (topic, payload) VALUES ('t', '{}')")
+
+
+def test_skip_refuses_an_event_that_may_be_in_flight_and_says_why(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        producers.publish(conn, "t", {}, key="k", idempotency_key="leased")
+        producers.publish(conn, "t", {}, key="k", idempotency_key="next")
+        # As a relay leaves it: leased, its lease ended 20 s ago.
+        conn.execute(
+            "UPDATE outbox SET attempts = 1, claim_token = gen_random_uuid(), lease_owner = 'relay-1',"
+            " lease_expires_at = now() - interval '20 seconds' WHERE idempotency_key = 'leased'"
+        )
+        row = conn.execute("SELECT id FROM outbox WHERE idempotency_key = 'leased'").fetchone()
+    assert row is not None
+    refused = cli("skip", "--id", str(row[0]), "--database-url", database_url)
+    assert refused.returncode == 1, refused
+    assert "may be in flight" in refused.stderr and "40s" in refused.stderr  # 30 s publish timeout + 10 s
+    assert outbox_counts(database_url) == {"pending": 2}
+    # The relays publish within 5 s: a lease over for 20 s is past 5 + 10 s.
+    done = cli("skip", "--id", str(row[0]), "--database-url", database_url, RELAY_PUBLISH_TIMEOUT="5")
+    assert done.returncode == 0, done.stderr
+    assert outbox_counts(database_url) == {"pending": 1, "skipped": 1}
+
+
+def test_status_shows_what_waits_on_a_schedule(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        # Plain SQL may write what publish() refuses: a key parked until the year 9999.
+        conn.execute("INSERT INTO outbox (topic, key, payload, deliver_at) VALUES ('t', 'k', '{}', '9999-12-31')")
+        conn.execute("INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', '{}')")
+        conn.execute("INSERT INTO outbox (topic, payload, deliver_at) VALUES ('t', '{}', now() + interval '1 day')")
+    shown = json.loads(cli("status", "--json", "--database-url", database_url).stdout)
+    assert (shown["pending"], shown["failed"], shown["parked_keys"]) == (3, 0, 0)
+    assert (shown["scheduled"], shown["keys_waiting_on_schedule"]) == (2, 1)
+    text = cli("status", "--database-url", database_url).stdout
+    assert "scheduled: 2\n" in text and "keys waiting on schedule: 1\n" in text

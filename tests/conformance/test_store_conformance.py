@@ -1,113 +1,20 @@
 """One suite, every store: the in-memory store must behave like PostgreSQL.
 
 Each test runs against ``MemoryStore`` and against ``PostgresStore`` on a real
-database, so unit tests of the relay loop on the memory store say something
-true about production.
+database (tests/conformance/harness.py), so unit tests of the relay loop on the
+memory store say something true about production. The operator's commands
+have their own file, test_admin_conformance.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine, Iterator
+import json
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, TypeVar
 
-import psycopg
 import pytest
 
-import producers
-from relay.config import TableName
-from relay.store.base import Claim, Dead, RequeueFilter, Retry
-from relay.store.memory import MemoryStore
-from relay.store.postgres import PostgresStore
-
-T = TypeVar("T")
-MAX = 3
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-class Harness(Protocol):
-    store: Any
-
-    def insert(self, topic: str, payload: Any, **kw: Any) -> None: ...
-    def expire_leases(self) -> None: ...
-    def make_due(self) -> None: ...
-    def state_of(self, idem: str) -> str | None: ...
-    def snapshot(self, idem: str) -> tuple[Any, ...]: ...
-
-
-class MemoryHarness:
-    def __init__(self) -> None:
-        self.store = MemoryStore(lease_seconds=30)
-
-    def insert(self, topic: str, payload: Any, **kw: Any) -> None:
-        self.store.insert(topic, payload, **kw)
-
-    def expire_leases(self) -> None:
-        for row in self.store.rows.values():
-            if row.lease_expires_at is not None:
-                row.lease_expires_at = self.store.now() - timedelta(seconds=1)
-
-    def make_due(self) -> None:
-        for row in self.store.rows.values():
-            row.deliver_at = min(row.deliver_at, self.store.now())
-
-    def state_of(self, idem: str) -> str | None:
-        return next((r.state for r in self.store.rows.values() if r.idempotency_key == idem), None)
-
-    def snapshot(self, idem: str) -> tuple[Any, ...]:
-        row = next(r for r in self.store.rows.values() if r.idempotency_key == idem)
-        return (row.state, row.attempts, row.claim_token, row.lease_expires_at, row.deliver_at, row.last_error)
-
-
-class PostgresHarness:
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.store = PostgresStore(url, TableName.parse("outbox"), owner="test", lease_seconds=30, listen=False)
-
-    def insert(self, topic: str, payload: Any, **kw: Any) -> None:
-        with psycopg.connect(self.url) as conn:
-            producers.publish(conn, topic, payload, **kw)
-
-    def expire_leases(self) -> None:
-        with psycopg.connect(self.url) as conn:
-            conn.execute(
-                "UPDATE outbox SET lease_expires_at = now() - interval '1 second' WHERE lease_expires_at IS NOT NULL"
-            )
-
-    def make_due(self) -> None:
-        with psycopg.connect(self.url) as conn:
-            conn.execute("UPDATE outbox SET deliver_at = now() WHERE deliver_at > now()")
-
-    def state_of(self, idem: str) -> str | None:
-        with psycopg.connect(self.url) as conn:
-            row = conn.execute("SELECT state FROM outbox WHERE idempotency_key = %s", [idem]).fetchone()
-            return row[0] if row else None
-
-    def snapshot(self, idem: str) -> tuple[Any, ...]:
-        with psycopg.connect(self.url) as conn:
-            row = conn.execute(
-                "SELECT state, attempts, claim_token, lease_expires_at, deliver_at, last_error"
-                " FROM outbox WHERE idempotency_key = %s",
-                [idem],
-            ).fetchone()
-            assert row is not None
-            return tuple(row)
-
-
-@pytest.fixture(params=["memory", "postgres"])
-def h(request: pytest.FixtureRequest) -> Iterator[Harness]:
-    harness: Harness
-    if request.param == "memory":
-        harness = MemoryHarness()
-    else:
-        harness = PostgresHarness(request.getfixturevalue("database_url"))
-    run(harness.store.open())
-    yield harness
-    run(harness.store.close())
+from relay.store.base import Claim, Dead, RequeueFilter, Retry, Skipped
+from tests.conformance.harness import GRACE, MAX, Harness, run
 
 
 def test_claims_due_events_by_priority_then_id_up_to_the_limit(h: Harness) -> None:
@@ -193,7 +100,7 @@ def test_a_lease_that_expires_on_its_last_attempt_is_dead_lettered_and_parks_its
     assert run(h.store.claim(10, max_attempts=MAX)).events == []
     assert run(h.store.reap(max_attempts=MAX)) == 1
     assert h.state_of("poison") == "failed"
-    dead = run(h.store.dead())
+    dead = run(h.admin.dead())
     assert [(d.key, d.blocked_events) for d in dead] == [("k", 1)]
     assert "crashed or stalled" in (dead[0].last_error or "")
     assert run(h.store.claim(10, max_attempts=MAX)).events == []
@@ -224,7 +131,7 @@ def test_dead_letter_then_skip_releases_the_key(h: Harness) -> None:
     claim = run(h.store.claim(10, max_attempts=MAX))
     run(h.store.settle(claim, sent=[], retry=[], dead=[Dead(claim.events[0].id, "too large")]))
     assert run(h.store.claim(10, max_attempts=MAX)).events == []
-    assert run(h.store.skip(claim.events[0].id)) is True
+    assert run(h.admin.skip(claim.events[0].id, lease_grace_seconds=GRACE)) is Skipped.SKIPPED
     assert h.state_of("bad") == "skipped"
     assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events] == ["good"]
 
@@ -234,7 +141,7 @@ def test_requeue_resets_attempts_and_delivers_in_key_order(h: Harness) -> None:
     h.insert("t", {}, key="k", idempotency_key="good")
     claim = run(h.store.claim(10, max_attempts=MAX))
     run(h.store.settle(claim, sent=[], retry=[], dead=[Dead(claim.events[0].id, "unroutable")]))
-    assert run(h.store.requeue(RequeueFilter(key="k"))) == [claim.events[0].id]
+    assert run(h.admin.requeue(RequeueFilter(key="k"))) == [claim.events[0].id]
     again = run(h.store.claim(10, max_attempts=MAX))
     assert [(e.idempotency_key, e.attempts) for e in again.events] == [("bad", 1)]
 
@@ -283,7 +190,7 @@ def test_a_retry_or_dead_letter_with_a_stale_token_changes_nothing(h: Harness, o
     assert (result.retried, result.dead, result.lost) == (0, 0, 1)
     # Still leased to the new claim, due when it was, no error recorded, not dead-lettered.
     assert h.snapshot("x") == before
-    assert run(h.store.dead()) == []
+    assert run(h.admin.dead()) == []
     assert run(h.store.settle(new, sent=[new.events[0].id], retry=[], dead=[])).sent == 1
 
 
@@ -328,8 +235,67 @@ def test_gauges_on_a_small_table_are_the_status_counts(h: Harness) -> None:
 def test_payload_and_headers_survive_the_round_trip(h: Harness) -> None:
     h.insert("t", {"a": [1, "é"], "b": None}, headers={"h": "v"}, idempotency_key="p")
     event = run(h.store.claim(1, max_attempts=MAX)).events[0]
-    import json
 
     assert json.loads(event.payload) == {"a": [1, "é"], "b": None}
     assert event.headers == {"h": "v"}
     assert event.message_headers() == {"h": "v", "idempotency-key": "p"}
+
+
+def test_status_and_gauges_show_scheduled_events_and_the_keys_waiting_behind_them(h: Harness) -> None:
+    far, soon = datetime(9999, 12, 31, tzinfo=UTC), datetime.now(UTC) + timedelta(hours=1)
+    h.insert("t", {}, key="k", idempotency_key="far", deliver_at=far)
+    h.insert("t", {}, key="k", idempotency_key="behind-far")  # due, but its key waits for "far"
+    h.insert("t", {}, key="j", idempotency_key="later", deliver_at=soon)  # nothing behind it
+    h.insert("t", {}, idempotency_key="free-later", deliver_at=soon)
+    h.insert("t", {}, key="m", idempotency_key="due")
+    assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events] == ["due"]
+    for status in (run(h.store.status()), run(h.store.gauges())):
+        assert (status.pending, status.in_flight, status.failed, status.parked_keys) == (4, 1, 0, 0)
+        assert (status.scheduled, status.keys_waiting_on_schedule) == (3, 1)
+        assert status.oldest_pending_age_seconds > 0  # "behind-far" is due and waiting
+        shown = status.as_dict()
+        assert (shown["scheduled"], shown["keys_waiting_on_schedule"]) == (3, 1)
+    h.make_due()
+    status = run(h.store.status())
+    assert (status.scheduled, status.keys_waiting_on_schedule) == (0, 0)
+
+
+def payload_of(size: int) -> dict[str, str]:
+    """A payload whose JSON text is exactly ``size`` bytes, in either store: {"s": "x..."}."""
+    return {"s": "x" * (size - 9)}
+
+
+@pytest.mark.parametrize(
+    ("sizes", "max_bytes", "claimed"),
+    [
+        ([1009] * 5, 2500, 3),  # 0, 1009 and 2018 bytes in hand when each was added; 3027 reaches the cap
+        ([1009] * 5, 2018, 2),  # reaching the cap exactly stops the batch
+        ([1009] * 5, 1, 1),  # always one event, however large
+        ([100, 5000, 100], 1000, 2),  # one large payload may take the batch past the cap
+        ([300_000] * 5, 500_000, 2),  # compressible payloads count by their text, not their stored size
+        ([1009] * 5, 10**9, 5),
+        ([1009] * 5, None, 5),
+    ],
+)
+def test_a_claim_stops_adding_events_once_their_payloads_reach_max_bytes(
+    h: Harness, sizes: list[int], max_bytes: int | None, claimed: int
+) -> None:
+    for i, size in enumerate(sizes):
+        h.insert("t", payload_of(size), idempotency_key=f"b{i}")
+    claim = run(h.store.claim(10, max_attempts=MAX, max_bytes=max_bytes))
+    assert [len(e.payload) for e in claim.events] == sizes[:claimed]
+    assert [e.idempotency_key for e in claim.events] == [f"b{i}" for i in range(claimed)]
+    rest = run(h.store.claim(10, max_attempts=MAX))
+    assert len(rest.events) == len(sizes) - claimed  # the events left out are still there, unleased
+
+
+def test_the_byte_cap_follows_priority_order_and_the_count_still_applies(h: Harness) -> None:
+    h.insert("t", payload_of(1000), idempotency_key="low")
+    h.insert("t", payload_of(1000), idempotency_key="high", priority=5)
+    h.insert("t", payload_of(10), idempotency_key="small")
+    h.insert("t", payload_of(10), idempotency_key="small-2")
+    assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX, max_bytes=1500)).events] == [
+        "high",
+        "low",
+    ]
+    assert [e.idempotency_key for e in run(h.store.claim(1, max_attempts=MAX, max_bytes=10**6)).events] == ["small"]

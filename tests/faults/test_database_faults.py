@@ -37,9 +37,9 @@ import pytest
 
 from devservers import postgres as devservices
 from relay.config import TableName
-from relay.store import postgres
 from relay.store.migrate import migrate
 from relay.store.postgres import PostgresStore
+from relay.store.postgres import connection as postgres
 from tests.faults.checker import KafkaCollector, Verdict, Watcher, Writers, verdict
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.proxy import FaultProxy
@@ -555,7 +555,7 @@ SHORT_DB_TIMEOUT_SECONDS = 3.0
 def short_db_timeouts(monkeypatch: pytest.MonkeyPatch) -> float:
     """Statement, TCP user, keepalive and connect timeouts of the relay's connections cut to a few seconds.
 
-    The relay has no flag for them (all are constants of ``relay.store.postgres``),
+    The relay has no flag for them (all are constants of ``relay.store.postgres.connection``),
     so they are patched: the module constants, and ``connect_kwargs`` itself,
     whose defaults were bound when it was defined.
     """

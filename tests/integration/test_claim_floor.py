@@ -9,6 +9,7 @@ from uuid import uuid4
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import namedtuple_row
 
 from relay.config import TableName
 from relay.store import sql as named
@@ -138,16 +139,18 @@ def test_a_writer_still_open_keeps_the_floor_below_its_event(database_url: str) 
 def claim_statement(name: str, after: int, priorities: list[int]) -> tuple[sql.Composed, dict[str, Any]]:
     """One of the store's claim statements, by name, and its parameters."""
     query = named.render(named.queries()[name], TableName.parse("outbox"))
-    params = {"after": after, "priorities": priorities, "limit": 10, "max_attempts": 5, "token": uuid4(),
-              "owner": "t", "lease_seconds": 30}  # fmt: skip
+    params = {"after": after, "priorities": priorities, "limit": 10, "max_bytes": 2**62, "max_attempts": 5,
+              "token": uuid4(), "owner": "t", "lease_seconds": 30}  # fmt: skip
     return query, params
 
 
-def run_claim(conn: psycopg.Connection[Any], name: str, after: int, priorities: list[int]) -> list[tuple[Any, ...]]:
-    """Run a claim statement in a transaction rolled back afterwards."""
+def run_claim(conn: psycopg.Connection[Any], name: str, after: int, priorities: list[int]) -> list[Any]:
+    """Run a claim statement in a transaction rolled back afterwards; its rows in claim order, as the store sorts them
+    (RETURNING follows no order)."""
     query, params = claim_statement(name, after, priorities)
     with conn.transaction(force_rollback=True):
-        return conn.execute(query, params).fetchall()
+        rows = conn.cursor(row_factory=namedtuple_row).execute(query, params).fetchall()
+    return sorted(rows, key=lambda row: (-row.priority, row.id))
 
 
 def test_a_hinted_claim_looks_only_at_the_priorities_it_is_given(database_url: str) -> None:

@@ -46,19 +46,18 @@ async def full_claim_seconds(database_url: str) -> float:
     return took
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="H3a: the PostgreSQL claim raises ClaimTimeout when it hits the statement timeout; "
-    "until then the loop sees an outage and repeats the full claim. Remove this mark when that merges.",
-)
 @pytest.mark.timeout(120)
-def test_claims_that_hit_the_statement_timeout_shrink_until_the_backlog_drains(
-    database_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_claims_that_hit_the_statement_timeout_shrink_until_the_backlog_drains(database_url: str) -> None:
     insert_backlog(database_url)
     statement_timeout = max(0.05, asyncio.run(full_claim_seconds(database_url)) / 4)
-    monkeypatch.setattr(postgres, "STATEMENT_TIMEOUT_SECONDS", statement_timeout)
-    store = postgres.PostgresStore(database_url, TableName.parse("outbox"), owner="t", lease_seconds=60, listen=False)
+    store = postgres.PostgresStore(
+        database_url,
+        TableName.parse("outbox"),
+        owner="t",
+        lease_seconds=60,
+        listen=False,
+        statement_timeout=statement_timeout,
+    )
     sink = MemorySink()
     settings = replace(FAST, batch_size=EVENTS, lease_seconds=60, publish_timeout_seconds=5)
     asyncio.run(run_until(Relay(store, sink, settings), lambda: len(sink.delivered) == EVENTS, timeout=45))

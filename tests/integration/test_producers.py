@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import psycopg
 import pytest
@@ -85,3 +85,52 @@ def test_bad_arguments_are_refused_before_any_sql(database_url: str, kwargs: dic
             producers.publish(conn, topic, {}, **args)  # type: ignore[arg-type]
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert count(database_url) == 0
+
+
+A_YEAR_AND_A_DAY = timedelta(days=366)
+FAR_AHEAD = [
+    pytest.param(datetime(9999, 12, 31, tzinfo=UTC), id="year 9999"),
+    pytest.param("soon", id="not a datetime"),
+    pytest.param(float("nan"), id="NaN"),
+    pytest.param(datetime(2030, 1, 1).date(), id="a date"),
+    pytest.param(datetime.now() + timedelta(hours=1), id="naive"),
+]
+
+
+@pytest.mark.parametrize("deliver_at", [*FAR_AHEAD, pytest.param("a year and a day", id="a year and a day ahead")])
+@pytest.mark.parametrize("flavour", ["publish", "apublish"])
+def test_absurd_deliver_at_values_are_refused_with_the_transaction_untouched(
+    database_url: str, deliver_at: object, flavour: str
+) -> None:
+    if deliver_at == "a year and a day":
+        deliver_at = datetime.now(UTC) + A_YEAR_AND_A_DAY
+    with psycopg.connect(database_url) as conn:
+        with pytest.raises((TypeError, ValueError), match="deliver_at"):
+            if flavour == "publish":
+                producers.publish(conn, "t", {}, deliver_at=deliver_at)  # type: ignore[arg-type]
+            else:
+                asyncio.run(_apublish_via(database_url, deliver_at))
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert count(database_url) == 0
+
+
+async def _apublish_via(url: str, deliver_at: object) -> None:
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        await producers.apublish(conn, "t", {}, deliver_at=deliver_at)  # type: ignore[arg-type]
+
+
+def test_deliver_at_within_the_horizon_or_past_is_written_and_the_horizon_can_be_widened(database_url: str) -> None:
+    now = datetime.now(UTC)
+    allowed = {
+        "past": now - timedelta(days=3650),
+        "next year": now + producers.MAX_DELIVER_AHEAD - timedelta(minutes=1),
+        "another zone": (now + timedelta(days=1)).astimezone(timezone(timedelta(hours=-7))),
+    }
+    with psycopg.connect(database_url) as conn:
+        for name, when in allowed.items():
+            producers.publish(conn, "t", {}, idempotency_key=name, deliver_at=when)
+        producers.publish(conn, "t", {}, idempotency_key="in two years", deliver_at=now + timedelta(days=730),
+                          max_deliver_ahead=timedelta(days=731))  # fmt: skip
+        conn.commit()
+        rows: dict[str, datetime] = dict(conn.execute("SELECT idempotency_key, deliver_at FROM outbox").fetchall())
+    assert rows == {**allowed, "in two years": now + timedelta(days=730)}

@@ -161,7 +161,15 @@ def test_the_claim_query_uses_its_index(database_url: str) -> None:
         conn.execute("ANALYZE outbox")
         plans = []
         for after in (0, 15000):  # a full scan, and one from a keyset hint
-            params = {"after": after, "limit": 100, "max_attempts": 5, "token": None, "owner": "x", "lease_seconds": 30}
+            params = {
+                "after": after,
+                "limit": 100,
+                "max_bytes": 16 * 2**20,
+                "max_attempts": 5,
+                "token": None,
+                "owner": "x",
+                "lease_seconds": 30,
+            }
             plans.append("\n".join(r[0] for r in conn.execute(psycopg.sql.SQL("EXPLAIN ") + claim, params)))
         conn.rollback()
     for plan in plans:

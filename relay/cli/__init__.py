@@ -1,0 +1,63 @@
+"""The ``outbox-relay`` command line: ``main`` runs one command.
+
+- :mod:`.flags`: flags with an environment fallback (``RELAY_<FLAG>``);
+- :mod:`.parser`: every command and flag;
+- :mod:`.commands`: ``migrate`` and ``run``;
+- :mod:`.admin`: the operator's commands, on the store's ``Admin`` port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from relay import secrets
+from relay.cli import admin, commands
+from relay.cli.flags import PROG, add_env_flag, reject_bad_env
+from relay.cli.parser import build_parser
+from relay.errors import ConfigError, RelayError
+from relay.logs import configure_from_flags as configure_logging
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "migrate": commands.cmd_migrate,
+    "run": commands.cmd_run,
+    "status": admin.cmd_status,
+    "dead": admin.cmd_dead,
+    "requeue": admin.cmd_requeue,
+    "skip": admin.cmd_skip,
+    "inspect": admin.cmd_inspect,
+    "purge": admin.cmd_purge,
+    "replay": admin.cmd_replay,
+}
+
+
+def _secrets(args: argparse.Namespace) -> list[str]:
+    texts = [args.database_url, getattr(args, "sink", None), *(getattr(args, "routes", None) or [])]
+    return [secret for text in texts if text for secret in secrets.secrets_in(text)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``outbox-relay`` console script."""
+    args = build_parser().parse_args(argv)
+    reject_bad_env(args)
+    found = _secrets(args)
+    if not configure_logging(PROG, args.log_level, args.log_format, found):
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"{PROG}: error: {_scrub(str(exc), found)}", file=sys.stderr)
+        return 2
+    except RelayError as exc:
+        print(f"{PROG}: error: {_scrub(str(exc), found)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _scrub(text: str, found: list[str]) -> str:
+    return secrets.one_line(text, secrets.Scrubber(found))
+
+
+__all__ = ["add_env_flag", "build_parser", "main", "reject_bad_env"]

@@ -1,0 +1,146 @@
+"""The operator's commands: ``status``, ``dead``, ``requeue``, ``skip``, ``inspect``, ``purge``, ``replay``.
+
+Each opens the store through the ``Admin`` port, runs one call, and closes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from relay.cli.commands import database
+from relay.cli.flags import PROG
+from relay.config import parse_duration
+from relay.errors import ConfigError
+from relay.store.base import Admin, ReplayFilter, RequeueFilter, Skipped
+
+T = TypeVar("T")
+#: How long past ``--publish-timeout`` a relay's publish may still run: the sinks
+#: wait a margin past the timeout for the last acknowledgements (Kafka: 5 s), and
+#: a RabbitMQ channel takes a moment to close.
+PUBLISH_OVERRUN_SECONDS = 10.0
+
+
+def _admin(args: argparse.Namespace) -> Admin:
+    from relay.store.postgres import PostgresAdmin
+
+    dsn, table = database(args)
+    return PostgresAdmin(dsn, table)
+
+
+async def _with_admin(args: argparse.Namespace, work: Callable[[Admin], Awaitable[T]]) -> T:
+    admin = _admin(args)
+    try:
+        await admin.open()
+        return await work(admin)
+    finally:
+        await admin.close()
+
+
+def _on_admin(args: argparse.Namespace, call: Callable[[Admin], Awaitable[T]]) -> T:
+    """Open the ``Admin`` port, await ``call(admin)``, close it: the commands' one way in."""
+    return asyncio.run(_with_admin(args, call))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``outbox-relay status``."""
+
+    status = _on_admin(args, lambda admin: admin.status())
+    if args.json:
+        print(json.dumps(status.as_dict()))
+    else:
+        print(
+            f"pending: {status.pending}\nin flight: {status.in_flight}\nfailed: {status.failed}\n"
+            f"parked keys: {status.parked_keys}\n"
+            f"scheduled: {status.scheduled}\n"
+            f"keys waiting on schedule: {status.keys_waiting_on_schedule}\n"
+            f"oldest pending age: {status.oldest_pending_age_seconds:.1f}s"
+        )
+    return 0
+
+
+def cmd_dead(args: argparse.Namespace) -> int:
+    """``outbox-relay dead``."""
+
+    events = _on_admin(args, lambda admin: admin.dead(args.limit))
+    if len(events) == args.limit:
+        # stderr, so that --json stays one parsable document.
+        print(f"{PROG}: showing the oldest {args.limit} dead letters; there may be more (--limit)", file=sys.stderr)
+    if args.json:
+        print(json.dumps([e.as_dict() for e in events]))
+        return 0
+    if not events:
+        print("no dead-lettered events")
+    for e in events:
+        blocks = f" blocks key {e.key!r} ({e.blocked_events} waiting)" if e.blocked_events else ""
+        print(f"{e.id}\t{e.topic}\tkey={e.key}\tattempts={e.attempts}{blocks}\t{e.last_error}")
+    return 0
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    """``outbox-relay requeue``."""
+    selection = RequeueFilter(id=args.id, topic=args.topic, key=args.key, all=args.all)
+
+    ids = _on_admin(args, lambda admin: admin.requeue(selection))
+    print(json.dumps({"requeued": ids}) if args.json else f"requeued {len(ids)} events")
+    return 0
+
+
+def cmd_skip(args: argparse.Namespace) -> int:
+    """``outbox-relay skip``."""
+    grace = args.publish_timeout + PUBLISH_OVERRUN_SECONDS
+    outcome = _on_admin(args, lambda admin: admin.skip(args.id, lease_grace_seconds=grace))
+    if outcome is Skipped.SKIPPED:
+        print(f"skipped event {args.id}")
+        return 0
+    if outcome is Skipped.IN_FLIGHT:
+        problem = (
+            f"event {args.id} may be in flight: a relay holds its lease, or the lease ended less than {grace:g}s ago "
+            "(--publish-timeout plus a margin) and its publish may still be running; try again once it has been "
+            "over that long"
+        )
+    else:
+        problem = f"event {args.id} is not dead-lettered or waiting (or does not exist)"
+    print(f"{PROG}: error: {problem}", file=sys.stderr)
+    return 1
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """``outbox-relay inspect``."""
+
+    row = _on_admin(args, lambda admin: admin.inspect(args.id))
+    if row is None:
+        print(f"{PROG}: error: no event {args.id}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(row, default=str))
+    else:
+        for name, value in row.items():
+            print(f"{name}: {value}")
+    return 0
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    """``outbox-relay purge``."""
+    if not args.older_than:
+        raise ConfigError("purge needs --older-than DURATION (or RELAY_OLDER_THAN)")
+    seconds = parse_duration(args.older_than)
+
+    deleted = _on_admin(args, lambda admin: admin.purge(seconds))
+    print(json.dumps({"purged": deleted}) if args.json else f"purged {deleted} events")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """``outbox-relay replay``."""
+    if not (args.all or args.since or args.until or args.key or args.topic):
+        raise ConfigError("replay needs --since, --until, --key, --topic or --all")
+
+    selection = ReplayFilter(since=args.since, until=args.until, key=args.key, topic=args.topic, all=args.all)
+    ids = _on_admin(args, lambda admin: admin.replay(selection))
+    print(json.dumps({"replayed": ids}) if args.json else f"replayed {len(ids)} events")
+    return 0

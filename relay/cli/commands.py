@@ -1,0 +1,63 @@
+"""``outbox-relay migrate`` and ``outbox-relay run``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from relay.config import RelaySettings, TableName, check_database_url, parse_duration, parse_sink_url, resolve_routes
+
+
+def database(args: argparse.Namespace) -> tuple[str, TableName]:
+    """The checked ``--database-url`` and ``--table`` of any command."""
+    return check_database_url(args.database_url or ""), TableName.parse(args.table)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """``outbox-relay migrate``."""
+    from relay.store.migrate import migrate
+
+    dsn, table = database(args)
+    applied = migrate(dsn, table, notify=args.notify)
+    print(f"{table}: applied {', '.join(map(str, applied))}" if applied else f"{table}: up to date")
+    if args.create_roles:
+        from relay.store.migrate import create_roles
+
+        create_roles(dsn, table, relay_role=args.relay_role, writer_role=args.writer_role)
+        print(f"{table}: roles {args.relay_role} (relay) and {args.writer_role} (writer) granted")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``outbox-relay run``."""
+    from relay.app import RunConfig, serve
+
+    dsn, table = database(args)
+    settings = RelaySettings(
+        batch_size=args.batch_size,
+        batch_bytes=args.batch_bytes,
+        max_attempts=args.max_attempts,
+        backoff_initial_seconds=args.backoff_initial,
+        backoff_max_seconds=args.backoff_max,
+        lease_seconds=args.lease_seconds,
+        publish_timeout_seconds=args.publish_timeout,
+        poll_interval_seconds=args.poll_interval,
+        poll_interval_max_seconds=max(args.poll_interval, args.poll_interval_max),
+        pipeline_depth=args.pipeline_depth,
+        listen=args.listen,
+    )
+    routes = resolve_routes(args.routes or [], args.sink)
+    run_config = RunConfig(
+        database_url=dsn,
+        table=table,
+        sink=parse_sink_url(args.sink or "") if args.sink or not routes else None,
+        routes=routes,
+        settings=settings,
+        keep_sent=args.keep_sent,
+        retention_seconds=parse_duration(args.retention) if args.retention else None,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        startup_timeout_seconds=args.startup_timeout,
+    )
+    asyncio.run(serve(run_config))
+    return 0

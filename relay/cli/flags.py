@@ -1,0 +1,162 @@
+"""Flags with an environment fallback: the CLI's toolkit.
+
+The environment is read here and nowhere else: every flag falls back to
+``RELAY_<FLAG>`` (and the database URL to ``DATABASE_URL``), and its help
+names the variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+PROG = "outbox-relay"
+N = TypeVar("N")
+
+
+def env_name(flag: str) -> str:
+    """``--batch-size`` -> ``RELAY_BATCH_SIZE``."""
+    return "RELAY_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def env_value(flag: str) -> str | None:
+    """The variable behind ``flag``, if set (``--database-url`` also reads ``DATABASE_URL``)."""
+    value = os.environ.get(env_name(flag))
+    if value is None and flag == "--database-url":
+        value = os.environ.get("DATABASE_URL")
+    return value
+
+
+def _parsed(text: str, convert: Callable[[str], N], what: str) -> N:
+    try:
+        return convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
+def positive_int(text: str) -> int:
+    """A whole number, at least 1."""
+    value = _parsed(text, int, "a whole number")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A number of seconds, not negative."""
+    value = _parsed(text, float, "a number of seconds")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port number (0 picks a free one)."""
+    value = _parsed(text, int, "a port number")
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number")
+    return value
+
+
+def timestamp(text: str) -> datetime:
+    """An ISO-8601 time; without a zone, UTC."""
+    value = _parsed(text, datetime.fromisoformat, "an ISO-8601 time")
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def switched_on(text: str) -> bool:
+    """How a switch reads its variable: ``1``, ``true``, ``yes`` or ``on``, in any case, is on."""
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def add_env_flag(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    env: str,
+    raw: str | None,
+    prog: str,
+    help: str,
+    type: Callable[[str], Any] = str,
+    default: Any = None,
+    metavar: str | None = None,
+    show_default: bool = True,
+) -> None:
+    """Add ``flag``; ``raw``, the value of variable ``env`` when set, replaces the default.
+
+    A value the flag's ``type`` refuses ends the program with a one-line error
+    naming the variable (:func:`reject_bad_env`), but only when the command
+    that has the flag runs: ``--help`` and other commands still work. The help
+    names the variable (and the default, unless ``show_default`` is off, as for
+    URLs that may hold a password).
+    """
+    if raw is not None:
+        try:
+            default = type(raw)
+        except argparse.ArgumentTypeError as exc:
+            default = _BadEnv(parser, f"{prog}: error: {env}: {exc}")
+    shown = f" (default: {default})" if show_default and default is not None else ""
+    parser.add_argument(flag, type=type, default=default, metavar=metavar, help=f"{help} [env {env}]{shown}")
+
+
+class _BadEnv:
+    """The default of a flag whose variable holds a value the flag refuses."""
+
+    def __init__(self, parser: argparse.ArgumentParser, error: str) -> None:
+        self.parser = parser
+        self.error = error
+
+    def __str__(self) -> str:
+        return "invalid"
+
+
+def reject_bad_env(args: argparse.Namespace) -> None:
+    """End with the one-line error of the first refused variable the parsed command uses."""
+    for value in vars(args).values():
+        if isinstance(value, _BadEnv):
+            value.parser.exit(2, f"{value.error}\n")
+
+
+def env_flag(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    help: str,
+    type: Callable[[str], Any] = str,
+    default: Any = None,
+    metavar: str | None = None,
+) -> None:
+    """Add ``flag`` with its ``RELAY_*`` fallback named in the help."""
+    add_env_flag(
+        parser, flag, env=env_name(flag), raw=env_value(flag), prog=PROG, help=help, type=type, default=default,
+        metavar=metavar, show_default=flag not in ("--database-url", "--sink"),
+    )  # fmt: skip
+
+
+def env_switch(parser: argparse.ArgumentParser, flag: str, *, help: str, default: bool) -> None:
+    """Add ``--flag``/``--no-flag`` with its ``RELAY_*`` fallback named in the help."""
+    raw = env_value(flag)
+    if raw is not None:
+        default = switched_on(raw)
+    parser.add_argument(
+        flag, action=argparse.BooleanOptionalAction, default=default, help=f"{help} [env {env_name(flag)}]"
+    )
+
+
+class RouteList(argparse.Action):
+    """Collect ``--route`` values in order; the first one given replaces ``RELAY_ROUTES``."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        routes = [] if current is None or current is self.default else list(current)
+        routes.append(values)
+        setattr(namespace, self.dest, routes)

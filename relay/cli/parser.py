@@ -1,0 +1,238 @@
+"""The ``outbox-relay`` argument parser: every command and flag, for ``main`` and the generated docs."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from relay import __version__, config
+from relay.cli.flags import (
+    PROG,
+    RouteList,
+    env_flag,
+    env_switch,
+    env_value,
+    port,
+    positive_int,
+    seconds,
+    switched_on,
+    timestamp,
+)
+from relay.config import split_routes
+
+if TYPE_CHECKING:
+    Commands = argparse._SubParsersAction[argparse.ArgumentParser]  # what add_subparsers returns
+
+
+#: Each command's one-line summary (in ``--help``) and its description (in ``COMMAND --help``).
+ABOUT: dict[str, tuple[str, str]] = {
+    "migrate": (
+        "create or upgrade the outbox table (idempotent)",
+        "Create or upgrade the outbox table. Safe to run twice or at once.",
+    ),
+    "run": (
+        "relay events until SIGTERM/SIGINT",
+        "Relay events until SIGTERM or SIGINT, then settle the batch in hand.",
+    ),
+    "status": (
+        "counts of pending, in-flight and dead-lettered events",
+        "Counts of pending, in-flight and dead-lettered events.",
+    ),
+    "dead": (
+        "list dead-lettered events",
+        "List dead-lettered events.",
+    ),
+    "requeue": (
+        "put dead-lettered events back, attempts reset",
+        "Put dead-lettered events back to pending with attempts reset.",
+    ),
+    "skip": (
+        "give up on one event and release its key",
+        "Mark a dead-lettered (or waiting) event skipped so the later events of its key flow again.",
+    ),
+    "inspect": (
+        "show one event",
+        "Show every column of one event.",
+    ),
+    "purge": (
+        "delete kept sent events older than a duration",
+        "Delete sent and skipped events older than --older-than, in small batches. "
+        "Unsent events (pending, in flight, dead-lettered) are never deleted.",
+    ),
+    "replay": (
+        "send kept events again, keeping their idempotency keys",
+        "Put already-sent events that retention kept (run --keep-sent) back to pending. "
+        "They keep their idempotency keys, so consumers that have them drop the copies.",
+    ),
+}
+
+
+#: ``run``'s tuning flags, in the order ``--help`` lists them, with their types and defaults...
+_RUN_SETTINGS: dict[str, tuple[Callable[[str], float], float]] = {
+    "--batch-size": (positive_int, config.BATCH_SIZE),
+    "--batch-bytes": (positive_int, config.BATCH_BYTES),
+    "--max-attempts": (positive_int, config.MAX_ATTEMPTS),
+    "--backoff-initial": (seconds, config.BACKOFF_INITIAL_SECONDS),
+    "--backoff-max": (seconds, config.BACKOFF_MAX_SECONDS),
+    "--lease-seconds": (seconds, config.LEASE_SECONDS),
+    "--publish-timeout": (seconds, config.PUBLISH_TIMEOUT_SECONDS),
+    "--poll-interval": (seconds, config.POLL_INTERVAL_SECONDS),
+    "--poll-interval-max": (seconds, config.POLL_INTERVAL_MAX_SECONDS),
+    "--pipeline-depth": (positive_int, config.PIPELINE_DEPTH),
+}
+#: ...and what they mean.
+_RUN_HELP = {
+    "--batch-size": "most events claimed at once",
+    "--batch-bytes": "a claim stops adding events once their payloads reach this many bytes (at least one event)",
+    "--max-attempts": "attempts before an event is dead-lettered",
+    "--backoff-initial": "seconds before the first retry; doubles each attempt, with jitter",
+    "--backoff-max": "longest retry delay",
+    "--lease-seconds": "how long a claim lasts before another relay may take it over",
+    "--publish-timeout": "seconds to wait for the broker's acknowledgements of a batch",
+    "--poll-interval": "seconds between polls when idle (doubles up to --poll-interval-max)",
+    "--poll-interval-max": "longest wait between polls while idle",
+    "--pipeline-depth": "batches published at the same time",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line, for ``main`` and for the generated docs."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Deliver a PostgreSQL outbox table to Kafka or RabbitMQ, at least once, in key order.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_migrate(commands)
+    _add_run(commands)
+    _add_admin_commands(commands)
+    return parser
+
+
+def _command(commands: Commands, name: str) -> argparse.ArgumentParser:
+    """Subcommand ``name`` with the flags every command has: database, table, logging."""
+    summary, description = ABOUT[name]
+    parser = commands.add_parser(name, help=summary, description=description)
+    env_flag(
+        parser,
+        "--database-url",
+        help="libpq URL of the database holding the outbox (or DATABASE_URL)",
+        metavar="URL",
+    )
+    env_flag(parser, "--table", help="outbox table, optionally schema-qualified", default=config.DEFAULT_TABLE)
+    env_flag(parser, "--log-level", help="DEBUG, INFO, WARNING or ERROR", default="INFO")
+    env_flag(parser, "--log-format", help="text or json", default="text")
+    return parser
+
+
+def _add_migrate(commands: Commands) -> None:
+    migrate = _command(commands, "migrate")
+    notify_env = env_value("--notify")
+    migrate.add_argument(
+        "--notify",
+        action=argparse.BooleanOptionalAction,
+        default=None if notify_env is None else switched_on(notify_env),
+        help="switch the NOTIFY-on-insert trigger on or off (default: leave as is; on when created). "
+        "On wakes relays at once; off saves writers a global lock at commit and relays poll instead "
+        "[env RELAY_NOTIFY]",
+    )
+    env_switch(
+        migrate,
+        "--create-roles",
+        default=False,
+        help="also create NOLOGIN roles with least privilege: one for relays, one for writers",
+    )
+    env_flag(migrate, "--relay-role", default="outbox_relay", help="name of the relay role for --create-roles")
+    env_flag(migrate, "--writer-role", default="outbox_writer", help="name of the writer role for --create-roles")
+
+
+def _add_run(commands: Commands) -> None:
+    run = _command(commands, "run")
+    env_flag(
+        run,
+        "--sink",
+        help="where events go (with --route: the catch-all route, tried last): "
+        "kafka://host:port[,host:port][?option=value] or amqp://user:pass@host:port/vhost[?exchange=NAME]",
+        metavar="URL",
+    )
+    routes_env = env_value("--routes")
+    run.add_argument(
+        "--route",
+        action=RouteList,
+        dest="routes",
+        default=split_routes(routes_env) if routes_env is not None else None,
+        metavar="PATTERN=URL",
+        help="send topics matching the shell-style glob PATTERN (fnmatch, case-sensitive) to the sink at URL; "
+        "repeat it for more routes: the first match wins, --sink comes last. A topic no route matches is "
+        "dead-lettered. RELAY_ROUTES holds routes separated by spaces or newlines [env RELAY_ROUTES]",
+    )
+    for flag, (kind, default) in _RUN_SETTINGS.items():
+        env_flag(run, flag, type=kind, default=default, help=_RUN_HELP[flag])
+    env_switch(run, "--listen", default=True, help="wake on NOTIFY as well as polling")
+    env_switch(run, "--keep-sent", default=False, help="keep acknowledged events as 'sent' instead of deleting them")
+    env_flag(
+        run,
+        "--retention",
+        help="with --keep-sent: purge sent events older than this (e.g. 7d, 12h) in small batches every minute",
+        metavar="DURATION",
+    )
+    env_flag(
+        run,
+        "--metrics-port",
+        type=port,
+        help="serve /metrics, /healthz and /readyz on this port",
+        metavar="N",
+    )
+    env_flag(run, "--metrics-host", default="127.0.0.1", help="address for --metrics-port")
+    env_flag(
+        run,
+        "--startup-timeout",
+        type=seconds,
+        default=0.0,
+        help="seconds to keep trying to reach the database and broker at start-up",
+    )
+
+
+def _add_admin_commands(commands: Commands) -> None:
+    status = _command(commands, "status")
+    env_switch(status, "--json", default=False, help="print one JSON object")
+
+    dead = _command(commands, "dead")
+    env_switch(dead, "--json", default=False, help="print a JSON array")
+    env_flag(dead, "--limit", type=positive_int, default=1000, help="most events listed")
+
+    requeue = _command(commands, "requeue")
+    which = requeue.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", type=positive_int, help="one event by id")
+    which.add_argument("--topic", help="every dead-lettered event of a topic")
+    which.add_argument("--key", help="every dead-lettered event of a key")
+    which.add_argument("--all", action="store_true", help="every dead-lettered event")
+    env_switch(requeue, "--json", default=False, help="print the requeued ids as JSON")
+
+    skip = _command(commands, "skip")
+    skip.add_argument("--id", type=positive_int, required=True, help="the event to skip")
+    env_flag(
+        skip,
+        "--publish-timeout",
+        type=seconds,
+        default=config.PUBLISH_TIMEOUT_SECONDS,
+        help="the relays' --publish-timeout: an event whose lease ended less than this plus 10 s ago "
+        "may still be in flight and is not skipped",
+    )
+
+    inspect = _command(commands, "inspect")
+    inspect.add_argument("id", type=positive_int, help="the event id")
+    env_switch(inspect, "--json", default=False, help="print one JSON object")
+
+    purge = _command(commands, "purge")
+    env_flag(purge, "--older-than", metavar="DURATION", help="e.g. 7d, 12h, 30m, 90s (required)")
+    env_switch(purge, "--json", default=False, help="print the count as JSON")
+
+    replay = _command(commands, "replay")
+    replay.add_argument("--since", type=timestamp, help="sent at or after this ISO-8601 time")
+    replay.add_argument("--until", type=timestamp, help="sent before this ISO-8601 time")
+    replay.add_argument("--key", help="only this key")
+    replay.add_argument("--topic", help="only this topic")
+    replay.add_argument("--all", action="store_true", help="every kept event (required when no filter is given)")
+    env_switch(replay, "--json", default=False, help="print the replayed ids as JSON")

@@ -1,0 +1,253 @@
+"""Connections to PostgreSQL: their settings, error translation, and a deadline on every call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any, Literal, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import AsyncRowFactory, BaseRowFactory, RowMaker
+
+from relay.config import CONNECT_TIMEOUT_SECONDS, TableName, redact_url
+from relay.errors import SchemaError, StoreError, StoreReadOnly, StoreUnavailable
+from relay.secrets import Scrubber, one_line, secrets_in
+from relay.store import sql as named
+
+logger = logging.getLogger(__name__)
+
+STATEMENT_TIMEOUT_SECONDS = 30.0
+# A relay never sits in an open transaction; if one is left open (a stalled
+# process), the server ends it instead of holding back vacuum.
+IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = 60.0
+TCP_USER_TIMEOUT_SECONDS = 30.0
+# The server ends a slow statement, and the kernel a connection whose packets
+# go unacknowledged; neither ends a call whose peer acknowledges everything
+# and answers nothing (a frozen server, a stuck proxy or pooler). This does.
+CALL_MARGIN_SECONDS = 5.0
+
+R = TypeVar("R")
+#: Which connection a statement runs on: claims and admin commands, settles, or statistics.
+Lane = Literal["main", "settle", "stats"]
+
+
+def connect_kwargs(
+    *, connect_timeout: float = CONNECT_TIMEOUT_SECONDS, statement_timeout: float = STATEMENT_TIMEOUT_SECONDS
+) -> dict[str, Any]:
+    """Connection settings every relay connection uses: bounded waits everywhere."""
+    return {
+        "autocommit": True,
+        "connect_timeout": max(1, round(connect_timeout)),
+        "application_name": "outbox-relay",
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "tcp_user_timeout": int(TCP_USER_TIMEOUT_SECONDS * 1000),
+        # A commit lost in a database crash costs a duplicate, never a loss: a
+        # lost claim leaves the event pending, a lost settle leaves it leased
+        # until the lease ends. So the relay does not wait for the WAL flush.
+        # JIT compiling pays off for long analytical queries, never for the
+        # relay's short ones: on a large table a status count spent seconds
+        # compiling (its subqueries' cost estimates cross jit_above_cost).
+        "options": (
+            "-c synchronous_commit=off -c jit=off"
+            f" -c statement_timeout={max(1, int(statement_timeout * 1000))}"
+            f" -c idle_in_transaction_session_timeout={int(IDLE_IN_TRANSACTION_TIMEOUT_SECONDS * 1000)}"
+        ),
+    }
+
+
+def password_of(dsn: str) -> str | None:
+    """The password in ``dsn``, so that error messages can be scrubbed of it."""
+    return next(iter(secrets_in(dsn)), None)
+
+
+def describe(exc: BaseException, dsn: str) -> str:
+    """A one-line description of a database error with any password removed."""
+    return one_line(str(exc).replace(dsn, redact_url(dsn)), Scrubber.of(dsn)) or type(exc).__name__
+
+
+@contextlib.contextmanager
+def translate_errors(dsn: str, table: TableName) -> Iterator[None]:
+    """Turn psycopg exceptions into the relay's hierarchy, without secrets."""
+    try:
+        yield
+    except psycopg.errors.UndefinedTable:
+        raise SchemaError(f"table {table} does not exist: run `outbox-relay migrate` first") from None
+    except psycopg.errors.UndefinedColumn as exc:
+        raise SchemaError(
+            f"table {table} is not an outbox table or is out of date ({exc.diag.message_primary})"
+        ) from None
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(describe(exc, dsn)) from exc
+    except psycopg.errors.ReadOnlySqlTransaction:
+        # A failover's old primary, or a database made read-only for maintenance:
+        # unavailable, so the relay waits for writes instead of stopping.
+        raise StoreReadOnly(
+            "the database is read-only (a hot standby, or default_transaction_read_only is on): writes need the primary"
+        ) from None
+    except psycopg.Error as exc:
+        raise StoreError(describe(exc, dsn)) from exc
+
+
+def id_array(ids: Iterable[int]) -> str:
+    """Event ids as one PostgreSQL array literal, for ``%(ids)s::bigint[]``.
+
+    psycopg adapts a list item by item in Python; a batch's thousand ids cost
+    about a millisecond that way, as one string a tenth of that.
+    """
+    return "{" + ",".join(map(str, ids)) + "}"
+
+
+def column_of(name: str, kind: type[R]) -> BaseRowFactory[R]:
+    """A row factory that reads each row as the value of its column ``name``."""
+
+    def factory(cursor: Any) -> RowMaker[R]:
+        index = [column.name for column in cursor.description or ()].index(name)
+
+        def make(values: Any) -> R:
+            value: R = values[index]
+            return value
+
+        return make
+
+    return factory
+
+
+class Database:
+    """One outbox table's connections: claims and admin commands on one, settles
+    on another (the database works on the next claim while it deletes the last
+    batch), statistics on a third (counting is a pass over the rows: kept off
+    the claim path), and one to LISTEN. Every call runs under a deadline."""
+
+    def __init__(self, dsn: str, table: TableName, *, connect_timeout: float, statement_timeout: float | None) -> None:
+        """``statement_timeout`` ``None`` is ``STATEMENT_TIMEOUT_SECONDS``; calls may take a margin longer."""
+        if statement_timeout is None:
+            statement_timeout = STATEMENT_TIMEOUT_SECONDS  # read now, so that a test can shorten it
+        self.dsn = dsn
+        self.table = table
+        self.queries = {name: named.render(text, table) for name, text in named.queries().items()}
+        self._connect_timeout = connect_timeout
+        self._statement_timeout = statement_timeout
+        self.call_timeout = statement_timeout + CALL_MARGIN_SECONDS
+        self._lanes: dict[Lane, psycopg.AsyncConnection[Any]] = {}
+        self._listen_conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def open(self, *, listen: bool = False) -> None:
+        """Connect, check the table, and LISTEN if asked."""
+        async with self.deadline():
+            await self._connection("main")
+            if listen:
+                await self.listener()
+
+    async def close(self) -> None:
+        """Close every connection. Safe to call twice."""
+        for conn in (*self._lanes.values(), self._listen_conn):
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
+        self._lanes.clear()
+        self._listen_conn = None
+
+    @contextlib.contextmanager
+    def errors(self, conn: psycopg.AsyncConnection[Any] | None = None) -> Iterator[None]:
+        """Translate errors; drop connections that broke, and hang up one that is read-only."""
+        try:
+            with translate_errors(self.dsn, self.table):
+                yield
+        except StoreReadOnly:
+            # A session can stay read-only after the database takes writes again
+            # (ALTER DATABASE ... SET default_transaction_read_only): hang up, so
+            # that the next call reconnects. Its statement has just failed: idle.
+            if conn is not None:
+                conn.pgconn.finish()
+            self._drop_broken()
+            raise
+        except StoreUnavailable:
+            self._drop_broken()
+            raise
+
+    def _drop_broken(self) -> None:
+        # A broken connection is replaced on the next call; one that only saw
+        # a statement timeout is still good and is kept.
+        for lane, conn in list(self._lanes.items()):
+            if conn.closed or conn.broken:
+                del self._lanes[lane]
+        if self._listen_conn is not None and (self._listen_conn.closed or self._listen_conn.broken):
+            self._listen_conn = None
+
+    @contextlib.asynccontextmanager
+    async def deadline(self) -> AsyncIterator[None]:
+        """Bound a call by ``call_timeout``: a frozen server becomes ``StoreUnavailable``."""
+        try:
+            async with asyncio.timeout(self.call_timeout):
+                yield
+        except TimeoutError:
+            # psycopg cancelled the query, or closed the connection if it could not.
+            self._drop_broken()
+            raise StoreUnavailable(f"the database did not answer within {self.call_timeout:g}s") from None
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        with self.errors():
+            return await psycopg.AsyncConnection.connect(
+                self.dsn,
+                **connect_kwargs(connect_timeout=self._connect_timeout, statement_timeout=self._statement_timeout),
+            )
+
+    async def _connection(self, lane: Lane) -> psycopg.AsyncConnection[Any]:
+        existing = self._lanes.get(lane)
+        if existing is not None:
+            return existing
+        conn = await self._connect()
+        if lane == "main":
+            try:
+                with self.errors():
+                    await conn.execute(self.queries["check_table"])
+            except BaseException:
+                await conn.close()
+                raise
+            logger.info("connected to the database", extra={"action": "db_connected", "table": str(self.table)})
+        # Another task may have connected this lane meanwhile: keep theirs.
+        existing = self._lanes.get(lane)
+        if existing is not None:
+            await conn.close()
+            return existing
+        self._lanes[lane] = conn
+        return conn
+
+    async def listener(self) -> psycopg.AsyncConnection[Any]:
+        """The connection that LISTENs on the table's channel."""
+        if self._listen_conn is None:
+            conn = await self._connect()
+            try:
+                with self.errors():
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.table.channel)))
+            except BaseException:
+                # Also when cancelled: the loop stops waiting for a NOTIFY after the poll interval.
+                await conn.close()
+                raise
+            self._listen_conn = conn
+        return self._listen_conn
+
+    async def fetch(
+        self, name: str, params: Mapping[str, Any], row_factory: AsyncRowFactory[R], *, lane: Lane = "main"
+    ) -> list[R]:
+        """Run query ``name`` and return its rows, made by ``row_factory``."""
+        async with self.deadline():
+            conn = await self._connection(lane)
+            with self.errors(conn):
+                cur = conn.cursor(row_factory=row_factory)
+                await cur.execute(self.queries[name], params)
+                return await cur.fetchall() if cur.description else []
+
+    async def run(self, name: str, params: Mapping[str, Any], *, lane: Lane = "main") -> int:
+        """Run statement ``name``; return the rows it affected."""
+        async with self.deadline():
+            conn = await self._connection(lane)
+            with self.errors(conn):
+                cur = await conn.execute(self.queries[name], params)
+                return cur.rowcount

@@ -1,0 +1,124 @@
+"""The conformance harness: each test gets every store through one fixture, ``h``.
+
+``h.store`` is the relay's store (the ``Store`` port) and ``h.admin`` the
+operator's (the ``Admin`` port): the same object for the memory store, and a
+``PostgresAdmin`` of its own for PostgreSQL, opened as the CLI opens it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from datetime import timedelta
+from typing import Any, Protocol, TypeVar
+
+import psycopg
+
+import producers
+from relay.config import TableName
+from relay.store.base import Admin
+from relay.store.memory import MemoryStore
+from relay.store.postgres import PostgresAdmin, PostgresStore
+
+T = TypeVar("T")
+MAX = 3
+#: The lease grace ``skip`` is given: as the CLI computes it by default (30 s publish timeout + 10 s).
+GRACE = 40.0
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+class Harness(Protocol):
+    store: Any
+    admin: Admin
+
+    def insert(self, topic: str, payload: Any, **kw: Any) -> None: ...
+    def insert_sent(self, idem: str, *, key: str | None = None, topic: str = "t", sent_ago: float = 0) -> None: ...
+    def expire_leases(self, ago: float = 1) -> None: ...
+    def make_due(self) -> None: ...
+    def state_of(self, idem: str) -> str | None: ...
+    def id_of(self, idem: str) -> int: ...
+    def snapshot(self, idem: str) -> tuple[Any, ...]: ...
+
+
+class MemoryHarness:
+    def __init__(self) -> None:
+        self.store = MemoryStore(lease_seconds=30)
+        self.admin: Admin = self.store
+
+    def insert(self, topic: str, payload: Any, **kw: Any) -> None:
+        self.store.insert(topic, payload, **kw)
+
+    def insert_sent(self, idem: str, *, key: str | None = None, topic: str = "t", sent_ago: float = 0) -> None:
+        row = self.store.rows[self.store.insert(topic, {}, key=key, idempotency_key=idem)]
+        row.state, row.attempts, row.published_at = "sent", 1, self.store.now() - timedelta(seconds=sent_ago)
+
+    def expire_leases(self, ago: float = 1) -> None:
+        for row in self.store.rows.values():
+            if row.lease_expires_at is not None:
+                row.lease_expires_at = self.store.now() - timedelta(seconds=ago)
+
+    def make_due(self) -> None:
+        for row in self.store.rows.values():
+            row.deliver_at = min(row.deliver_at, self.store.now())
+
+    def state_of(self, idem: str) -> str | None:
+        return next((r.state for r in self.store.rows.values() if r.idempotency_key == idem), None)
+
+    def id_of(self, idem: str) -> int:
+        return next(r.id for r in self.store.rows.values() if r.idempotency_key == idem)
+
+    def snapshot(self, idem: str) -> tuple[Any, ...]:
+        row = next(r for r in self.store.rows.values() if r.idempotency_key == idem)
+        return (row.state, row.attempts, row.claim_token, row.lease_expires_at, row.deliver_at, row.last_error)
+
+
+class PostgresHarness:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        table = TableName.parse("outbox")
+        self.store = PostgresStore(url, table, owner="test", lease_seconds=30, listen=False)
+        self.admin: Admin = PostgresAdmin(url, table)
+
+    def _execute(self, statement: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    def insert(self, topic: str, payload: Any, **kw: Any) -> None:
+        with psycopg.connect(self.url) as conn:
+            # Any deliver_at, as plain SQL may write it: the store must cope with what publish() refuses.
+            producers.publish(conn, topic, payload, max_deliver_ahead=timedelta.max, **kw)
+
+    def insert_sent(self, idem: str, *, key: str | None = None, topic: str = "t", sent_ago: float = 0) -> None:
+        self._execute(
+            "INSERT INTO outbox (topic, key, payload, idempotency_key, state, attempts, published_at)"
+            " VALUES (%s, %s, '{}', %s, 'sent', 1, now() - make_interval(secs => %s))",
+            [topic, key, idem, sent_ago],
+        )
+
+    def expire_leases(self, ago: float = 1) -> None:
+        self._execute(
+            "UPDATE outbox SET lease_expires_at = now() - make_interval(secs => %s) WHERE lease_expires_at IS NOT NULL",
+            [ago],
+        )
+
+    def make_due(self) -> None:
+        self._execute("UPDATE outbox SET deliver_at = now() WHERE deliver_at > now()")
+
+    def state_of(self, idem: str) -> str | None:
+        rows = self._execute("SELECT state FROM outbox WHERE idempotency_key = %s", [idem])
+        return rows[0][0] if rows else None
+
+    def id_of(self, idem: str) -> int:
+        return int(self._execute("SELECT id FROM outbox WHERE idempotency_key = %s", [idem])[0][0])
+
+    def snapshot(self, idem: str) -> tuple[Any, ...]:
+        rows = self._execute(
+            "SELECT state, attempts, claim_token, lease_expires_at, deliver_at, last_error"
+            " FROM outbox WHERE idempotency_key = %s",
+            [idem],
+        )
+        return tuple(rows[0])

@@ -1,0 +1,213 @@
+"""The operator's commands (the ``Admin`` port), the same on every store."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from relay.store.base import Dead, ReplayFilter, RequeueFilter, Skipped
+from tests.conformance.harness import GRACE, MAX, Harness, run
+
+INSPECTED_COLUMNS = {
+    "id", "topic", "key", "payload", "headers", "idempotency_key", "deliver_at", "priority", "state", "attempts",
+    "last_error", "lease_owner", "claim_token", "lease_expires_at", "created_at", "published_at", "failed_at",
+}  # fmt: skip
+
+
+def dead_letter(h: Harness, *idems: str, error: str = "refused") -> None:
+    """Claim the events (one per key at a time) and dead-letter them."""
+    wanted = set(idems)
+    while wanted:
+        claim = run(h.store.claim(100, max_attempts=MAX))
+        assert claim.events, f"never claimed {wanted}"
+        chosen = [e for e in claim.events if e.idempotency_key in wanted]
+        run(h.store.settle(claim, sent=[], retry=[], dead=[Dead(e.id, error) for e in chosen]))
+        run(h.store.release(claim, [e.id for e in claim.events if e not in chosen]))
+        wanted -= {e.idempotency_key for e in chosen}
+
+
+def test_dead_lists_dead_letters_oldest_first_with_what_they_block(h: Harness) -> None:
+    for idem, key in (("d1", "k"), ("d2", None), ("after", "k"), ("alive", None)):
+        h.insert("orders", {}, key=key, idempotency_key=idem)
+    dead_letter(h, "d1", "d2", error="too large")
+    listed = run(h.admin.dead())
+    assert [(d.idempotency_key, d.key, d.blocked_events, d.last_error) for d in listed] == [
+        ("d1", "k", 1, "too large"),
+        ("d2", None, 0, "too large"),
+    ]
+    assert all(d.topic == "orders" and d.attempts == 1 and d.failed_at is not None for d in listed)
+    assert [d.idempotency_key for d in run(h.admin.dead(limit=1))] == ["d1"]
+    shown = listed[0].as_dict()
+    assert (shown["blocks_key"], shown["blocked_events"]) == ("k", 1)
+
+
+@pytest.mark.parametrize(
+    ("selection", "expected"),
+    [
+        (RequeueFilter(key="k1"), {"a"}),
+        (RequeueFilter(topic="billing"), {"b", "c"}),
+        (RequeueFilter(topic="billing", key="k3"), {"c"}),
+        (RequeueFilter(all=True), {"a", "b", "c"}),
+    ],
+)
+def test_requeue_puts_back_exactly_the_selected_dead_letters(
+    h: Harness, selection: RequeueFilter, expected: set[str]
+) -> None:
+    h.insert("orders", {}, key="k1", idempotency_key="a")
+    h.insert("billing", {}, key="k2", idempotency_key="b")
+    h.insert("billing", {}, key="k3", idempotency_key="c")
+    h.insert("billing", {}, key="k4", idempotency_key="alive")
+    dead_letter(h, "a", "b", "c")
+    requeued = run(h.admin.requeue(selection))
+    assert sorted(requeued) == sorted(h.id_of(i) for i in expected)
+    assert {i for i in ("a", "b", "c") if h.state_of(i) == "pending"} == expected
+    assert h.state_of("alive") == "pending"
+
+
+def test_requeue_by_id_takes_only_a_dead_letter(h: Harness) -> None:
+    h.insert("t", {}, idempotency_key="dead")
+    h.insert("t", {}, idempotency_key="waiting")
+    dead_letter(h, "dead")
+    assert run(h.admin.requeue(RequeueFilter(id=h.id_of("waiting")))) == []
+    assert run(h.admin.requeue(RequeueFilter(id=h.id_of("dead")))) == [h.id_of("dead")]
+    assert h.snapshot("dead")[:2] == ("pending", 0)
+
+
+def test_inspect_shows_every_column_by_name(h: Harness) -> None:
+    h.insert("t", {"a": [1, "é"]}, key="k", headers={"h": "v"}, idempotency_key="seen", priority=2)
+    shown = run(h.admin.inspect(h.id_of("seen")))
+    assert shown is not None and set(shown) == INSPECTED_COLUMNS
+    assert (shown["topic"], shown["key"], shown["idempotency_key"], shown["priority"]) == ("t", "k", "seen", 2)
+    assert (shown["state"], shown["attempts"], shown["headers"]) == ("pending", 0, {"h": "v"})
+    assert json.loads(shown["payload"]) == {"a": [1, "é"]}
+    assert isinstance(shown["created_at"], datetime) and shown["lease_expires_at"] is None
+    assert run(h.admin.inspect(h.id_of("seen") + 1000)) is None
+
+
+def test_purge_deletes_only_kept_events_past_the_cut_off(h: Harness) -> None:
+    h.insert_sent("old", sent_ago=7200)
+    h.insert_sent("recent", sent_ago=60)
+    h.insert("t", {}, key="k", idempotency_key="skipped")
+    h.insert("t", {}, idempotency_key="failed")
+    h.insert("t", {}, idempotency_key="pending")
+    dead_letter(h, "failed")
+    assert run(h.admin.skip(h.id_of("skipped"), lease_grace_seconds=GRACE)) is Skipped.SKIPPED
+    assert run(h.admin.purge(3600)) == 1
+    assert [h.state_of(i) for i in ("old", "recent", "skipped", "failed", "pending")] == [
+        None,
+        "sent",
+        "skipped",
+        "failed",
+        "pending",
+    ]
+    assert run(h.admin.purge(0)) == 2  # everything kept, the skipped event included; never the unsent
+    assert [h.state_of(i) for i in ("recent", "skipped", "failed", "pending")] == [None, None, "failed", "pending"]
+
+
+@pytest.mark.parametrize(
+    ("selection", "expected"),
+    [
+        (ReplayFilter(key="k1"), {"s1", "s2"}),
+        (ReplayFilter(topic="billing"), {"s3"}),
+        (ReplayFilter(all=True), {"s1", "s2", "s3", "s4"}),
+        ("last hour", {"s2", "s3"}),
+        ("before the last hour", {"s1", "s4"}),
+    ],
+)
+def test_replay_puts_back_exactly_the_selected_kept_events(
+    h: Harness, selection: ReplayFilter | str, expected: set[str]
+) -> None:
+    h.insert_sent("s1", key="k1", sent_ago=7200)
+    h.insert_sent("s2", key="k1", sent_ago=60)
+    h.insert_sent("s3", key="k2", topic="billing", sent_ago=60)
+    h.insert_sent("s4", sent_ago=7200)
+    h.insert("t", {}, idempotency_key="pending")
+    if isinstance(selection, str):
+        shown = run(h.admin.inspect(h.id_of("s2")))
+        assert shown is not None
+        hour_ago = shown["published_at"] - timedelta(minutes=59)
+        selection = ReplayFilter(since=hour_ago) if selection == "last hour" else ReplayFilter(until=hour_ago)
+    replayed = run(h.admin.replay(selection))
+    assert sorted(replayed) == sorted(h.id_of(i) for i in expected)
+    assert {i for i in ("s1", "s2", "s3", "s4") if h.state_of(i) == "pending"} == expected
+    claimed = run(h.store.claim(10, max_attempts=MAX)).events
+    assert {e.idempotency_key for e in claimed} >= expected - {"s2"}  # s2 waits behind s1 when both are back
+
+
+def test_status_through_the_admin_port_counts_like_the_store(h: Harness) -> None:
+    for i in range(3):
+        h.insert("t", {}, idempotency_key=f"s{i}")
+    dead_letter(h, "s0")
+    run(h.store.claim(1, max_attempts=MAX))
+    by_admin, by_store = run(h.admin.status()), run(h.store.status())
+    assert (by_admin.pending, by_admin.in_flight, by_admin.failed) == (1, 1, 1)
+    assert (by_admin.pending, by_admin.in_flight, by_admin.failed) == (
+        by_store.pending,
+        by_store.in_flight,
+        by_store.failed,
+    )
+
+
+def test_an_empty_selection_is_refused_and_changes_nothing(h: Harness) -> None:
+    h.insert_sent("kept")
+    h.insert("t", {}, idempotency_key="dead")
+    dead_letter(h, "dead")
+    with pytest.raises(ValueError, match="empty selection"):
+        run(h.admin.requeue(RequeueFilter()))
+    with pytest.raises(ValueError, match="empty selection"):
+        run(h.admin.replay(ReplayFilter()))
+    assert (h.state_of("kept"), h.state_of("dead")) == ("sent", "failed")
+    assert run(h.admin.requeue(RequeueFilter(all=True))) == [h.id_of("dead")]
+    assert run(h.admin.replay(ReplayFilter(all=True))) == [h.id_of("kept")]
+
+
+def test_skip_takes_dead_letters_and_waiting_events_and_releases_their_keys(h: Harness) -> None:
+    h.insert("t", {}, key="k1", idempotency_key="dead")
+    h.insert("t", {}, key="k1", idempotency_key="behind-dead")
+    h.insert("t", {}, key="k2", idempotency_key="waiting", deliver_at=datetime.now(UTC) + timedelta(days=1))
+    h.insert("t", {}, key="k2", idempotency_key="behind-waiting")
+    dead_letter(h, "dead")
+    for idem in ("dead", "waiting"):
+        assert run(h.admin.skip(h.id_of(idem), lease_grace_seconds=GRACE)) is Skipped.SKIPPED
+        assert h.state_of(idem) == "skipped"
+        shown = run(h.admin.inspect(h.id_of(idem)))
+        assert shown is not None and "[skipped by operator]" in shown["last_error"]
+    claimed = run(h.store.claim(10, max_attempts=MAX)).events
+    assert sorted(e.idempotency_key for e in claimed) == ["behind-dead", "behind-waiting"]
+
+
+@pytest.mark.parametrize(
+    ("lease_ended_ago", "expected"),
+    [
+        (None, Skipped.IN_FLIGHT),  # the lease is live: a relay is publishing it
+        (1, Skipped.IN_FLIGHT),  # just expired: the relay's publish may still be running
+        (GRACE - 5, Skipped.IN_FLIGHT),
+        (GRACE + 5, Skipped.SKIPPED),  # over long enough: no publish of it can still be running
+        (3600, Skipped.SKIPPED),
+    ],
+)
+def test_skip_refuses_an_event_whose_publish_may_still_be_in_flight(
+    h: Harness, lease_ended_ago: float | None, expected: Skipped
+) -> None:
+    h.insert("t", {}, key="k", idempotency_key="leased")
+    h.insert("t", {}, key="k", idempotency_key="next")
+    run(h.store.claim(10, max_attempts=MAX))
+    if lease_ended_ago is not None:
+        h.expire_leases(ago=lease_ended_ago)
+    before = h.snapshot("leased")
+    assert run(h.admin.skip(h.id_of("leased"), lease_grace_seconds=GRACE)) is expected
+    if expected is Skipped.IN_FLIGHT:
+        assert h.snapshot("leased") == before  # untouched: still leased, still heading its key
+    else:
+        assert h.state_of("leased") == "skipped"
+
+
+def test_skip_finds_nothing_to_skip_in_sent_skipped_or_missing_events(h: Harness) -> None:
+    h.insert_sent("sent")
+    h.insert("t", {}, idempotency_key="twice")
+    assert run(h.admin.skip(h.id_of("twice"), lease_grace_seconds=GRACE)) is Skipped.SKIPPED
+    for event_id in (h.id_of("sent"), h.id_of("twice"), h.id_of("twice") + 1000):
+        assert run(h.admin.skip(event_id, lease_grace_seconds=GRACE)) is Skipped.NOT_FOUND
+    assert (h.state_of("sent"), h.state_of("twice")) == ("sent", "skipped")

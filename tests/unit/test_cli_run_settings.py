@@ -1,0 +1,58 @@
+"""``outbox-relay run`` turns its flags and their variables into the relay's settings (``serve`` stubbed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from relay import app, cli, config
+
+RUN = ["run", "--database-url", "postgresql://app@127.0.0.1:5432/shop", "--sink", "kafka://127.0.0.1:9092"]
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    configs: list[Any] = []
+
+    async def serve(run_config: Any) -> None:
+        configs.append(run_config)
+
+    monkeypatch.setattr(app, "serve", serve)
+    for name in ("RELAY_BATCH_BYTES", "RELAY_BATCH_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    return configs
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "batch_bytes"),
+    [
+        ([], {}, config.BATCH_BYTES),
+        (["--batch-bytes", "1048576"], {}, 1_048_576),
+        ([], {"RELAY_BATCH_BYTES": "65536"}, 65_536),
+        (["--batch-bytes", "1"], {"RELAY_BATCH_BYTES": "65536"}, 1),  # the flag wins
+    ],
+)
+def test_batch_bytes_reaches_the_relay_settings(
+    served: list[Any], monkeypatch: pytest.MonkeyPatch, argv: list[str], environ: dict[str, str], batch_bytes: int
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main([*RUN, *argv]) == 0
+    assert served[0].settings.batch_bytes == batch_bytes
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "16MiB", "1.5"])
+def test_a_bad_batch_bytes_is_a_one_line_error(
+    served: list[Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*RUN, "--batch-bytes", value])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--batch-bytes" in error and repr(value) in error
+    monkeypatch.setenv("RELAY_BATCH_BYTES", value)
+    with pytest.raises(SystemExit):
+        cli.main(RUN)
+    assert "RELAY_BATCH_BYTES" in capsys.readouterr().err
+    assert served == []
