@@ -34,13 +34,24 @@ def _read(path: str) -> LiteralString:
     return text
 
 
+def _without_comment_lines(body: LiteralString) -> LiteralString:
+    # The comments are for readers of the file. Sent, they would push the
+    # statement past track_activity_query_size (1 kB by default), and
+    # pg_stat_activity would show a reader of a blocked claim only its comments.
+    kept: LiteralString = ""
+    for line in body.strip().rstrip(";").splitlines(keepends=True):
+        if not line.lstrip().startswith("--"):
+            kept += line
+    return kept.strip()
+
+
 @cache
 def queries() -> dict[str, LiteralString]:
     """Every named query of ``queries.sql`` (with the pieces it includes), and ``claim_hinted``, from ``claim``."""
     text = _read("queries.sql")
     pieces = _NAME_RE.split(text)
     # split gives [preamble, name1, body1, name2, body2, ...]
-    bodies = {name: body.strip().rstrip(";") for name, body in zip(pieces[1::2], pieces[2::2], strict=True)}
+    bodies = {name: _without_comment_lines(body) for name, body in zip(pieces[1::2], pieces[2::2], strict=True)}
     # The text comes from the package's own file (see _read): as literal as the code.
     found: dict[str, LiteralString] = {
         name: _INCLUDE_RE.sub(lambda included: bodies[included.group(1)], body) for name, body in bodies.items()
