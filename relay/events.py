@@ -25,6 +25,10 @@ class Event:
     idempotency_key: str
     attempts: int
     created_at: datetime
+    #: An earlier event of its key is in flight (claimed by this relay, in this
+    #: batch or one before it, not settled yet): it may reach the broker only if
+    #: that one is acknowledged. See :class:`relay.holds.KeyHolds`.
+    chained: bool = False
 
     def message_headers(self) -> dict[str, str]:
         """The headers a broker message carries: the row's plus the idempotency key."""
@@ -56,6 +60,14 @@ class Failure:
     retry_after_seconds: float = 0.0
     #: No acknowledgement came within the publish timeout: the broker may have the event.
     timed_out: bool = False
+    #: Not tried: an earlier event of its key was not acknowledged (see
+    #: :class:`relay.holds.KeyHolds`). Given back at once with no attempt spent;
+    #: the earlier event blocks its key in the table until it goes.
+    held: bool = False
+
+
+#: The outcome of an event a sink did not try because its key is held.
+HELD = Failure("not published: an earlier event of its key was not acknowledged", held=True)
 
 
 #: The outcome of publishing one event: ``None`` when the broker acknowledged it.

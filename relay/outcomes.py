@@ -53,6 +53,10 @@ def judge(
         if outcome.timed_out:
             timed_out.append(event.id)
             continue
+        if outcome.held:
+            # Not tried: an earlier event of its key failed and blocks the key.
+            held.setdefault(0.0, []).append(event.id)
+            continue
         if outcome.unavailable:
             delay = outcome.retry_after_seconds or settings.backoff_initial_seconds
             held.setdefault(delay, []).append(event.id)

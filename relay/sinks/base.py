@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from relay.events import Event, Outcome
+from relay.holds import KeyHolds
 
 
 class Sink(Protocol):
@@ -23,14 +24,29 @@ class Sink(Protocol):
     A sink over several brokers (:class:`relay.sinks.routing.RoutingSink`)
     instead answers ``Failure(unavailable=True)`` for the events of a broker
     that is down while others are up: those alone go back, no attempt spent.
+
+    Several events of a key may be in flight at once: a run in one batch, and
+    with ``chains_keys`` the key's next events in the next batches too, before
+    the earlier ones are acknowledged. Given ``holds``, a sink calls
+    ``holds.admit(event)`` as it hands each event to the broker, in order, and
+    answers :data:`relay.events.HELD` for one it does not admit; it calls
+    ``holds.hold`` for every event it will not report acknowledged (refused,
+    failed, timed out, or raised for) as soon as it knows, and before it hands
+    over the events of a later ``publish`` call. It must never let a later
+    event of a key be acknowledged once an earlier one handed to it can no
+    longer be (see :mod:`relay.holds`).
     """
 
     name: str
+    #: Whether the broker keeps a key's order across batches in flight at once,
+    #: so the relay may claim a key's next events before the earlier ones are
+    #: acknowledged.
+    chains_keys: bool
 
     async def start(self) -> None:
         """Connect; raise ``SinkUnavailable`` if the broker cannot be reached."""
 
-    async def publish(self, events: Sequence[Event]) -> list[Outcome]:
+    async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
         """Publish ``events`` and return one outcome per event."""
 
     async def check(self) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from relay.errors import SinkUnavailable
-from relay.events import Event, Outcome
+from relay.events import HELD, Event, Outcome
+from relay.holds import KeyHolds
 
 
 class MemorySink:
@@ -16,6 +17,7 @@ class MemorySink:
     """
 
     name = "memory"
+    chains_keys = True
 
     def __init__(self, fail: Callable[[Event], Outcome] | None = None) -> None:
         self.fail = fail
@@ -28,15 +30,22 @@ class MemorySink:
         """Fail if unavailable."""
         await self.check()
 
-    async def publish(self, events: Sequence[Event]) -> list[Outcome]:
-        """Record ``events``; acknowledge those ``fail`` lets through."""
+    async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
+        """Record ``events``; acknowledge those ``fail`` lets through (and ``holds`` admits)."""
+        if not self.available and holds is not None:
+            holds.hold(events)
         await self.check()
         outcomes: list[Outcome] = []
         for event in events:
+            if holds is not None and not holds.admit(event):
+                outcomes.append(HELD)
+                continue
             self.attempted.append(event)
             outcome = self.fail(event) if self.fail else None
             if outcome is None:
                 self.delivered.append(event)
+            elif holds is not None:
+                holds.hold([event])
             outcomes.append(outcome)
         return outcomes
 

@@ -24,6 +24,7 @@ from fnmatch import fnmatchcase
 from relay.backoff import OUTAGE_BACKOFF_INITIAL_SECONDS, OUTAGE_BACKOFF_MAX_SECONDS, OutageBackoff
 from relay.errors import SinkUnavailable
 from relay.events import Event, Failure, Outcome
+from relay.holds import KeyHolds
 from relay.sinks.base import Sink
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class RoutingSink:
         self._crash: BaseException | None = None
         self._closed = False
         self.name = "+".join(sorted({t.sink.name for t in self._targets}))
+        self.chains_keys = all(t.sink.chains_keys for t in self._targets)
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{pattern!r}: {target.label!r}" for pattern, target in self._routes)
@@ -125,7 +127,7 @@ class RoutingSink:
             self._mark_up(target)
         self._raise_if_all_down()
 
-    async def publish(self, events: Sequence[Event]) -> list[Outcome]:
+    async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
         """Publish each route's share of ``events`` concurrently; outcomes in the order given."""
         self._raise_crash()
         outcomes: list[Outcome] = [None] * len(events)
@@ -136,11 +138,13 @@ class RoutingSink:
             if target is None:
                 unrouted = True
                 outcomes[index] = Failure(f"no route for topic {event.topic!r}", permanent=True)
+                if holds is not None:
+                    holds.hold([event])
             else:
                 shares.setdefault(target, []).append(index)
         loop = asyncio.get_running_loop()
         results = await asyncio.gather(
-            *(self._publish_share(t, [events[i] for i in indices], loop) for t, indices in shares.items()),
+            *(self._publish_share(t, [events[i] for i in indices], loop, holds) for t, indices in shares.items()),
             return_exceptions=True,
         )
         for (target, indices), result in zip(shares.items(), results, strict=True):
@@ -207,13 +211,15 @@ class RoutingSink:
         return found
 
     async def _publish_share(
-        self, target: _Target, events: list[Event], loop: asyncio.AbstractEventLoop
+        self, target: _Target, events: list[Event], loop: asyncio.AbstractEventLoop, holds: KeyHolds | None
     ) -> list[Outcome]:
         if not target.down:
             try:
-                return await target.sink.publish(events)
+                return await target.sink.publish(events, holds)
             except SinkUnavailable as exc:
                 self._mark_down(target, exc)
+        if holds is not None:
+            holds.hold(events)
         held = Failure(
             f"sink {target.label} unavailable: {target.error}",
             unavailable=True,

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from relay.errors import ClaimTimeout
 from relay.events import Event, Outcome
+from relay.holds import KeyHolds
 from relay.loop import Relay
 from relay.sinks.memory import MemorySink
 from relay.store.base import Claim
@@ -110,9 +111,9 @@ def test_batches_in_hand_hold_at_most_the_byte_cap_per_pipeline_slot() -> None:
         store.insert("t", payload_of(payload))
 
     class SlowSink(MemorySink):
-        async def publish(self, events: Sequence[Event]) -> list[Outcome]:
+        async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
             await asyncio.sleep(0.02)
-            return await super().publish(events)
+            return await super().publish(events, holds)
 
     asyncio.run(run_until(Relay(store, SlowSink(), limits), lambda: not store.rows, timeout=20))
     # A claim stops once its payloads reach the cap: under the cap plus one event.

@@ -22,6 +22,7 @@ from relay.config import (
 )
 from relay.errors import ConfigError
 from relay.events import Event, Outcome
+from relay.holds import KeyHolds
 from relay.loop import Relay
 from relay.sinks.memory import MemorySink
 from relay.store.base import Claim, Dead, Retry, Settlement
@@ -98,9 +99,9 @@ def test_a_settle_is_retried_only_until_the_lease_that_began_at_the_claim_ends()
     store = CountingStore(lease_seconds=settings.lease_seconds)
 
     class SlowSink(MemorySink):
-        async def publish(self, events: Sequence[Event]) -> list[Outcome]:
+        async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
             await asyncio.sleep(1.0)
-            outcomes = await super().publish(events)
+            outcomes = await super().publish(events, holds)
             store.available = False
             return outcomes
 

@@ -13,6 +13,7 @@ from relay import loop
 from relay.errors import StoreUnavailable
 from relay.events import Event, Outcome
 from relay.health import HealthServer
+from relay.holds import KeyHolds
 from relay.loop import BEAT_SECONDS, Relay
 from relay.sinks.memory import MemorySink
 from relay.store.base import Claim, Dead, Retry, Settlement
@@ -30,10 +31,10 @@ class GatedSink(MemorySink):
         self.gate = asyncio.Event()
         self.waiting = 0
 
-    async def publish(self, events: Sequence[Event]) -> list[Outcome]:
+    async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
         self.waiting += 1
         await self.gate.wait()
-        return await super().publish(events)
+        return await super().publish(events, holds)
 
 
 class SlowToFailStore(MemoryStore):

@@ -193,9 +193,9 @@ def test_stop_finishes_the_batch_in_hand() -> None:
     gate = asyncio.Event()
 
     class SlowSink(MemorySink):
-        async def publish(self, events: Any) -> list[Outcome]:
+        async def publish(self, events: Any, holds: Any = None) -> list[Outcome]:
             await gate.wait()
-            return await super().publish(events)
+            return await super().publish(events, holds)
 
     sink = SlowSink()
     store.insert("t", {})
@@ -218,7 +218,7 @@ def test_stop_finishes_the_batch_in_hand() -> None:
 
 def test_a_bug_in_a_sink_stops_the_relay_loudly() -> None:
     class BrokenSink(MemorySink):
-        async def publish(self, events: Any) -> list[Outcome]:
+        async def publish(self, events: Any, holds: Any = None) -> list[Outcome]:
             return []
 
     store = MemoryStore()

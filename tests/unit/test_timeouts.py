@@ -17,6 +17,7 @@ import pytest
 from relay.backoff import OUTAGE_BACKOFF_INITIAL_SECONDS, OUTAGE_BACKOFF_MAX_SECONDS
 from relay.errors import SinkTimeout
 from relay.events import Event, Failure, Outcome
+from relay.holds import KeyHolds
 from relay.loop import Relay
 from relay.sinks.memory import MemorySink
 from relay.store.memory import MemoryStore
@@ -55,11 +56,11 @@ class StallingSink(MemorySink):
         self.stored: list[tuple[float, Event]] = []
         self.batches: list[int] = []
 
-    async def publish(self, events: Sequence[Event]) -> list[Outcome]:
+    async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
         self.stored.extend((time.monotonic(), e) for e in events)
         self.batches.append(len(events))
         if not self.stalled:
-            return await super().publish(events)
+            return await super().publish(events, holds)
         if not self.partly:
             raise SinkTimeout("no acknowledgement within the publish timeout")
         outcomes: list[Outcome] = []

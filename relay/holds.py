@@ -1,0 +1,57 @@
+"""Per-key holds: a later event of a key never reaches the broker after an earlier one failed.
+
+A claim may hand out several events of one key: a run of them in one batch,
+and, on sinks that keep a key's order across batches (``Sink.chains_keys``),
+the key's next events while the earlier ones are still in flight. Each such
+event is ``chained``: it may be published only if every earlier event of its
+key handed out so far was acknowledged, or is on its way in an order the
+broker keeps. The first event of a key that was not (a failure, a refusal, a
+timeout, a batch given back) puts the key on hold; every chained event of a
+held key is then given back untried (:data:`relay.events.HELD`). An event that
+is not chained starts its key afresh: the claim saw no earlier event of its key
+in flight, so whatever went wrong before has been settled in the table.
+
+Sinks call :meth:`KeyHolds.admit` as they hand each event to the broker, in
+order, and :meth:`KeyHolds.hold` for each event they will not report
+acknowledged, before a later batch is handed over. The loop holds the keys
+of a batch it gives back without publishing. Thread-safe: a sink may call it
+from its delivery thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from relay.events import Event
+
+
+class KeyHolds:
+    """The keys whose chain of in-flight events is broken."""
+
+    def __init__(self) -> None:
+        self._held: set[str] = set()
+        self._lock = threading.Lock()
+
+    def admit(self, event: Event) -> bool:
+        """Whether ``event`` may go to the broker now; False means answer it with ``HELD``."""
+        key = event.key
+        if key is None:
+            return True
+        with self._lock:
+            if not event.chained:
+                self._held.discard(key)
+                return True
+            return key not in self._held
+
+    def hold(self, events: Iterable[Event]) -> None:
+        """Put the keys of ``events`` (ones that will not be acknowledged) on hold."""
+        keys = {e.key for e in events if e.key is not None}
+        if keys:
+            with self._lock:
+                self._held.update(keys)
+
+    def held(self, key: str) -> bool:
+        """Whether ``key`` is on hold (for tests and logs)."""
+        with self._lock:
+            return key in self._held
