@@ -20,7 +20,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from uuid import UUID
 
 from relay import cli
 from relay.events import Event, Outcome
@@ -46,7 +45,7 @@ def main() -> int:
         return judge(self, events, outcomes)
 
     async def stamped_claim(
-        self: PostgresStore, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+        self: PostgresStore, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
     ) -> Claim:
         result = await claim(self, limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
         now = time.monotonic()

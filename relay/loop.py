@@ -80,9 +80,9 @@ class Relay:
         self._wake = asyncio.Event()
         # Delivery tasks and when their batches were claimed.
         self._inflight: dict[asyncio.Task[None], float] = {}
-        # The tokens of the batches in hand: on a sink that keeps a key's order
-        # across batches, a claim may go on with the keys they hold.
-        self._flying: dict[UUID, None] = {}
+        # The batches in hand and when they were claimed: on a sink that keeps a
+        # key's order across batches, a claim may go on with the keys they hold.
+        self._flying: dict[UUID, tuple[Claim, float]] = {}
         #: Keys whose chain of events in flight broke (relay/holds.py).
         self.holds = KeyHolds()
         self._crash: BaseException | None = None
@@ -197,7 +197,7 @@ class Relay:
         try:
             await self._reap_now_and_then(claimed_at)
             claimed_at = time.monotonic()
-            chain = list(self._flying) if self.sink.chains_keys else []
+            chain = self._chain(claimed_at) if self.sink.chains_keys else []
             claim = await self.store.claim(
                 count, max_attempts=self.settings.max_attempts, max_bytes=max_bytes, chain=chain
             )
@@ -230,12 +230,31 @@ class Relay:
             self.metrics.reaped.inc(claim.reaped)
             logger.warning("took over %d expired leases", claim.reaped, extra={"action": "reap"})
         self.metrics.batch_size.observe(len(claim.events))
-        self._flying[claim.token] = None
+        self._mark_chained(claim)
+        self._flying[claim.token] = (claim, claimed_at)
         task = asyncio.create_task(self._deliver(claim, claimed_at), name=f"deliver-{claim.token}")
         self._inflight[task] = claimed_at
         task.add_done_callback(self._delivered)
         full = len(claim.events) >= count or sum(len(e.payload) for e in claim.events) >= max_bytes
         return len(claim.events), full
+
+    def _chain(self, now: float) -> list[Claim]:
+        """The batches in hand a claim may go on from: those that may still be published."""
+        return [claim for claim, at in self._flying.values() if now - at < self._latest_publish_start]
+
+    def _mark_chained(self, claim: Claim) -> None:
+        """Mark the events of keys this relay has in flight as chained, whatever the claim saw.
+
+        Only an event whose key has nothing in flight here may lift a hold on
+        its key (relay/holds.py): the claim may have started a key afresh (a
+        late commit below the chain, a batch whose lease ran out) while this
+        relay still has later events of the key on their way.
+        """
+        flying = {e.key for other, _ in self._flying.values() for e in other.events if e.key is not None}
+        if flying:
+            for event in claim.events:
+                if event.key in flying:
+                    event.chained = True
 
     async def _reap_now_and_then(self, now: float) -> None:
         if now < self._next_reap:

@@ -176,15 +176,15 @@ class Store(Protocol):
         """Disconnect. Safe to call twice."""
 
     async def claim(
-        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
     ) -> Claim:
         """Lease up to ``limit`` due events, honouring per-key order.
 
         A key's events come as a run, in id order, to one topic. ``chain`` holds
-        the tokens of this relay's batches in flight: a key whose earlier events
-        are all in those may go on with its next ones (marked ``chained``), as
-        long as they go to the same topic. Without it, a key with an event in
-        flight anywhere waits.
+        this relay's batches in flight whose leases still hold: a key with
+        events in them goes on after the last of those (its next events marked
+        ``chained``), to the same topic only. Without it, a key with an event
+        in flight anywhere waits.
 
         With ``max_bytes`` the batch stops adding events once their payloads
         reach that many bytes; it always holds at least one. A claim that runs

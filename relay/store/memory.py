@@ -149,38 +149,47 @@ class MemoryStore:
         return not (ahead and (first.lease_expires_at is None or first.attempts < max_attempts))
 
     @staticmethod
-    def _in_flight(row: Row, chain: Sequence[UUID], now: datetime) -> bool:
-        """Leased, still, by one of the batches in ``chain``."""
+    def _in_flight(row: Row, tokens: set[UUID], now: datetime) -> bool:
+        """Leased, still, by one of the batches of ``tokens``."""
         leased = row.lease_expires_at is not None and row.lease_expires_at > now
-        return row.state == "pending" and leased and row.claim_token in chain
+        return row.state == "pending" and leased and row.claim_token in tokens
 
-    def _runs(self, candidates: list[Row], chain: Sequence[UUID], now: datetime) -> dict[int, bool]:
+    def _runs(self, candidates: list[Row], chain: Sequence[Claim], now: datetime) -> dict[int, bool]:
         """The candidates that make up runs (see the claim in queries.sql), each with whether it is chained."""
         ids = {r.id for r in candidates}
+        tails: dict[str, Event] = {}
+        for claim in chain:
+            for event in claim.events:
+                if event.key is not None and (event.key not in tails or event.id > tails[event.key].id):
+                    tails[event.key] = event
+        tokens = {claim.token for claim in chain}
         chosen: dict[int, bool] = {}
         for key in {r.key for r in candidates if r.key is not None}:
             unsent = self._unsent(key)
-            mine = [
-                r.claim_token in chain and r.lease_expires_at is not None and r.lease_expires_at > now for r in unsent
-            ]
-            at = next((i for i, ours in enumerate(mine) if not ours), None)
-            if at is None or unsent[at].id not in ids:
+            tail = tails.get(key)
+            if tail is None:
+                after, flying = unsent[:1], False
+            else:
+                row = self.rows.get(tail.id)
+                if row is None or not self._in_flight(row, tokens, now):
+                    continue
+                after, flying = [r for r in unsent if r.id > tail.id][:1], True
+                if after and after[0].topic != tail.topic:
+                    continue
+            if not after or after[0].id not in ids:
                 continue
-            head = unsent[at]
-            flying = unsent[at - 1].topic if at else None
-            if flying is not None and flying != head.topic:
-                continue
-            for row in unsent[at:]:
+            head = after[0]
+            for row in unsent[unsent.index(head) :]:
                 if row.id not in ids or row.topic != head.topic:
                     break
-                chosen[row.id] = flying is not None or row.id > head.id
+                chosen[row.id] = flying or row.id > head.id
         for row in candidates:
             if row.key is None:
                 chosen[row.id] = False
         return chosen
 
     async def claim(
-        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
     ) -> Claim:
         """Lease runs of up to ``limit`` due events, their payloads up to ``max_bytes`` (at least one)."""
         self._check()

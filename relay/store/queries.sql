@@ -8,21 +8,19 @@
 -- docs/ordering.md; in short:
 -- * candidates: the first %(limit)s pending, due, unleased (or expired, with
 --   attempts left) rows in (priority, id) order, skipping rows another claim
---   has locked. A row goes in only if the oldest unsent event of its key is
---   itself, in flight, or could be claimed now and comes before it in that
---   order: a key parked behind a dead letter or a retry, or whose oldest event
---   has a lower priority, costs one index probe a row and takes no place in
---   the batch. A row of a key in flight does take a place (and goes nowhere
---   unless the flight is this relay's): the scan stays bounded by %(limit)s.
--- * heads: per key, its oldest unsent event that is not one of this relay's in
---   flight (%(mine)s: the tokens of its unsettled batches, empty unless its sink
---   keeps a key's order across batches). Every earlier unsent event of the key
---   is then this relay's, and the last of them says which topic it went to.
--- * A key's run starts at its head (which must be a candidate), takes the
---   candidates after it, and ends before the first unsent event of the key
---   that is not a candidate or goes to another topic. A key whose in-flight
---   events went to another topic waits for them.
--- * chained: an earlier event of the key is in this run or in flight here.
+--   has locked. A row goes in only if the oldest unsent event of its key (its
+--   "first", one index probe) is itself, in flight, or could be claimed now
+--   and comes before it in that order: a key parked behind a dead letter or a
+--   retry, or whose oldest event has a lower priority, takes no place in the
+--   batch. A row of a key in flight does take a place (and goes nowhere unless
+--   the flight is this relay's): the scan stays bounded by %(limit)s.
+-- * heads: where a key's run starts. A key this relay has in flight goes on
+--   after its last event in flight (%(tails)s, in batches %(mine)s whose leases
+--   still hold), to the same topic only; any other key starts at its first,
+--   which must be a candidate.
+-- * A run takes the key's candidates from its head on, up to the first unsent
+--   event of the key that is not a candidate or goes to another topic (one
+--   index walk for a key with several candidates; none for a key with one).
 -- attempts counts claims, so a lease that expires because its relay died
 -- still counts as an attempt.
 -- The batch stops adding events once their payloads reach %(max_bytes)s bytes
@@ -38,60 +36,69 @@
 -- A hinted claim runs this as claim_hinted (relay/store/sql.py), which enters
 -- the claim index at (priority, after) for each priority seen so far.
 WITH candidates AS (
-    SELECT o.id, o.key, o.topic, o.priority, o.lease_expires_at AS old_lease,
+    SELECT o.id, o.key, o.topic, o.priority, o.lease_expires_at AS old_lease, first.id AS first_id,
            CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
                 ELSE pg_column_size(o.payload #> '{{}}') END AS bytes
     FROM {table} AS o
+    LEFT JOIN LATERAL (
+        SELECT f.id, f.priority, f.deliver_at, f.lease_expires_at, f.attempts, f.state = 'pending' AS pending
+        FROM {table} AS f
+        WHERE f.key = o.key AND f.state IN ('pending', 'failed')
+        ORDER BY f.id
+        LIMIT 1) AS first ON o.key IS NOT NULL
     WHERE o.state = 'pending'
       AND o.id >= %(after)s  -- the keyset hint (relay/store/floor.py); 0 for a full scan
       AND o.deliver_at <= now()
       AND (o.lease_expires_at IS NULL
            OR (o.lease_expires_at < now() AND o.attempts < %(max_attempts)s))
-      AND (o.key IS NULL OR NOT EXISTS (
-            SELECT 1
-            FROM (SELECT f.id, f.priority, f.deliver_at, f.lease_expires_at, f.attempts, f.state = 'pending' AS pending
-                  FROM {table} AS f
-                  WHERE f.key = o.key AND f.state IN ('pending', 'failed')
-                  ORDER BY f.id
-                  LIMIT 1) AS first
-            WHERE first.id < o.id
-              AND (first.pending AND first.lease_expires_at >= now()) IS NOT TRUE  -- in flight
-              AND (first.pending AND first.priority >= o.priority AND first.deliver_at <= now()
-                   AND (first.lease_expires_at IS NULL OR first.attempts < %(max_attempts)s)) IS NOT TRUE))
+      AND (o.key IS NULL OR first.id >= o.id
+           OR (first.pending AND first.lease_expires_at >= now())  -- in flight
+           OR (first.pending AND first.priority >= o.priority AND first.deliver_at <= now()
+               AND (first.lease_expires_at IS NULL OR first.attempts < %(max_attempts)s)))
     ORDER BY o.priority DESC, o.id
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
-), heads AS (
-    SELECT k.key, h.id AS head, h.topic,
-           (SELECT t.topic FROM {table} AS t
-            WHERE t.key = k.key AND t.id < h.id AND t.state IN ('pending', 'failed')
-            ORDER BY t.id DESC
-            LIMIT 1) AS flying_topic
-    FROM (SELECT DISTINCT c.key FROM candidates AS c WHERE c.key IS NOT NULL) AS k
-    CROSS JOIN LATERAL (
+), keyed AS (
+    SELECT c.key, count(*) AS n, min(c.first_id) AS first_id
+    FROM candidates AS c
+    WHERE c.key IS NOT NULL
+    GROUP BY c.key
+), heads AS MATERIALIZED (
+    -- A key this relay has in flight goes on after its last event in flight, if
+    -- that one's lease still holds and the next goes to the same topic; any
+    -- other key starts at its first event.
+    SELECT k.key, k.n, coalesce(h.id, k.first_id) AS head, t.key IS NOT NULL AS flying
+    FROM keyed AS k
+    LEFT JOIN unnest(%(tail_keys)s::text[], %(tails)s::bigint[], %(tail_topics)s::text[]) AS t(key, id, topic)
+      ON t.key = k.key
+    LEFT JOIN LATERAL (
         SELECT e.id, e.topic FROM {table} AS e
-        WHERE e.key = k.key AND e.state IN ('pending', 'failed')
-          AND (e.state = 'pending' AND e.claim_token = ANY(%(mine)s::uuid[])
-               AND e.lease_expires_at > now()) IS NOT TRUE
+        WHERE e.key = k.key AND e.id > t.id AND e.state IN ('pending', 'failed')
         ORDER BY e.id
-        LIMIT 1) AS h
+        LIMIT 1) AS h ON t.key IS NOT NULL
+    WHERE t.key IS NULL
+       OR (h.topic = t.topic
+           AND EXISTS (SELECT 1 FROM {table} AS tail
+                       WHERE tail.id = t.id AND tail.state = 'pending'
+                         AND tail.claim_token = ANY(%(mine)s::uuid[]) AND tail.lease_expires_at > now()))
 ), runs AS (
-    SELECT h.key, h.head, h.flying_topic IS NOT NULL AS flying,
-           (SELECT e.id FROM {table} AS e
-            WHERE e.key = h.key AND e.id > h.head AND e.state IN ('pending', 'failed')
-              AND (e.topic <> h.topic OR NOT EXISTS (SELECT 1 FROM candidates AS c WHERE c.id = e.id))
-            ORDER BY e.id
-            LIMIT 1) AS stop
+    SELECT h.key, h.head, h.flying,
+           CASE WHEN h.n > 1 THEN
+               (SELECT e.id FROM {table} AS e
+                WHERE e.key = h.key AND e.id > h.head AND e.state IN ('pending', 'failed')
+                  AND (e.topic <> head.topic OR e.id NOT IN (SELECT c.id FROM candidates AS c))
+                ORDER BY e.id
+                LIMIT 1)
+           END AS stop
     FROM heads AS h
-    WHERE (h.flying_topic IS NULL OR h.flying_topic = h.topic)
-      AND EXISTS (SELECT 1 FROM candidates AS c WHERE c.id = h.head)
+    JOIN candidates AS head ON head.id = h.head
 ), placed AS (
-    SELECT c.id, c.old_lease, c.bytes,
+    SELECT c.id, c.key, c.old_lease, c.bytes,
            c.key IS NOT NULL AND (r.flying OR c.id > r.head) AS chained,
            row_number() OVER (ORDER BY c.priority DESC, c.id) AS place
     FROM candidates AS c
     LEFT JOIN runs AS r ON r.key = c.key
-    WHERE c.key IS NULL OR (r.key IS NOT NULL AND c.id >= r.head AND (r.stop IS NULL OR c.id < r.stop))
+    WHERE c.key IS NULL OR (c.id >= r.head AND (r.stop IS NULL OR c.id < r.stop))
 ), total AS (
     SELECT coalesce(sum(bytes), 0) AS bytes FROM placed
 ), chosen AS (
@@ -103,9 +110,9 @@ WITH candidates AS (
     -- ... or those that came while the sum was under the cap.
     SELECT s.id, s.old_lease, s.chained
     FROM (SELECT q.*, sum(q.bytes) OVER (ORDER BY q.at, q.id ROWS UNBOUNDED PRECEDING) - q.bytes AS before
-          FROM (SELECT p.*, CASE WHEN c.key IS NULL THEN p.place
-                                 ELSE max(p.place) OVER (PARTITION BY c.key ORDER BY p.id) END AS at
-                FROM placed AS p JOIN candidates AS c ON c.id = p.id) AS q) AS s
+          FROM (SELECT p.*, CASE WHEN p.key IS NULL THEN p.place
+                                 ELSE max(p.place) OVER (PARTITION BY p.key ORDER BY p.id) END AS at
+                FROM placed AS p) AS q) AS s
     WHERE (SELECT bytes FROM total) >= %(max_bytes)s AND s.before < %(max_bytes)s
 )
 UPDATE {table} AS o

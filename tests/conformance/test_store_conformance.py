@@ -57,12 +57,14 @@ def test_a_relay_goes_on_with_a_key_it_has_in_flight_and_marks_the_events_chaine
     first = run(h.store.claim(10, max_attempts=MAX))
     h.insert("t", {}, key="k", idempotency_key="k2")
     h.insert("t", {}, key="other", idempotency_key="o0")
-    second = run(h.store.claim(10, max_attempts=MAX, chain=[first.token]))
+    second = run(h.store.claim(10, max_attempts=MAX, chain=[first]))
     assert keys_of(second) == [("k2", True), ("o0", False)]
-    # The chain follows live leases only: once they expire, the key starts again from its oldest event.
+    # The chain follows live leases only: once they expire, a key waits rather than go on from them ...
     h.insert("t", {}, key="k", idempotency_key="k3")
     h.expire_leases()
-    third = run(h.store.claim(10, max_attempts=MAX, chain=[first.token, second.token]))
+    assert run(h.store.claim(10, max_attempts=MAX, chain=[first, second])).events == []
+    # ... and a claim that no longer counts them starts each key again from its oldest event.
+    third = run(h.store.claim(10, max_attempts=MAX))
     assert keys_of(third) == [("k0", False), ("k1", True), ("k2", True), ("o0", False), ("k3", True)]
 
 
@@ -77,7 +79,7 @@ def test_a_run_ends_where_its_key_changes_topic_or_an_event_is_not_due(h: Harnes
     first = run(h.store.claim(10, max_attempts=MAX))
     assert keys_of(first) == [("a0", False), ("a1", True), ("j0", False)]
     # Chaining would send b0 while a1 may still fail: the key waits for its other topic's flight to land.
-    assert run(h.store.claim(10, max_attempts=MAX, chain=[first.token])).events == []
+    assert run(h.store.claim(10, max_attempts=MAX, chain=[first])).events == []
     run(h.store.settle(first, sent=[e.id for e in first.events], retry=[], dead=[]))
     assert keys_of(run(h.store.claim(10, max_attempts=MAX))) == [("b0", False)]
 

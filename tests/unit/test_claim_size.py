@@ -6,7 +6,6 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import replace
-from uuid import UUID
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,7 +62,7 @@ class SlowReadStore(MemoryStore):
         self.most_in_hand = 0
 
     async def claim(
-        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
     ) -> Claim:
         claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
         size = sum(len(e.payload) for e in claim.events)

@@ -7,7 +7,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
-from uuid import UUID
 
 import pytest
 
@@ -45,7 +44,7 @@ class CountingStore(MemoryStore):
         await super().open()
 
     async def claim(
-        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
     ) -> Claim:
         claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
         if claim.events:
@@ -199,7 +198,7 @@ class SlowFirstClaim(MemoryStore):
         self.released: list[int] = []
 
     async def claim(
-        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
     ) -> Claim:
         claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
         if claim.events and self.seconds:

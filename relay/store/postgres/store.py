@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 import psycopg
 from psycopg.rows import RowMaker
@@ -107,7 +107,7 @@ class PostgresStore(PostgresAdmin):
         await self._db.open(listen=self._listen_enabled)
 
     async def claim(
-        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
     ) -> Claim:
         """Lease up to ``limit`` due events (runs of each key's, at least one, their payloads up to
         ``max_bytes``), by priority then id, each key's in id order; see :meth:`Store.claim`."""
@@ -121,7 +121,7 @@ class PostgresStore(PostgresAdmin):
             "token": token,
             "owner": self._owner,
             "lease_seconds": self._lease_seconds,
-            "mine": list(chain),
+            **_tails(chain),
         }
         # A hinted claim enters the index at the floor for each priority seen (claim_hinted);
         # a full scan, or one past too many priorities, reads it from the start (claim).
@@ -217,3 +217,18 @@ class PostgresStore(PostgresAdmin):
     async def check(self) -> None:
         """Raise ``StoreUnavailable`` unless the database answers, has the table and takes writes."""
         await self._db.run("check_writable", {})  # read-only: StoreReadOnly, hung up as after a claim
+
+
+def _tails(chain: Sequence[Claim]) -> dict[str, Any]:
+    """The claim's parameters for the batches in flight it may go on from: each key's last event in them."""
+    last: dict[str, Event] = {}
+    for claim in chain:
+        for event in claim.events:
+            if event.key is not None and (event.key not in last or event.id > last[event.key].id):
+                last[event.key] = event
+    return {
+        "mine": [claim.token for claim in chain],
+        "tail_keys": list(last),
+        "tails": [e.id for e in last.values()],
+        "tail_topics": [e.topic for e in last.values()],
+    }
