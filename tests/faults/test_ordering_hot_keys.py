@@ -287,9 +287,9 @@ def check(run: Run, got: list[Delivery], database_url: str, refusal: str) -> Ver
     # exactly its deliverable events, in write order.
     problems = key_order_problems(run, got)
     assert not problems, "\n".join(problems)
-    assert result.order_violations == 0, str(result)
     assert result.leaked == 0, f"rolled-back events were sent: {result}"
     assert result.unexpected == 0, f"events never written (or the poison) were delivered: {result}"
+    assert result.order_violations == 0, str(result)
     assert result.lost == len(parked), str(result)
 
     # The poison is a dead letter; it blocks its key and nothing else.
