@@ -8,9 +8,10 @@ backoff of its own. The other sinks go on publishing meanwhile. Only when every
 sink is down does ``publish`` raise ``SinkUnavailable`` itself, so the relay
 backs off as it does with one broker.
 
-Events of one key never overtake each other across sinks: a batch holds at most
-one event per key, and a held-back event stays the oldest unsent event of its
-key, so the later ones wait in the table (see docs/ordering.md).
+Events of one key never overtake each other across sinks: a key's events in
+flight at once all go to one topic, so to one sink; a held-back event stays the
+oldest unsent event of its key, so the later ones wait in the table, and the
+keys of a share that is not tried are held (see docs/ordering.md).
 """
 
 from __future__ import annotations
