@@ -11,6 +11,7 @@ and the loop version needs no cross-thread hand-off or locking.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -18,7 +19,7 @@ import pika.exceptions
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, AmqpSinkConfig
 from relay.errors import ConfigError, SinkError, SinkTimeout, SinkUnavailable
-from relay.events import Event, Failure, Outcome
+from relay.events import HELD, Event, Failure, Outcome
 from relay.holds import KeyHolds
 from relay.secrets import Scrubber, redact_url
 from relay.sinks.base import scrubbed
@@ -88,22 +89,29 @@ class RabbitMQSink:
         await self._connected(deadline, attempts=1, refusal_is_fatal=True)
 
     async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
-        """Publish ``events`` in order and wait for their confirms (bounded by the publish timeout)."""
+        """Publish ``events`` and wait for their confirms (bounded by the publish timeout).
+
+        A key's events go one at a time, each once the one before is confirmed;
+        other keys' events, and those without a key, go without waiting (see
+        :mod:`.batch`)."""
+        batch = Batch(events, asyncio.get_running_loop(), holds)
+        try:
+            return await self._publish(batch)
+        except BaseException:
+            # Nothing of the batch is reported: its keys are held before a later batch goes.
+            if holds is not None:
+                holds.hold(batch.unacknowledged())
+            raise
+
+    async def _publish(self, batch: Batch) -> list[Outcome]:
         loop = asyncio.get_running_loop()
-        batch = Batch(events, loop)
-        for index, event in enumerate(events):
+        for index, event in enumerate(batch.events):
             refused = refusal(event, self._max_message_bytes)
-            if refused is None:
-                batch.unresolved.add(index)
-                continue
-            batch.outcomes[index] = Failure(refused, permanent=True)
-            logger.debug(
-                "refused event %d: %s",
-                event.id,
-                refused,
-                extra={"action": "rabbitmq.refuse", "event_id": event.id, "topic": event.topic},
-            )
-        if not batch.unresolved:
+            if refused is not None:
+                batch.refused[index] = refused
+        if len(batch.refused) == len(batch.events):
+            # Nothing needs the broker: each key's first event is refused, the rest of it held.
+            await self._send(None, batch, batch.take_ready())
             return batch.outcomes
         if self._closed:
             raise SinkUnavailable("the RabbitMQ sink is closed")
@@ -112,26 +120,28 @@ class RabbitMQSink:
         if link.blocked is not None:
             raise SinkUnavailable(f"RabbitMQ blocks publishing: {link.blocked}")
         self._inflight.add(batch)
+        links = {link}
         timed_out = False
         try:
             async with asyncio.timeout_at(deadline):
-                async with self._send_lock:
-                    await self._send(link, batch, sorted(batch.unresolved))
-                await asyncio.shield(batch.done)
-                if batch.suspects:
-                    await self._isolate(batch, deadline)
+                await self._drive(batch, link, links, deadline)
         except TimeoutError:
             timed_out = True
         finally:
             self._inflight.discard(batch)
             # Late confirms for this batch (or any after a cancellation) are ignored.
-            for used in (link, self._link):
+            for used in (*links, self._link):
                 if used is not None:
                     used.forget(batch)
         if timed_out:
-            batch.time_out(sorted(batch.unresolved), f"no publisher confirm within {self._publish_timeout:g}s")
+            batch.time_out(sorted(batch.sent), f"no publisher confirm within {self._publish_timeout:g}s")
         batch.give_back("not sent again: the broker refused a message of its batch and time ran out finding which")
-        if batch.settled == 0:
+        batch.abandon(
+            f"not published: the publish timeout of {self._publish_timeout:g}s ran out before its turn"
+            if timed_out
+            else f"not published: the link to RabbitMQ failed before its turn ({link.last_error})"
+        )
+        if batch.settled == 0 and any(o is not None and not o.held and not o.permanent for o in batch.outcomes):
             # The broker said nothing about any event: the relay releases the
             # batch without spending attempts. After a timeout the broker may
             # have stored the events, so it is told apart: copies cost.
@@ -140,6 +150,24 @@ class RabbitMQSink:
                 raise SinkTimeout(f"no publisher confirm from {self._url} within {self._publish_timeout:g}s")
             raise SinkUnavailable(f"lost the channel to {self._url} before any confirm: {link.last_error}")
         return scrubbed(batch.outcomes, self._redact) if self._redact else batch.outcomes
+
+    async def _drive(self, batch: Batch, link: Link, links: set[Link], deadline: float) -> None:
+        """Send each event when its turn comes, until every event has an outcome."""
+        while True:
+            if batch.ready:
+                async with self._send_lock:
+                    # A key's next event may take a newer channel than the one before
+                    # it: that one is confirmed, so nothing of its key can be overtaken.
+                    current = self._link if self._link is not None and self._link.usable else link
+                    links.add(current)
+                    await self._send(current, batch, batch.take_ready())
+            elif batch.sent:
+                await batch.changed()
+            elif batch.suspects:
+                if not await self._isolate(batch, deadline, links):
+                    return
+            else:
+                return
 
     async def check(self) -> None:
         """Cheap when connected; otherwise one connection attempt. ``SinkUnavailable`` if down."""
@@ -166,22 +194,36 @@ class RabbitMQSink:
             await link.close()
         logger.info("closed the RabbitMQ connection", extra={"action": "rabbitmq.close"})
 
-    async def _send(self, link: Link, batch: Batch, indices: list[int]) -> None:
-        """Write events ``indices`` of the batch to the channel, in order, without waiting."""
+    async def _send(self, link: Link | None, batch: Batch, indices: list[int]) -> None:
+        """Hand events ``indices`` of the batch to the channel, in order, without waiting.
+
+        Each is first admitted by the batch's holds (``HELD`` if not) and
+        checked against what the broker would refuse (a permanent failure)."""
         events = batch.events
-        channel = link.channel
+        holds = batch.holds
+        channel = link.channel if link is not None else None
         for start in range(0, len(indices), YIELD_EVERY_MESSAGES):
             if start:
                 await asyncio.sleep(0)
             # Never continue on a different channel: the events sent on the old
             # one fail, and a later event of the same key must not overtake them.
-            if channel is None or link.channel is not channel or not channel.is_open:
-                self._not_sent(link, batch, indices[start:], link.last_error)
-                return
-            with link.corked():
-                for position in range(start, min(start + YIELD_EVERY_MESSAGES, len(indices))):
-                    index = indices[position]
+            lost: str | None = None
+            if link is None or channel is None or link.channel is not channel or not channel.is_open:
+                lost = link.last_error if link is not None else "not connected"
+            unsent: list[int] = []
+            with link.corked() if link is not None else contextlib.nullcontext():
+                for index in indices[start : start + YIELD_EVERY_MESSAGES]:
                     event = events[index]
+                    if holds is not None and not holds.admit(event):
+                        batch.resolve(index, HELD, settled=False)
+                        continue
+                    refused = batch.refused.get(index)
+                    if refused is not None:
+                        self._refuse(batch, index, refused)
+                        continue
+                    if lost is not None or link is None or channel is None:
+                        unsent.append(index)
+                        continue
                     try:
                         link.publish(channel, event)
                     except ValueError as exc:
@@ -192,20 +234,35 @@ class RabbitMQSink:
                         batch.resolve(index, failure, settled=True)
                         continue
                     except pika.exceptions.AMQPError as exc:
-                        self._not_sent(link, batch, indices[position:], describe(exc))
-                        return
+                        lost = describe(exc)
+                        unsent.append(index)
+                        continue
                     link.track(batch, index)
+                    batch.sent.add(index)
+            if unsent:
+                self._not_sent(link, batch, unsent, lost or "not connected")
 
     @staticmethod
-    def _not_sent(link: Link, batch: Batch, indices: list[int], reason: str) -> None:
+    def _refuse(batch: Batch, index: int, reason: str) -> None:
+        event = batch.events[index]
+        batch.resolve(index, Failure(reason, permanent=True), settled=False)
+        logger.debug(
+            "refused event %d: %s",
+            event.id,
+            reason,
+            extra={"action": "rabbitmq.refuse", "event_id": event.id, "topic": event.topic},
+        )
+
+    @staticmethod
+    def _not_sent(link: Link | None, batch: Batch, indices: list[int], reason: str) -> None:
         # After a refusal the unsent events are suspects too: they go again
         # while the culprit is looked for, and no attempt is spent on them.
-        if link.refusal is not None:
+        if link is not None and link.refusal is not None:
             batch.suspect(indices, f"not sent: {reason}")
         else:
             batch.fail(indices, f"not sent: {reason}")
 
-    async def _isolate(self, batch: Batch, deadline: float) -> None:
+    async def _isolate(self, batch: Batch, deadline: float, links: set[Link]) -> bool:
         """Find the events the broker refused by closing the channel or the connection.
 
         The events in flight at such a close are suspects: any of them, or none,
@@ -215,6 +272,10 @@ class RabbitMQSink:
         doing. A half of one that is refused again is the culprit: it fails, and
         the failure counts as an attempt, so a poison event ends dead-lettered
         while the events around it are delivered.
+
+        A suspect's key waits for the verdict: cleared and confirmed, its next
+        event is ready; convicted, the key stops. False if the search was cut
+        short (the suspects left go back untried).
         """
         groups = [sorted(batch.suspects)]
         while groups:
@@ -222,23 +283,25 @@ class RabbitMQSink:
             try:
                 link = await self._connected(deadline, attempts=RECONNECT_ATTEMPTS, refusal_is_fatal=False)
             except SinkUnavailable:
-                return  # the suspects left go back untried
+                return False
+            links.add(link)
             async with self._send_lock:
                 await link.drained()
                 batch.retry(group)
                 await self._send(link, batch, group)
-                await asyncio.shield(batch.done)
+                await batch.resolved(group)
             lost = [i for i in group if i not in batch.settled_indices and i not in batch.suspects]
             if lost:
                 # The link failed for another reason than a refusal: stop looking.
                 batch.suspect_again(lost)
-                return
+                return False
             refused = [i for i in group if i in batch.suspects]
             if len(refused) == 1 and len(group) == 1:
                 self._convict(batch, refused[0], link.refusal or link.last_error)
             elif refused:
                 half = (len(refused) + 1) // 2
                 groups[:0] = [part for part in (refused[:half], refused[half:]) if part]
+        return True
 
     def _convict(self, batch: Batch, index: int, reason: str) -> None:
         event = batch.events[index]
