@@ -1,7 +1,8 @@
 """The RabbitMQ sink: publisher confirms on one pika channel, on the relay's event loop.
 
-A batch is written to a confirm-mode channel without waiting between messages;
-the broker's acks (often ``multiple=True``) are matched to events by delivery
+A batch is written to a confirm-mode channel without waiting between messages,
+except that a key's next event waits for the confirm of the one before it (see
+:mod:`.batch`); the broker's acks (often ``multiple=True``) are matched to events by delivery
 tag, and a ``basic.return`` (mandatory, no queue bound) turns the ack that
 follows it into a failure. pika's ``AsyncioConnection`` runs on the running
 loop rather than a connection in a thread: both reach the broker's rate here,
@@ -11,22 +12,20 @@ and the loop version needs no cross-thread hand-off or locking.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 
-import pika.exceptions
-
 from relay.config import CONNECT_TIMEOUT_SECONDS, AmqpSinkConfig
 from relay.errors import ConfigError, SinkError, SinkTimeout, SinkUnavailable
-from relay.events import HELD, Event, Failure, Outcome
+from relay.events import Event, Failure, Outcome
 from relay.holds import KeyHolds
 from relay.secrets import Scrubber, redact_url
 from relay.sinks.base import scrubbed
 from relay.sinks.rabbitmq.batch import Batch
+from relay.sinks.rabbitmq.handoff import hand_off
 from relay.sinks.rabbitmq.limits import refusal
 from relay.sinks.rabbitmq.link import CLOSE_TIMEOUT_SECONDS, Link, LinkError
-from relay.sinks.rabbitmq.params import connection_parameters, describe
+from relay.sinks.rabbitmq.params import connection_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +35,16 @@ HEARTBEAT_SECONDS = 30
 RECONNECT_ATTEMPTS = 3
 RECONNECT_BACKOFF_INITIAL_SECONDS = 0.2
 RECONNECT_BACKOFF_MAX_SECONDS = 2.0
-#: Messages written between yields to the loop (about 50 ms of encoding), so
-#: the database side keeps moving while a large batch goes out. Yielding every
-#: 100-250 messages measured about 20% more client CPU for no throughput gain.
-YIELD_EVERY_MESSAGES = 1000
 
 
 class RabbitMQSink:
     """Publishes to an exchange with publisher confirms and ``mandatory`` set.
 
     Not thread-safe: use it from the event loop it was started on. Concurrent
-    ``publish`` calls are fine; each batch is written contiguously.
+    ``publish`` calls are fine; what is ready of a batch is written contiguously.
+    Within a batch a key has at most one message waiting for its confirm, so a
+    message nacked, returned or refused is never overtaken by a later one of
+    its key; its key is held and the rest of its run answered ``HELD``.
     """
 
     name = "rabbitmq"
@@ -111,7 +109,7 @@ class RabbitMQSink:
                 batch.refused[index] = refused
         if len(batch.refused) == len(batch.events):
             # Nothing needs the broker: each key's first event is refused, the rest of it held.
-            await self._send(None, batch, batch.take_ready())
+            await hand_off(None, batch, batch.take_ready())
             return batch.outcomes
         if self._closed:
             raise SinkUnavailable("the RabbitMQ sink is closed")
@@ -160,7 +158,7 @@ class RabbitMQSink:
                     # it: that one is confirmed, so nothing of its key can be overtaken.
                     current = self._link if self._link is not None and self._link.usable else link
                     links.add(current)
-                    await self._send(current, batch, batch.take_ready())
+                    await hand_off(current, batch, batch.take_ready())
             elif batch.sent:
                 await batch.changed()
             elif batch.suspects:
@@ -194,74 +192,6 @@ class RabbitMQSink:
             await link.close()
         logger.info("closed the RabbitMQ connection", extra={"action": "rabbitmq.close"})
 
-    async def _send(self, link: Link | None, batch: Batch, indices: list[int]) -> None:
-        """Hand events ``indices`` of the batch to the channel, in order, without waiting.
-
-        Each is first admitted by the batch's holds (``HELD`` if not) and
-        checked against what the broker would refuse (a permanent failure)."""
-        events = batch.events
-        holds = batch.holds
-        channel = link.channel if link is not None else None
-        for start in range(0, len(indices), YIELD_EVERY_MESSAGES):
-            if start:
-                await asyncio.sleep(0)
-            # Never continue on a different channel: the events sent on the old
-            # one fail, and a later event of the same key must not overtake them.
-            lost: str | None = None
-            if link is None or channel is None or link.channel is not channel or not channel.is_open:
-                lost = link.last_error if link is not None else "not connected"
-            unsent: list[int] = []
-            with link.corked() if link is not None else contextlib.nullcontext():
-                for index in indices[start : start + YIELD_EVERY_MESSAGES]:
-                    event = events[index]
-                    if holds is not None and not holds.admit(event):
-                        batch.resolve(index, HELD, settled=False)
-                        continue
-                    refused = batch.refused.get(index)
-                    if refused is not None:
-                        self._refuse(batch, index, refused)
-                        continue
-                    if lost is not None or link is None or channel is None:
-                        unsent.append(index)
-                        continue
-                    try:
-                        link.publish(channel, event)
-                    except ValueError as exc:
-                        # A name too long for AMQP, or headers too large for a frame:
-                        # publish_frames encodes every frame before writing any, so
-                        # nothing went out.
-                        failure = Failure(f"cannot encode message: {exc}", permanent=True)
-                        batch.resolve(index, failure, settled=True)
-                        continue
-                    except pika.exceptions.AMQPError as exc:
-                        lost = describe(exc)
-                        unsent.append(index)
-                        continue
-                    link.track(batch, index)
-                    batch.sent.add(index)
-            if unsent:
-                self._not_sent(link, batch, unsent, lost or "not connected")
-
-    @staticmethod
-    def _refuse(batch: Batch, index: int, reason: str) -> None:
-        event = batch.events[index]
-        batch.resolve(index, Failure(reason, permanent=True), settled=False)
-        logger.debug(
-            "refused event %d: %s",
-            event.id,
-            reason,
-            extra={"action": "rabbitmq.refuse", "event_id": event.id, "topic": event.topic},
-        )
-
-    @staticmethod
-    def _not_sent(link: Link | None, batch: Batch, indices: list[int], reason: str) -> None:
-        # After a refusal the unsent events are suspects too: they go again
-        # while the culprit is looked for, and no attempt is spent on them.
-        if link is not None and link.refusal is not None:
-            batch.suspect(indices, f"not sent: {reason}")
-        else:
-            batch.fail(indices, f"not sent: {reason}")
-
     async def _isolate(self, batch: Batch, deadline: float, links: set[Link]) -> bool:
         """Find the events the broker refused by closing the channel or the connection.
 
@@ -288,7 +218,7 @@ class RabbitMQSink:
             async with self._send_lock:
                 await link.drained()
                 batch.retry(group)
-                await self._send(link, batch, group)
+                await hand_off(link, batch, group)
                 await batch.resolved(group)
             lost = [i for i in group if i not in batch.settled_indices and i not in batch.suspects]
             if lost:
