@@ -210,6 +210,25 @@ def test_an_unroutable_event_mid_run_holds_the_rest_of_its_key(amqp_url: str, in
         assert in_flight.doubled == []
 
 
+def test_a_nack_mid_run_holds_the_rest_of_its_key(amqp_url: str, in_flight: InFlight) -> None:
+    # A full queue with overflow=reject-publish nacks what does not fit: key a's
+    # fourth event, since its third is confirmed (and stored) before the fourth goes.
+    full = {"x-max-length": 3, "x-overflow": "reject-publish"}
+    with temp_queue(amqp_url, arguments=full) as small, temp_queue(amqp_url) as other:
+        events = run_events([small.name, other.name] * 6, keys=["a", "b"] * 6)
+        where = 6  # a's fourth
+        holds = KeyHolds()
+
+        outcomes = publish(make_sink(amqp_url), events, holds)
+
+        assert_stopped_at(outcomes, events, where, holds)
+        failure = outcomes[where]
+        assert isinstance(failure, Failure) and "nacked" in failure.error and not failure.permanent, failure
+        assert [m.message_id for m in small.collect(3)] == [events[i].idempotency_key for i in (0, 2, 4)]
+        assert [m.message_id for m in other.collect(6)] == [e.idempotency_key for e in events if e.key == "b"]
+        assert in_flight.doubled == []
+
+
 def test_a_confirm_that_never_comes_mid_run_holds_the_rest_of_its_key(
     amqp_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
