@@ -256,6 +256,26 @@ def test_a_confirm_that_never_comes_mid_run_holds_the_rest_of_its_key(
         assert_per_key_order(received, events)
 
 
+def test_a_run_longer_than_the_publish_timeout_stops_at_the_event_in_flight(amqp_url: str) -> None:
+    # One confirm round trip per event: 3,000 events of one key cannot go in a second.
+    with temp_queue(amqp_url) as queue:
+        events = run_events([queue.name] * 3_000, keys=["hot"] * 3_000)
+        holds = KeyHolds()
+
+        outcomes = publish(make_sink(amqp_url, publish_timeout_seconds=1.0), events, holds)
+
+        acked = next(i for i, o in enumerate(outcomes) if o is not None)
+        assert 0 < acked < 3_000 - 1 and outcomes[:acked] == [None] * acked
+        stopped = outcomes[acked]
+        assert isinstance(stopped, Failure) and stopped.timed_out, stopped
+        assert outcomes[acked + 1 :] == [HELD] * (3_000 - acked - 1)
+        assert holds.held("hot")
+        # What was acknowledged arrived in order; the one in flight at the timeout may follow it.
+        received = [m.message_id for m in queue.collect(acked + 1)]
+        assert received[:acked] == [e.idempotency_key for e in events[:acked]]
+        assert received[acked:] in ([], [events[acked].idempotency_key])
+
+
 def test_a_broker_that_never_confirms_holds_every_key_before_the_timeout_is_raised(amqp_url: str) -> None:
     with TcpProxy.to(amqp_url) as proxy, temp_queue(amqp_url) as queue:
         sink = make_sink(via_proxy(amqp_url, proxy), publish_timeout_seconds=1.0)
