@@ -266,14 +266,14 @@ def test_a_run_longer_than_the_publish_timeout_stops_at_the_event_in_flight(amqp
 
         acked = next(i for i, o in enumerate(outcomes) if o is not None)
         assert 0 < acked < 3_000 - 1 and outcomes[:acked] == [None] * acked
+        # In flight at the timeout (the broker may have it), or its turn had just come (never sent).
         stopped = outcomes[acked]
-        assert isinstance(stopped, Failure) and stopped.timed_out, stopped
+        assert isinstance(stopped, Failure) and (stopped.timed_out or stopped.held), stopped
         assert outcomes[acked + 1 :] == [HELD] * (3_000 - acked - 1)
         assert holds.held("hot")
-        # What was acknowledged arrived in order; the one in flight at the timeout may follow it.
-        received = [m.message_id for m in queue.collect(acked + 1)]
+        received = [m.message_id for m in queue.collect(acked)]  # and whatever follows within the settle time
         assert received[:acked] == [e.idempotency_key for e in events[:acked]]
-        assert received[acked:] in ([], [events[acked].idempotency_key])
+        assert received[acked:] in ([], [events[acked].idempotency_key] if stopped.timed_out else [])
 
 
 def test_a_broker_that_never_confirms_holds_every_key_before_the_timeout_is_raised(amqp_url: str) -> None:
