@@ -276,6 +276,36 @@ def test_a_run_longer_than_the_publish_timeout_stops_at_the_event_in_flight(amqp
         assert received[acked:] in ([], [events[acked].idempotency_key] if stopped.timed_out else [])
 
 
+def test_a_connection_lost_mid_run_stops_the_run_where_it_was(amqp_url: str) -> None:
+    with TcpProxy.to(amqp_url) as proxy, temp_queue(amqp_url) as queue:
+        sink = make_sink(via_proxy(amqp_url, proxy))
+        events = run_events([queue.name] * 3_000, keys=["hot"] * 3_000)
+        holds = KeyHolds()
+
+        async def scenario() -> list[Outcome]:
+            await sink.start()
+            try:
+                publishing = asyncio.create_task(sink.publish(events, holds))
+                await asyncio.sleep(0.3)
+                proxy.cut()
+                return await publishing
+            finally:
+                await sink.close()
+
+        outcomes = asyncio.run(scenario())
+
+        acked = next(i for i, o in enumerate(outcomes) if o is not None)
+        assert 0 < acked < 3_000 - 1 and outcomes[:acked] == [None] * acked
+        # Lost in flight (an attempt: the broker may have it), or not yet sent (given back untried).
+        stopped = outcomes[acked]
+        assert isinstance(stopped, Failure) and not stopped.held and not stopped.timed_out, stopped
+        assert outcomes[acked + 1 :] == [HELD] * (3_000 - acked - 1)
+        assert holds.held("hot")
+        received = [m.message_id for m in queue.collect(acked)]  # and whatever follows within the settle time
+        assert received[:acked] == [e.idempotency_key for e in events[:acked]]
+        assert received[acked:] in ([], [events[acked].idempotency_key] if not stopped.unavailable else [])
+
+
 def test_a_broker_that_never_confirms_holds_every_key_before_the_timeout_is_raised(amqp_url: str) -> None:
     with TcpProxy.to(amqp_url) as proxy, temp_queue(amqp_url) as queue:
         sink = make_sink(via_proxy(amqp_url, proxy), publish_timeout_seconds=1.0)

@@ -106,10 +106,11 @@ class Batch:
         if self._set(index, outcome, settled=settled):
             self._follow(index, acknowledged=outcome is None)
 
-    def fail(self, indices: Iterable[int], error: str) -> None:
-        """Transient failures for ``indices`` that are still unresolved."""
+    def unsent(self, indices: Iterable[int], error: str) -> None:
+        """``indices``, still unresolved, could not be handed over (the link is gone): they go
+        back untried, no attempt spent, and their keys stop."""
         for index in indices:
-            self.resolve(index, Failure(error), settled=False)
+            self.resolve(index, Failure(error, unavailable=True), settled=False)
 
     def time_out(self, indices: Iterable[int], error: str) -> None:
         """Failures for ``indices`` still unresolved whose confirm never came: the broker may have them."""

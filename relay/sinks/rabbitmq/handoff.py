@@ -88,10 +88,10 @@ def _refuse(batch: Batch, index: int, reason: str) -> None:
 
 
 def not_sent(link: Link | None, batch: Batch, indices: list[int], reason: str) -> None:
-    """Events ``indices`` could not be handed over: failed, or suspects after a refusal."""
+    """Events ``indices`` could not be handed over: given back untried, or suspects after a refusal."""
     # After a refusal the unsent events are suspects too: they go again
     # while the culprit is looked for, and no attempt is spent on them.
     if link is not None and link.refusal is not None:
         batch.suspect(indices, f"not sent: {reason}")
     else:
-        batch.fail(indices, f"not sent: {reason}")
+        batch.unsent(indices, f"not sent: {reason}")
