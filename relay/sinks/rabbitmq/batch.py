@@ -8,8 +8,8 @@ events whose turn has come are *ready*; the others of their key wait behind.
 
 An event is *unresolved* until it gets an outcome. An outcome is *settled*
 when the broker decided it (ack, nack, return, a size rejection) or the event
-cannot be encoded or is refused up front; the other outcomes (a lost channel,
-a timeout) say nothing about the event. An event is a *suspect* while its
+cannot be encoded; the other outcomes (refused up front, a lost channel, a
+timeout, held) say nothing about the broker. An event is a *suspect* while its
 channel was closed by the broker in refusal of something sent on it: the sink
 sends it again to find out whether it was the cause, and the rest of its key
 waits for the verdict. Any other failure *stops* the key: it is held
@@ -95,7 +95,7 @@ class Batch:
         await self._changed
 
     async def resolved(self, indices: Iterable[int]) -> None:
-        """Return once none of ``indices`` is unresolved."""
+        """Return once none of ``indices`` (each sent, or decided) is unresolved."""
         wanted = set(indices)
         while not wanted.isdisjoint(self.unresolved):
             await self.changed()
