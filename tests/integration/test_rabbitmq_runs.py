@@ -12,8 +12,10 @@ import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+import psycopg
 import pytest
 
+import producers
 from relay.errors import SinkTimeout, SinkUnavailable
 from relay.events import HELD, Event, Failure, Outcome
 from relay.holds import KeyHolds
@@ -22,6 +24,7 @@ from relay.sinks.rabbitmq.batch import Batch
 from relay.sinks.rabbitmq.link import Link
 from tests.integration.rabbit_support import TcpProxy, temp_queue, unique_name, via_proxy
 from tests.integration.test_rabbitmq_sink import make_sink, run_events
+from tests.relay_support import RelayThread, outbox_counts, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -350,3 +353,25 @@ def test_a_lost_connection_holds_every_key_before_unavailable_is_raised(amqp_url
 
         asyncio.run(scenario())
         assert holds.held("a") and holds.held("b")
+
+
+def test_the_relay_drains_runs_of_hot_keys_in_order_and_parks_only_a_poisoned_key(
+    database_url: str, amqp_url: str
+) -> None:
+    with temp_queue(amqp_url) as queue:
+        with psycopg.connect(database_url) as conn:
+            for n in range(150):
+                for key in ("h0", "h1", "h2", "h3"):
+                    producers.publish(conn, queue.name, {"n": n}, key=key, idempotency_key=f"{key}-{n}")
+            for n in range(10):
+                headers = {"big": "x" * (FRAME_MAX + 10)} if n == 4 else None
+                producers.publish(conn, queue.name, {"n": n}, key="p", headers=headers, idempotency_key=f"p-{n}")
+        with RelayThread(database_url, amqp_url):
+            # The poison is dead-lettered at once (too large for a frame); it blocks its key.
+            wait_until(lambda: outbox_counts(database_url) == {"failed": 1, "pending": 5}, timeout=60)
+            received = [m.message_id or "" for m in queue.collect(604)]
+    assert sorted(received) == sorted([f"{k}-{n}" for k in ("h0", "h1", "h2", "h3") for n in range(150)]
+                                      + [f"p-{n}" for n in range(4)])  # fmt: skip
+    for key in ("h0", "h1", "h2", "h3", "p"):
+        of_key = [int(m.rsplit("-", 1)[1]) for m in received if m.startswith(f"{key}-")]
+        assert of_key == sorted(of_key), key
