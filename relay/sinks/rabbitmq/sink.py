@@ -2,9 +2,9 @@
 
 A batch is written to a confirm-mode channel without waiting between messages,
 except that a key's next event waits for the confirm of the one before it (see
-:mod:`.batch`); the broker's acks (often ``multiple=True``) are matched to events by delivery
-tag, and a ``basic.return`` (mandatory, no queue bound) turns the ack that
-follows it into a failure. pika's ``AsyncioConnection`` runs on the running
+:mod:`.batch`); the broker's acks (often ``multiple=True``) are matched to
+events by delivery tag, and a ``basic.return`` (mandatory, no queue bound)
+turns the ack that follows it into a failure. pika's ``AsyncioConnection`` runs on the running
 loop rather than a connection in a thread: both reach the broker's rate here,
 and the loop version needs no cross-thread hand-off or locking.
 """
