@@ -7,6 +7,7 @@ import json
 import logging
 import socket
 import time
+from dataclasses import replace
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -14,7 +15,8 @@ import pytest
 from devservers import free_port
 from relay.config import AmqpSinkConfig, parse_sink_url
 from relay.errors import ConfigError, SinkError, SinkUnavailable
-from relay.events import IDEMPOTENCY_HEADER, Event, Failure, Outcome
+from relay.events import HELD, IDEMPOTENCY_HEADER, Event, Failure, Outcome
+from relay.holds import KeyHolds
 from relay.sinks.rabbitmq import CORK_MAX_BYTES, MAX_MESSAGE_BYTES, RabbitMQSink
 from relay.sinks.rabbitmq.transport import CorkedConnection
 from tests.integration.kafka_support import make_event
@@ -47,6 +49,17 @@ def make_sink(
         connect_timeout_seconds=connect_timeout_seconds,
         max_message_bytes=max_message_bytes,
     )
+
+
+def run_events(topics: list[str], keys: list[str | None]) -> list[Event]:
+    """Events as a claim hands out runs: each one after the first of its key is ``chained``."""
+    seen: set[str] = set()
+    events = []
+    for topic, key in zip(topics, keys, strict=True):
+        events.append(replace(make_event(topic, key=key), chained=key in seen))
+        if key is not None:
+            seen.add(key)
+    return events
 
 
 async def publish_once(sink: RabbitMQSink, *batches: list[Event]) -> list[list[Outcome]]:
@@ -102,20 +115,24 @@ def test_named_exchange_routes_by_topic_and_keeps_order(amqp_url: str) -> None:
         temp_queue(amqp_url, exchange=exchange, routing_keys=[orders]) as orders_queue,
         temp_queue(amqp_url, exchange=exchange, routing_keys=[payments]) as payments_queue,
     ):
-        first = [make_event(orders if i % 3 else payments, key=f"k{i % 4}") for i in range(300)]
-        second = [make_event(orders if i % 2 else payments, key=f"k{i % 4}") for i in range(300)]
+        # Two pipelined batches with keys of their own, as the relay claims them
+        # (RabbitMQ does not chain keys across batches); each key's run crosses topics.
+        first = run_events([orders if i % 3 else payments for i in range(300)], keys=[f"a{i % 4}" for i in range(300)])
+        second = run_events([orders if i % 2 else payments for i in range(300)], keys=[f"b{i % 4}" for i in range(300)])
 
         outcomes = asyncio.run(publish_once(make_sink(amqp_url, exchange), first, second))
 
         assert outcomes == [[None] * 300, [None] * 300]
         events = first + second
         by_id = {e.idempotency_key: e for e in events}
-        # Exact queue order per routing key, across two pipelined batches:
-        # so every key's events also arrive in the order they were given.
         for queue, topic in ((orders_queue, orders), (payments_queue, payments)):
             expected = [e for e in events if e.topic == topic]
             received = queue.collect(len(expected))
-            assert [m.message_id for m in received] == [e.idempotency_key for e in expected]
+            assert sorted(m.message_id or "" for m in received) == sorted(e.idempotency_key for e in expected)
+            # Every key's events arrive in the order they were given.
+            for key in {e.key for e in expected}:
+                got = [m.message_id for m in received if by_id[m.message_id or ""].key == key]
+                assert got == [e.idempotency_key for e in expected if e.key == key]
             for message in received:
                 assert_contract_shape(message, by_id[message.message_id or ""], exchange=exchange)
 
@@ -132,7 +149,8 @@ def test_a_batch_leaves_in_a_few_writes_rather_than_three_per_message(
 
     monkeypatch.setattr(CorkedConnection, "_emit", counted)
     with temp_queue(amqp_url) as queue:
-        events = [make_event(queue.name, key=f"k{i % 4}") for i in range(300)]
+        # One event per key (the common case): all of them go at once.
+        events = [make_event(queue.name, key=f"k{i}") for i in range(300)]
 
         async def publish() -> tuple[list[Outcome], int]:
             sink = make_sink(amqp_url)
@@ -161,27 +179,33 @@ def test_a_batch_leaves_in_a_few_writes_rather_than_three_per_message(
         assert [m.message_id for m in received] == [e.idempotency_key for e in events]
 
 
-def test_an_unroutable_event_fails_alone(amqp_url: str) -> None:
+def test_an_unroutable_event_fails_alone_and_holds_the_rest_of_its_key(amqp_url: str) -> None:
     nowhere = unique_name("nowhere")
     with temp_queue(amqp_url) as queue:
-        events = [
-            make_event(queue.name, key="a"),
-            make_event(nowhere, key="a"),
-            make_event(queue.name, key="b"),
-            make_event(nowhere, key="c"),
-            make_event(queue.name, key="a"),
-        ]
+        events = run_events([queue.name, nowhere, queue.name, nowhere, queue.name], keys=["a", "a", "b", "c", "a"])
+        holds = KeyHolds()
 
-        [outcomes] = asyncio.run(publish_once(make_sink(amqp_url), events))
+        async def scenario() -> list[Outcome]:
+            sink = make_sink(amqp_url)
+            await sink.start()
+            try:
+                return await sink.publish(events, holds)
+            finally:
+                await sink.close()
 
-        assert [o is None for o in outcomes] == [True, False, True, False, True]
+        outcomes = asyncio.run(scenario())
+
+        assert [o is None for o in outcomes] == [True, False, True, False, False]
         for outcome in (outcomes[1], outcomes[3]):
             assert isinstance(outcome, Failure)
             assert outcome.error.startswith("unroutable: no queue bound for routing key")
             assert nowhere in outcome.error
             assert not outcome.permanent
-        received = queue.collect(3)
-        assert [m.message_id for m in received] == [events[i].idempotency_key for i in (0, 2, 4)]
+        # The returned message is never overtaken by a later one of its key.
+        assert outcomes[4] == HELD
+        assert holds.held("a") and holds.held("c") and not holds.held("b")
+        received = queue.collect(2)
+        assert [m.message_id for m in received] == [events[i].idempotency_key for i in (0, 2)]
 
 
 def test_unroutable_on_a_named_exchange(amqp_url: str) -> None:

@@ -1,7 +1,8 @@
 """The RabbitMQ sink (pika, publisher confirms), one concern per module.
 
 - :mod:`.sink`: :class:`RabbitMQSink`, the adapter behind the sink port;
-- :mod:`.batch`: what became of each event of one ``publish`` call;
+- :mod:`.batch`: one ``publish`` call: whose turn it is (one unconfirmed message per key), what became of each event;
+- :mod:`.handoff`: handing a batch's events to the channel (holds admitted, refusals caught first);
 - :mod:`.link`: one connection and its confirm-mode channel, as a state machine;
 - :mod:`.transport`: pika's transport, corked so a chunk of messages is one write;
 - :mod:`.frames`: the Basic.Publish frames, packed directly;

@@ -1,11 +1,20 @@
-"""The bookkeeping of one ``publish`` call: its events and what became of each.
+"""The bookkeeping of one ``publish`` call: its events, whose turn it is, and what became of each.
 
-An event is *unresolved* while it waits for the broker, then gets an outcome.
-An outcome is *settled* when the broker decided it (ack, nack, return, a size
-rejection) or the event cannot be encoded; the other outcomes (a lost channel,
-a timeout) say nothing about the event. An event is a *suspect* while its
+A key's events go to the channel one at a time: the next only once the broker
+confirmed the one before (a confirm window of one per key), so a message that
+is nacked, returned or refused is never overtaken by a later one of its key.
+Events of other keys and events without a key do not wait for each other. The
+events whose turn has come are *ready*; the others of their key wait behind.
+
+An event is *unresolved* until it gets an outcome. An outcome is *settled*
+when the broker decided it (ack, nack, return, a size rejection) or the event
+cannot be encoded; the other outcomes (refused up front, a lost channel, a
+timeout, held) say nothing about the broker. An event is a *suspect* while its
 channel was closed by the broker in refusal of something sent on it: the sink
-sends it again to find out whether it was the cause.
+sends it again to find out whether it was the cause, and the rest of its key
+waits for the verdict. Any other failure *stops* the key: it is held
+(:class:`relay.holds.KeyHolds`) at once, and its later events are answered
+:data:`relay.events.HELD` without being sent.
 """
 
 from __future__ import annotations
@@ -13,65 +22,125 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Sequence
 
-from relay.events import Event, Failure, Outcome
+from relay.events import HELD, Event, Failure, Outcome
+from relay.holds import KeyHolds
 
 
 class Batch:
-    """One ``publish`` call: its events and what became of each."""
+    """One ``publish`` call: its events, whose turn it is, and what became of each."""
 
-    __slots__ = ("_loop", "done", "events", "outcomes", "settled_indices", "suspects", "unresolved")
+    __slots__ = (
+        "_changed",
+        "_loop",
+        "_next",
+        "done",
+        "events",
+        "holds",
+        "outcomes",
+        "ready",
+        "refused",
+        "sent",
+        "settled_indices",
+        "suspects",
+        "unresolved",
+    )
 
-    def __init__(self, events: Sequence[Event], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, events: Sequence[Event], loop: asyncio.AbstractEventLoop, holds: KeyHolds | None) -> None:
         self._loop = loop
+        self.holds = holds
         self.events = events
         self.outcomes: list[Outcome] = [None] * len(events)
-        self.unresolved: set[int] = set()
+        self.unresolved: set[int] = set(range(len(events)))
+        #: Handed to the channel, waiting for the broker's confirm.
+        self.sent: set[int] = set()
+        #: Whose turn has come, in batch order: the first event of each key, every event without one.
+        self.ready: list[int] = []
+        #: Per event, the index of the next event of its key (-1: none).
+        self._next: list[int] = [-1] * len(events)
+        #: Refused up front (see :mod:`.limits`): index -> why.
+        self.refused: dict[int, str] = {}
         self.settled_indices: set[int] = set()
         self.suspects: set[int] = set()
         self.done: asyncio.Future[None] = loop.create_future()
+        self._changed: asyncio.Future[None] | None = None
+        last: dict[str, int] = {}
+        for index, event in enumerate(events):
+            key = event.key
+            if key is None:
+                self.ready.append(index)
+                continue
+            before = last.get(key)
+            if before is None:
+                self.ready.append(index)
+            else:
+                self._next[before] = index
+            last[key] = index
+        if not events:
+            self.done.set_result(None)
 
     @property
     def settled(self) -> int:
         """How many events have an outcome the broker decided (see the module)."""
         return len(self.settled_indices)
 
-    def resolve(self, index: int, outcome: Outcome, *, settled: bool) -> None:
-        """Set the outcome of event ``index`` unless it has one."""
-        if index not in self.unresolved:
-            return
-        self.unresolved.discard(index)
-        self.outcomes[index] = outcome
-        if settled:
-            self.settled_indices.add(index)
-        if not self.unresolved and not self.done.done():
-            self.done.set_result(None)
+    def take_ready(self) -> list[int]:
+        """The events whose turn has come, in order; they are the caller's to send now."""
+        ready, self.ready = self.ready, []
+        return ready
 
-    def fail(self, indices: Iterable[int], error: str) -> None:
-        """Transient failures for ``indices`` that are still unresolved."""
+    async def changed(self) -> None:
+        """Return once an event became ready, or none is in flight any more."""
+        if self._changed is None or self._changed.done():
+            self._changed = self._loop.create_future()
+        await self._changed
+
+    async def resolved(self, indices: Iterable[int]) -> None:
+        """Return once none of ``indices`` (each sent, or decided) is unresolved."""
+        wanted = set(indices)
+        while not wanted.isdisjoint(self.unresolved):
+            await self.changed()
+
+    def resolve(self, index: int, outcome: Outcome, *, settled: bool) -> None:
+        """Set the outcome of event ``index`` unless it has one; acknowledged, its key's next is
+        ready, otherwise its key stops."""
+        if self._set(index, outcome, settled=settled):
+            self._follow(index, acknowledged=outcome is None)
+
+    def unsent(self, indices: Iterable[int], error: str) -> None:
+        """``indices``, still unresolved, could not be handed over (the link is gone): they go
+        back untried, no attempt spent, and their keys stop."""
         for index in indices:
-            self.resolve(index, Failure(error), settled=False)
+            self.resolve(index, Failure(error, unavailable=True), settled=False)
 
     def time_out(self, indices: Iterable[int], error: str) -> None:
         """Failures for ``indices`` still unresolved whose confirm never came: the broker may have them."""
         for index in indices:
             self.resolve(index, Failure(error, timed_out=True), settled=False)
 
+    def abandon(self, error: str) -> None:
+        """Every event still unresolved, never sent, is given back untried (``held``: no attempt spent)."""
+        for index in sorted(self.unresolved):
+            self.resolve(index, Failure(error, held=True), settled=False)
+
     def suspect(self, indices: Iterable[int], error: str) -> None:
-        """``indices`` were in flight (or not yet sent) when the broker closed the channel in refusal."""
+        """``indices`` were in flight (or not yet sent) when the broker closed the channel in refusal.
+
+        Their keys wait: a suspect may be innocent, sent again and confirmed."""
         for index in indices:
             if index in self.unresolved:
                 self.suspects.add(index)
-                self.resolve(index, Failure(error), settled=False)
+                self._set(index, Failure(error), settled=False)
 
     def suspect_again(self, indices: Iterable[int]) -> None:
         """``indices``, sent again, were lost with the link for another reason: still suspects."""
         self.suspects.update(indices)
 
     def convict(self, index: int, failure: Failure) -> None:
-        """Suspect ``index`` was refused again on its own: it is the cause."""
+        """Suspect ``index`` was refused again on its own: it is the cause, and its key stops."""
         self.suspects.discard(index)
         self.outcomes[index] = failure
         self.settled_indices.add(index)
+        self._follow(index, acknowledged=False)
 
     def retry(self, indices: Iterable[int]) -> None:
         """Send the suspects ``indices`` again: unresolved once more, with a fresh ``done``."""
@@ -86,4 +155,44 @@ class Batch:
         """The suspects not cleared in time go back untried: no attempt is spent on them."""
         for index in sorted(self.suspects):
             self.outcomes[index] = Failure(error, unavailable=True)
+            self._follow(index, acknowledged=False)
         self.suspects.clear()
+
+    def unacknowledged(self) -> list[Event]:
+        """The events the broker has not acknowledged (so far)."""
+        unresolved = self.unresolved
+        return [e for i, (e, o) in enumerate(zip(self.events, self.outcomes, strict=True))
+                if o is not None or i in unresolved]  # fmt: skip
+
+    def _set(self, index: int, outcome: Outcome, *, settled: bool) -> bool:
+        if index not in self.unresolved:
+            return False
+        self.unresolved.discard(index)
+        self.sent.discard(index)
+        self.outcomes[index] = outcome
+        if settled:
+            self.settled_indices.add(index)
+        if not self.unresolved and not self.done.done():
+            self.done.set_result(None)
+        if not self.sent:
+            self._wake()
+        return True
+
+    def _wake(self) -> None:
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)
+
+    def _follow(self, index: int, *, acknowledged: bool) -> None:
+        """Event ``index`` is decided: release its key's next event, or stop its key."""
+        later = self._next[index]
+        if acknowledged:
+            if later >= 0 and later in self.unresolved:
+                self.ready.append(later)
+                self._wake()
+            return
+        event = self.events[index]
+        if event.key is not None and self.holds is not None:
+            self.holds.hold([event])
+        while later >= 0:
+            self._set(later, HELD, settled=False)
+            later = self._next[later]

@@ -1,9 +1,10 @@
 """The RabbitMQ sink: publisher confirms on one pika channel, on the relay's event loop.
 
-A batch is written to a confirm-mode channel without waiting between messages;
-the broker's acks (often ``multiple=True``) are matched to events by delivery
-tag, and a ``basic.return`` (mandatory, no queue bound) turns the ack that
-follows it into a failure. pika's ``AsyncioConnection`` runs on the running
+A batch is written to a confirm-mode channel without waiting between messages,
+except that a key's next event waits for the confirm of the one before it (see
+:mod:`.batch`); the broker's acks (often ``multiple=True``) are matched to
+events by delivery tag, and a ``basic.return`` (mandatory, no queue bound)
+turns the ack that follows it into a failure. pika's ``AsyncioConnection`` runs on the running
 loop rather than a connection in a thread: both reach the broker's rate here,
 and the loop version needs no cross-thread hand-off or locking.
 """
@@ -14,8 +15,6 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-import pika.exceptions
-
 from relay.config import CONNECT_TIMEOUT_SECONDS, AmqpSinkConfig
 from relay.errors import ConfigError, SinkError, SinkTimeout, SinkUnavailable
 from relay.events import Event, Failure, Outcome
@@ -23,9 +22,10 @@ from relay.holds import KeyHolds
 from relay.secrets import Scrubber, redact_url
 from relay.sinks.base import scrubbed
 from relay.sinks.rabbitmq.batch import Batch
+from relay.sinks.rabbitmq.handoff import hand_off
 from relay.sinks.rabbitmq.limits import refusal
 from relay.sinks.rabbitmq.link import CLOSE_TIMEOUT_SECONDS, Link, LinkError
-from relay.sinks.rabbitmq.params import connection_parameters, describe
+from relay.sinks.rabbitmq.params import connection_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -35,17 +35,16 @@ HEARTBEAT_SECONDS = 30
 RECONNECT_ATTEMPTS = 3
 RECONNECT_BACKOFF_INITIAL_SECONDS = 0.2
 RECONNECT_BACKOFF_MAX_SECONDS = 2.0
-#: Messages written between yields to the loop (about 50 ms of encoding), so
-#: the database side keeps moving while a large batch goes out. Yielding every
-#: 100-250 messages measured about 20% more client CPU for no throughput gain.
-YIELD_EVERY_MESSAGES = 1000
 
 
 class RabbitMQSink:
     """Publishes to an exchange with publisher confirms and ``mandatory`` set.
 
     Not thread-safe: use it from the event loop it was started on. Concurrent
-    ``publish`` calls are fine; each batch is written contiguously.
+    ``publish`` calls are fine; what is ready of a batch is written contiguously.
+    Within a batch a key has at most one message waiting for its confirm, so a
+    message nacked, returned or refused is never overtaken by a later one of
+    its key; its key is held and the rest of its run answered ``HELD``.
     """
 
     name = "rabbitmq"
@@ -88,22 +87,29 @@ class RabbitMQSink:
         await self._connected(deadline, attempts=1, refusal_is_fatal=True)
 
     async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
-        """Publish ``events`` in order and wait for their confirms (bounded by the publish timeout)."""
+        """Publish ``events`` and wait for their confirms (bounded by the publish timeout).
+
+        A key's events go one at a time, each once the one before is confirmed;
+        other keys' events, and those without a key, go without waiting (see
+        :mod:`.batch`)."""
+        batch = Batch(events, asyncio.get_running_loop(), holds)
+        try:
+            return await self._publish(batch)
+        except BaseException:
+            # Nothing of the batch is reported: its keys are held before a later batch goes.
+            if holds is not None:
+                holds.hold(batch.unacknowledged())
+            raise
+
+    async def _publish(self, batch: Batch) -> list[Outcome]:
         loop = asyncio.get_running_loop()
-        batch = Batch(events, loop)
-        for index, event in enumerate(events):
+        for index, event in enumerate(batch.events):
             refused = refusal(event, self._max_message_bytes)
-            if refused is None:
-                batch.unresolved.add(index)
-                continue
-            batch.outcomes[index] = Failure(refused, permanent=True)
-            logger.debug(
-                "refused event %d: %s",
-                event.id,
-                refused,
-                extra={"action": "rabbitmq.refuse", "event_id": event.id, "topic": event.topic},
-            )
-        if not batch.unresolved:
+            if refused is not None:
+                batch.refused[index] = refused
+        if len(batch.refused) == len(batch.events):
+            # Nothing needs the broker: each key's first event is refused, the rest of it held.
+            await hand_off(None, batch, batch.take_ready())
             return batch.outcomes
         if self._closed:
             raise SinkUnavailable("the RabbitMQ sink is closed")
@@ -112,26 +118,28 @@ class RabbitMQSink:
         if link.blocked is not None:
             raise SinkUnavailable(f"RabbitMQ blocks publishing: {link.blocked}")
         self._inflight.add(batch)
+        links = {link}
         timed_out = False
         try:
             async with asyncio.timeout_at(deadline):
-                async with self._send_lock:
-                    await self._send(link, batch, sorted(batch.unresolved))
-                await asyncio.shield(batch.done)
-                if batch.suspects:
-                    await self._isolate(batch, deadline)
+                await self._drive(batch, link, links, deadline)
         except TimeoutError:
             timed_out = True
         finally:
             self._inflight.discard(batch)
             # Late confirms for this batch (or any after a cancellation) are ignored.
-            for used in (link, self._link):
+            for used in (*links, self._link):
                 if used is not None:
                     used.forget(batch)
         if timed_out:
-            batch.time_out(sorted(batch.unresolved), f"no publisher confirm within {self._publish_timeout:g}s")
+            batch.time_out(sorted(batch.sent), f"no publisher confirm within {self._publish_timeout:g}s")
         batch.give_back("not sent again: the broker refused a message of its batch and time ran out finding which")
-        if batch.settled == 0:
+        batch.abandon(
+            f"not published: the publish timeout of {self._publish_timeout:g}s ran out before its turn"
+            if timed_out
+            else f"not published: the link to RabbitMQ failed before its turn ({link.last_error})"
+        )
+        if batch.settled == 0 and any(o is not None and not o.held and not o.permanent for o in batch.outcomes):
             # The broker said nothing about any event: the relay releases the
             # batch without spending attempts. After a timeout the broker may
             # have stored the events, so it is told apart: copies cost.
@@ -140,6 +148,24 @@ class RabbitMQSink:
                 raise SinkTimeout(f"no publisher confirm from {self._url} within {self._publish_timeout:g}s")
             raise SinkUnavailable(f"lost the channel to {self._url} before any confirm: {link.last_error}")
         return scrubbed(batch.outcomes, self._redact) if self._redact else batch.outcomes
+
+    async def _drive(self, batch: Batch, link: Link, links: set[Link], deadline: float) -> None:
+        """Send each event when its turn comes, until every event has an outcome."""
+        while True:
+            if batch.ready:
+                async with self._send_lock:
+                    # A key's next event may take a newer channel than the one before
+                    # it: that one is confirmed, so nothing of its key can be overtaken.
+                    current = self._link if self._link is not None and self._link.usable else link
+                    links.add(current)
+                    await hand_off(current, batch, batch.take_ready())
+            elif batch.sent:
+                await batch.changed()
+            elif batch.suspects:
+                if not await self._isolate(batch, deadline, links):
+                    return
+            else:
+                return
 
     async def check(self) -> None:
         """Cheap when connected; otherwise one connection attempt. ``SinkUnavailable`` if down."""
@@ -166,46 +192,7 @@ class RabbitMQSink:
             await link.close()
         logger.info("closed the RabbitMQ connection", extra={"action": "rabbitmq.close"})
 
-    async def _send(self, link: Link, batch: Batch, indices: list[int]) -> None:
-        """Write events ``indices`` of the batch to the channel, in order, without waiting."""
-        events = batch.events
-        channel = link.channel
-        for start in range(0, len(indices), YIELD_EVERY_MESSAGES):
-            if start:
-                await asyncio.sleep(0)
-            # Never continue on a different channel: the events sent on the old
-            # one fail, and a later event of the same key must not overtake them.
-            if channel is None or link.channel is not channel or not channel.is_open:
-                self._not_sent(link, batch, indices[start:], link.last_error)
-                return
-            with link.corked():
-                for position in range(start, min(start + YIELD_EVERY_MESSAGES, len(indices))):
-                    index = indices[position]
-                    event = events[index]
-                    try:
-                        link.publish(channel, event)
-                    except ValueError as exc:
-                        # A name too long for AMQP, or headers too large for a frame:
-                        # publish_frames encodes every frame before writing any, so
-                        # nothing went out.
-                        failure = Failure(f"cannot encode message: {exc}", permanent=True)
-                        batch.resolve(index, failure, settled=True)
-                        continue
-                    except pika.exceptions.AMQPError as exc:
-                        self._not_sent(link, batch, indices[position:], describe(exc))
-                        return
-                    link.track(batch, index)
-
-    @staticmethod
-    def _not_sent(link: Link, batch: Batch, indices: list[int], reason: str) -> None:
-        # After a refusal the unsent events are suspects too: they go again
-        # while the culprit is looked for, and no attempt is spent on them.
-        if link.refusal is not None:
-            batch.suspect(indices, f"not sent: {reason}")
-        else:
-            batch.fail(indices, f"not sent: {reason}")
-
-    async def _isolate(self, batch: Batch, deadline: float) -> None:
+    async def _isolate(self, batch: Batch, deadline: float, links: set[Link]) -> bool:
         """Find the events the broker refused by closing the channel or the connection.
 
         The events in flight at such a close are suspects: any of them, or none,
@@ -215,6 +202,10 @@ class RabbitMQSink:
         doing. A half of one that is refused again is the culprit: it fails, and
         the failure counts as an attempt, so a poison event ends dead-lettered
         while the events around it are delivered.
+
+        A suspect's key waits for the verdict: cleared and confirmed, its next
+        event is ready; convicted, the key stops. False if the search was cut
+        short (the suspects left go back untried).
         """
         groups = [sorted(batch.suspects)]
         while groups:
@@ -222,23 +213,25 @@ class RabbitMQSink:
             try:
                 link = await self._connected(deadline, attempts=RECONNECT_ATTEMPTS, refusal_is_fatal=False)
             except SinkUnavailable:
-                return  # the suspects left go back untried
+                return False
+            links.add(link)
             async with self._send_lock:
                 await link.drained()
                 batch.retry(group)
-                await self._send(link, batch, group)
-                await asyncio.shield(batch.done)
+                await hand_off(link, batch, group)
+                await batch.resolved(group)
             lost = [i for i in group if i not in batch.settled_indices and i not in batch.suspects]
             if lost:
                 # The link failed for another reason than a refusal: stop looking.
                 batch.suspect_again(lost)
-                return
+                return False
             refused = [i for i in group if i in batch.suspects]
             if len(refused) == 1 and len(group) == 1:
                 self._convict(batch, refused[0], link.refusal or link.last_error)
             elif refused:
                 half = (len(refused) + 1) // 2
                 groups[:0] = [part for part in (refused[:half], refused[half:]) if part]
+        return True
 
     def _convict(self, batch: Batch, index: int, reason: str) -> None:
         event = batch.events[index]
