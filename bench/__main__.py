@@ -1,11 +1,11 @@
 """``python -m bench``: run the scenarios, print the table, write JSON and docs/performance.md.
 
-python -m bench                               # the default run (~8 minutes)
+python -m bench                               # the default run (10 to 25 minutes; keys' cut cases the most)
 python -m bench --only s1 --events 50000      # iterate on the drain rate in ~1 minute
 python -m bench --long                        # 1M events, 60 s steady, 10 min long transaction
 python -m bench --only gauges                 # status vs the relay's gauges on big tables; updates its section
 python -m bench --only keys                   # key distributions (issue 16); updates its section
-python -m bench --only keys --keys-events 5000 --keys-seconds 20   # the same, small, in ~3 minutes
+python -m bench --only keys --keys-events 5000 --keys-seconds 20   # the same, small, in ~2 minutes
 """
 
 from __future__ import annotations

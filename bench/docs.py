@@ -17,9 +17,9 @@ from typing import Any
 
 from bench import report
 from bench.baselines import RABBIT_WINDOW
-from bench.keys import KEYS_PATH
-from bench.keys_report import keys_text
+from bench.keys_report import keys_section
 from bench.latency import latency_text
+from bench.writers import publish_cost_text
 from relay.config import BATCH_SIZE, PIPELINE_DEPTH
 from relay.sinks.kafka import LINGER_MS
 
@@ -71,43 +71,10 @@ def sections(results: dict[str, Any]) -> dict[str, str]:
         "linger-ms": f"{LINGER_MS}",
         "profile": "\n".join(_profile_section(results)),
         "gauges": _gauges_section(results),
-        "keys": _keys_section(results),
+        "keys": keys_section(results),
         "relay-latency": latency_text(results.get("relay_latency")),
         "publish-cost": publish_cost_text(results),
     }
-
-
-def _keys_section(results: dict[str, Any]) -> str:
-    data = results.get("keys")
-    if (data is None or "keys" in results.get("errors", {})) and KEYS_PATH.exists():
-        try:
-            data = json.loads(KEYS_PATH.read_text())
-        except ValueError:
-            data = None
-    if not data:
-        return "Not measured yet: run `python -m bench --only keys`."
-    return keys_text(data)
-
-
-def publish_cost_text(results: dict[str, Any]) -> str:
-    """What ``producers.publish()`` adds to a transaction, against a bare INSERT of the same columns."""
-    cost = results.get("writer_cost")
-    if not cost or "bare_insert_overhead" not in cost:
-        return "Not measured in this run: `python -m bench --only writer`."
-    found = cost.get("publish_over_bare_insert")
-    shown = f"{found:.2f}x" if isinstance(found, int | float) else "-"
-    met = "-" if not isinstance(found, int | float) else ("yes" if found <= 1.5 else "**no**")
-    return "\n".join(
-        [
-            "| Second statement of a one-row business transaction | Time added per transaction |",
-            "| --- | --: |",
-            f"| `producers.publish()` (NOTIFY on) | {cost['publish_overhead_notify']:+.0%} |",
-            f"| `producers.publish()` (NOTIFY off) | {cost['publish_overhead_no_notify']:+.0%} |",
-            f"| bare INSERT of the same columns into a plain table | {cost['bare_insert_overhead']:+.0%} |",
-            "",
-            f"`publish()` adds {shown} what the bare INSERT adds (target <= 1.5x: {met}).",
-        ]
-    )
 
 
 def _fmt_setting(settings: dict[str, Any]) -> str:

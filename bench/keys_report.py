@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
-from bench.keys import BEFORE, KAFKA_CASES, LATE_OVER_EARLY, RABBIT_CASES, SINK_LABELS, SPREADS, TARGETS
+from bench.keys import BEFORE, KAFKA_CASES, KEYS_PATH, LATE_OVER_EARLY, RABBIT_CASES, SINK_LABELS, SPREADS, TARGETS
 from bench.stats import ratio
 
 _BASELINE_LABELS = {"l_db": "L_db", "l_rmq": "L_rmq"}
@@ -100,3 +101,16 @@ def keys_text(data: dict[str, Any]) -> str:
             f"| {_met(row['late_met'])} |"
         )
     return "\n".join(lines)
+
+
+def keys_section(results: dict[str, Any]) -> str:
+    """The section's text: this run's figures, or else the last saved ones."""
+    data = results.get("keys")
+    if (data is None or "keys" in results.get("errors", {})) and KEYS_PATH.exists():
+        try:
+            data = json.loads(KEYS_PATH.read_text())
+        except ValueError:
+            data = None
+    if not data:
+        return "Not measured yet: run `python -m bench --only keys`."
+    return keys_text(data)

@@ -216,3 +216,24 @@ def commit_costs(
         # Issue 16's figure: what publish() adds to a transaction over what a bare INSERT adds.
         "publish_over_bare_insert": stats.ratio(means["publish_notify"] - plain, means["bare_insert"] - plain),
     }
+
+
+def publish_cost_text(results: dict[str, Any]) -> str:
+    """What ``producers.publish()`` adds to a transaction, against a bare INSERT of the same columns."""
+    cost = results.get("writer_cost")
+    if not cost or "bare_insert_overhead" not in cost:
+        return "Not measured in this run: `python -m bench --only writer`."
+    found = cost.get("publish_over_bare_insert")
+    shown = f"{found:.2f}x" if isinstance(found, int | float) else "-"
+    met = "-" if not isinstance(found, int | float) else ("yes" if found <= 1.5 else "**no**")
+    return "\n".join(
+        [
+            "| Second statement of a one-row business transaction | Time added per transaction |",
+            "| --- | --: |",
+            f"| `producers.publish()` (NOTIFY on) | {cost['publish_overhead_notify']:+.0%} |",
+            f"| `producers.publish()` (NOTIFY off) | {cost['publish_overhead_no_notify']:+.0%} |",
+            f"| bare INSERT of the same columns into a plain table | {cost['bare_insert_overhead']:+.0%} |",
+            "",
+            f"`publish()` adds {shown} what the bare INSERT adds (target <= 1.5x: {met}).",
+        ]
+    )

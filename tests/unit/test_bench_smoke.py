@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench import attribution, cpu, docs, gauges, keys, keys_report, latency, report, stats
+from bench import attribution, cpu, docs, gauges, keys, keys_report, latency, report, stats, writers
 from bench.writers import connections_for, trimmed_mean
 
 PAGE = docs.PAGE_PATH.read_text(encoding="utf-8")
@@ -402,7 +402,7 @@ def test_publish_is_judged_against_a_bare_insert() -> None:
     results = {**RESULTS, "writer_cost": cost}
     verdicts = {v["target"]: v for v in report.evaluate(results)}
     assert verdicts["publish() <= 1.5 x a bare INSERT of the same columns"]["met"] is False
-    text = docs.publish_cost_text(results)
+    text = writers.publish_cost_text(results)
     assert "| bare INSERT of the same columns into a plain table | +10% |" in text
     assert "`publish()` adds 2.00x what the bare INSERT adds (target <= 1.5x: **no**)." in text
     page = docs.render({**results, "keys": KEYS}, PAGE)
