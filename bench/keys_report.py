@@ -57,7 +57,12 @@ def verdicts(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _ratio(value: float | None) -> str:
-    return f"{value:.3g}" if value is not None else "-"
+    """Three significant digits from 0.01 up; two below, without an exponent (0.000037)."""
+    if value is None:
+        return "-"
+    if value >= 0.01 or value <= 0:
+        return f"{value:.3g}"
+    return f"{value:.{1 - math.floor(math.log10(value))}f}"
 
 
 def _met(met: bool | None) -> str:

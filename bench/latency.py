@@ -56,9 +56,11 @@ def latency_text(data: dict[str, Any] | None) -> str:
     found = data["difference"]
     raw_cells = {q: " and ".join(f"{run['to_consume'][q]:.1f}" for run in raw) for q in QUANTILES}
     targets = {"p50_ms": TARGET_P50_MS, "p99_ms": TARGET_P99_MS}
+    writers = data["relay"]
     lines = [
         f"At {data['rate']:,.0f} events/s for {data['seconds']:.0f} s each: the raw client before and after "
-        "the relay, the same consumer.",
+        f"the relay, the same consumer. The relay's writers committed {writers['achieved_rate']:,.0f} events/s "
+        f"({writers['max_behind_schedule_ms']:,.0f} ms behind schedule at worst).",
         "",
         "| Quantile | Relay: commit to consumed | Raw client: produce to consumed | Difference | Target | Met |",
         "| --- | --: | --: | --: | --: | --- |",
