@@ -202,7 +202,9 @@ class KeysScenario:
         self.run.save()
 
     def measure(self) -> None:
-        """L_db, the Kafka cases, L_db, L_rmq, the RabbitMQ cases, L_rmq; then write keys.json."""
+        """Seed, then L_db, the Kafka cases, L_db, L_rmq, the RabbitMQ cases, L_rmq; then write keys.json."""
+        for spread in SPREADS.values():  # all before measuring: seeding's writes would land in a measurement
+            self.template(spread)
         self.l_db()
         for name in KAFKA_CASES:
             self.drain("kafka", SPREADS[name])
