@@ -77,6 +77,13 @@ def _rate(row: dict[str, Any], data: dict[str, Any]) -> str:
     return text
 
 
+def _load(data: dict[str, Any]) -> str:
+    load = data.get("load_average", {})
+    if "start" not in load or "end" not in load:
+        return ""
+    return f" The load average was {load['start']:.1f} at the start and {load['end']:.1f} at the end."
+
+
 def keys_text(data: dict[str, Any]) -> str:
     """The key-distribution section of docs/performance.md."""
     base = data.get("baselines", {})
@@ -93,7 +100,7 @@ def keys_text(data: dict[str, Any]) -> str:
         f"with {data.get('partitions', 0)} partitions or to a durable RabbitMQ queue. A case still draining "
         f"after {data.get('cap_seconds', 0):.0f} s is cut, and its rates are then those of what arrived by then "
         f"(between 10% and 90% of it). L_db {baseline('l_db')} and L_rmq {baseline('l_rmq')} (the same "
-        "payloads) were taken before and after the cases.",
+        "payloads) were taken before and after the cases." + _load(data),
         "",
         "| Case | Drain rate | x L_db | x L_rmq | Target | Met | Rate at 80-90% / 10-20% received | >= 0.9 |",
         "| --- | --: | --: | --: | --- | --- | --: | --- |",

@@ -355,6 +355,7 @@ KEYS = {
     "cap_seconds": 120,
     "partitions": 3,
     "payload_bytes": 146,
+    "load_average": {"start": 1.5, "end": 2.25},
     "baselines": {"l_db": {"rate": 100_000.0, "runs": [{}, {}]}, "l_rmq": {"rate": 10_000.0, "runs": [{}, {}]}},
     "cases": {
         "kafka/k1000": {"rate": 95_000.0, "s3_ratio": 0.95, "cut": False, "received": 200_000},
@@ -376,6 +377,7 @@ def test_key_distribution_cases_are_judged_against_their_baselines() -> None:
     text = keys_report.keys_text(KEYS)
     assert "| Kafka, 1 key | 7.0/s (cut at 120 s, 840 received) | 0.000070 | 0.00070 | >= 0.5 x L_db | **no** |" in text
     assert "L_db 100,000/s (mean of 2 runs)" in text
+    assert "The load average was 1.5 at the start and 2.2 at the end." in text
     assert "| Kafka, 1,000 keys | 95,000/s | 0.95 | 9.5 |" in text
 
 
