@@ -20,7 +20,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from relay import cli
 from relay.events import Event, Outcome
@@ -45,9 +44,10 @@ def main() -> int:
                 acked.setdefault(event.idempotency_key, now)
         return judge(self, events, outcomes)
 
-    # Whatever the claim's parameters are (issue 16 adds some), pass them through.
-    async def stamped_claim(self: PostgresStore, *args: Any, **kwargs: Any) -> Claim:
-        result = await claim(self, *args, **kwargs)
+    async def stamped_claim(
+        self: PostgresStore, limit: int, *, max_attempts: int, max_bytes: int | None = None
+    ) -> Claim:
+        result = await claim(self, limit, max_attempts=max_attempts, max_bytes=max_bytes)
         now = time.monotonic()
         for event in result.events:
             claimed.setdefault(event.idempotency_key, now)
