@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from uuid import UUID
 
 from relay import cli
 from relay.events import Event, Outcome
@@ -45,9 +46,9 @@ def main() -> int:
         return judge(self, events, outcomes)
 
     async def stamped_claim(
-        self: PostgresStore, limit: int, *, max_attempts: int, max_bytes: int | None = None
+        self: PostgresStore, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
     ) -> Claim:
-        result = await claim(self, limit, max_attempts=max_attempts, max_bytes=max_bytes)
+        result = await claim(self, limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
         now = time.monotonic()
         for event in result.events:
             claimed.setdefault(event.idempotency_key, now)

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Sequence
 from typing import Any
+from uuid import UUID
 
 from tenacity import AsyncRetrying, retry_if_exception_type
 
@@ -25,6 +26,7 @@ from relay.batching import BatchLimits
 from relay.config import RelaySettings
 from relay.errors import ClaimTimeout, SinkTimeout, SinkUnavailable, StoreUnavailable
 from relay.events import Event, Outcome
+from relay.holds import KeyHolds
 from relay.metrics import Metrics
 from relay.outcomes import Verdict, judge
 from relay.settling import settle_within_lease
@@ -78,6 +80,11 @@ class Relay:
         self._wake = asyncio.Event()
         # Delivery tasks and when their batches were claimed.
         self._inflight: dict[asyncio.Task[None], float] = {}
+        # The tokens of the batches in hand: on a sink that keeps a key's order
+        # across batches, a claim may go on with the keys they hold.
+        self._flying: dict[UUID, None] = {}
+        #: Keys whose chain of events in flight broke (relay/holds.py).
+        self.holds = KeyHolds()
         self._crash: BaseException | None = None
         self._next_reap = 0.0
         self._opened = False
@@ -190,7 +197,10 @@ class Relay:
         try:
             await self._reap_now_and_then(claimed_at)
             claimed_at = time.monotonic()
-            claim = await self.store.claim(count, max_attempts=self.settings.max_attempts, max_bytes=max_bytes)
+            chain = list(self._flying) if self.sink.chains_keys else []
+            claim = await self.store.claim(
+                count, max_attempts=self.settings.max_attempts, max_bytes=max_bytes, chain=chain
+            )
         except ClaimTimeout as exc:
             smallest = self._limits.smallest
             self._limits.claim_timed_out(time.monotonic() - claimed_at)
@@ -220,6 +230,7 @@ class Relay:
             self.metrics.reaped.inc(claim.reaped)
             logger.warning("took over %d expired leases", claim.reaped, extra={"action": "reap"})
         self.metrics.batch_size.observe(len(claim.events))
+        self._flying[claim.token] = None
         task = asyncio.create_task(self._deliver(claim, claimed_at), name=f"deliver-{claim.token}")
         self._inflight[task] = claimed_at
         task.add_done_callback(self._delivered)
@@ -308,6 +319,12 @@ class Relay:
         return True
 
     async def _deliver(self, claim: Claim, claimed_at: float) -> None:
+        try:
+            await self._publish_and_settle(claim, claimed_at)
+        finally:
+            self._flying.pop(claim.token, None)
+
+    async def _publish_and_settle(self, claim: Claim, claimed_at: float) -> None:
         lease_ends = claimed_at + self.settings.lease_seconds
         everything = [e.id for e in claim.events]
         # A batch that waited (a slow claim, a stalled process) until its lease
@@ -319,17 +336,20 @@ class Relay:
                 len(claim.events),
                 extra={"action": "release_stale", "batch_size": len(claim.events)},
             )
+            self.holds.hold(claim.events)
             await settle_within_lease(self.store, claim, lease_ends, release={0.0: everything})
             return
         started = time.monotonic()
         try:
             with batch_span(claim.events, system=self.sink.name):
-                outcomes = await self.sink.publish(claim.events)
+                outcomes = await self.sink.publish(claim.events, self.holds)
         except SinkTimeout as exc:
+            self.holds.hold(claim.events)
             delay = self._publish_timed_out(len(claim.events), len(claim.events), exc)
             await settle_within_lease(self.store, claim, lease_ends, release={delay: everything})
             return
         except SinkUnavailable as exc:
+            self.holds.hold(claim.events)
             self._sink_down = True
             logger.warning(
                 "broker unavailable, releasing %d events: %s",
@@ -340,6 +360,8 @@ class Relay:
             await settle_within_lease(self.store, claim, lease_ends, release={0.0: everything})
             return
         self._check_publish_time(time.monotonic() - started)
+        # The sink held these keys already; a sink that forgot must not break their order.
+        self.holds.hold([e for e, outcome in zip(claim.events, outcomes, strict=False) if outcome is not None])
         verdict = self._judge(claim.events, outcomes)
         if verdict.timed_out:
             delay = self._publish_timed_out(len(verdict.timed_out), len(claim.events))

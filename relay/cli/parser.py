@@ -88,7 +88,9 @@ _RUN_HELP = {
     "--max-attempts": "attempts before an event is dead-lettered",
     "--backoff-initial": "seconds before the first retry; doubles each attempt, with jitter",
     "--backoff-max": "longest retry delay",
-    "--lease-seconds": "how long a claim lasts before another relay may take it over",
+    "--lease-seconds": "how long a claim lasts before another relay may take it over. run refuses a lease shorter "
+    f"than {config.CLAIM_RESERVE_SECONDS:g} s to claim + --publish-timeout + the sink's grace (Kafka 5 s, "
+    f"RabbitMQ 10 s; with --route, the slowest route's) + {config.SETTLE_RESERVE_SECONDS:g} s to settle",
     "--publish-timeout": "seconds to wait for the broker's acknowledgements of a batch",
     "--poll-interval": "seconds between polls when idle (doubles up to --poll-interval-max)",
     "--poll-interval-max": "longest wait between polls while idle",

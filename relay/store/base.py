@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 from relay.events import Event
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,12 +175,22 @@ class Store(Protocol):
     async def close(self) -> None:
         """Disconnect. Safe to call twice."""
 
-    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
+    async def claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+    ) -> Claim:
         """Lease up to ``limit`` due events, honouring per-key order.
+
+        A key's events come as a run, in id order, to one topic. ``chain`` holds
+        the tokens of this relay's batches in flight: a key whose earlier events
+        are all in those may go on with its next ones (marked ``chained``), as
+        long as they go to the same topic. Without it, a key with an event in
+        flight anywhere waits.
 
         With ``max_bytes`` the batch stops adding events once their payloads
         reach that many bytes; it always holds at least one. A claim that runs
         out of time raises ``ClaimTimeout``: claim fewer events, or fewer bytes.
+        The events come highest priority first, except that each key's come in
+        id order (see :func:`in_key_order`).
         """
 
     async def settle(
@@ -251,3 +263,30 @@ class Admin(Protocol):
 
     async def replay(self, selection: ReplayFilter) -> list[int]:
         """Put matching kept (sent) events back to pending with their idempotency keys; their ids."""
+
+
+class _Keyed(Protocol):
+    @property
+    def id(self) -> int: ...
+    @property
+    def key(self) -> str | None: ...
+
+
+def in_key_order(items: Iterable[T], rank: Callable[[T], Any], *, event: Callable[[T], _Keyed]) -> list[T]:
+    """``items`` sorted by ``rank``, then each key's put back in id order in its key's places.
+
+    A run may hold a key's later events at a higher priority than its earlier
+    ones: they keep their key's order, and the batch otherwise its priorities.
+    """
+    ordered = sorted(items, key=rank)
+    places: dict[str, list[int]] = {}
+    for place, item in enumerate(ordered):
+        key = event(item).key
+        if key is not None:
+            places.setdefault(key, []).append(place)
+    for spots in places.values():
+        if len(spots) > 1:
+            ours = sorted((ordered[i] for i in spots), key=lambda item: event(item).id)
+            for spot, item in zip(spots, ours, strict=True):
+                ordered[spot] = item
+    return ordered

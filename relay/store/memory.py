@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -26,6 +26,7 @@ from relay.store.base import (
     Settlement,
     Skipped,
     Status,
+    in_key_order,
 )
 
 #: The columns of a row that ``dead`` lists as they are.
@@ -125,50 +126,113 @@ class MemoryStore:
     async def close(self) -> None:
         """Nothing to close."""
 
-    def _claimable(self, row: Row, max_attempts: int, now: datetime) -> bool:
+    def _due(self, row: Row, max_attempts: int, now: datetime) -> bool:
+        """Pending, due, and not leased (or its lease expired with attempts left)."""
         if row.state != "pending" or row.deliver_at > now:
             return False
-        if row.lease_expires_at is not None and (row.lease_expires_at >= now or row.attempts >= max_attempts):
-            return False
-        return row.key is None or not any(
-            r.key == row.key and r.id < row.id and r.state in ("pending", "failed") for r in self.rows.values()
-        )
+        return row.lease_expires_at is None or (row.lease_expires_at < now and row.attempts < max_attempts)
 
-    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
-        """Lease up to ``limit`` due events, one per key, their payloads up to ``max_bytes`` (at least one)."""
+    def _unsent(self, key: str) -> list[Row]:
+        return sorted((r for r in self.rows.values() if r.key == key and r.state in ("pending", "failed")), key=_by_id)
+
+    def _blocked(self, row: Row, max_attempts: int, now: datetime) -> bool:
+        """Whether the oldest unsent event of the row's key, before it, is neither in flight
+        nor due and ahead of it in the claim's order (see the claim in queries.sql)."""
+        if row.key is None:
+            return False
+        first = self._unsent(row.key)[0]
+        if first.id >= row.id or first.state != "pending":
+            return first.id < row.id
+        if first.lease_expires_at is not None and first.lease_expires_at >= now:
+            return False
+        ahead = first.priority >= row.priority and first.deliver_at <= now
+        return not (ahead and (first.lease_expires_at is None or first.attempts < max_attempts))
+
+    @staticmethod
+    def _in_flight(row: Row, chain: Sequence[UUID], now: datetime) -> bool:
+        """Leased, still, by one of the batches in ``chain``."""
+        leased = row.lease_expires_at is not None and row.lease_expires_at > now
+        return row.state == "pending" and leased and row.claim_token in chain
+
+    def _runs(self, candidates: list[Row], chain: Sequence[UUID], now: datetime) -> dict[int, bool]:
+        """The candidates that make up runs (see the claim in queries.sql), each with whether it is chained."""
+        ids = {r.id for r in candidates}
+        chosen: dict[int, bool] = {}
+        for key in {r.key for r in candidates if r.key is not None}:
+            unsent = self._unsent(key)
+            mine = [
+                r.claim_token in chain and r.lease_expires_at is not None and r.lease_expires_at > now for r in unsent
+            ]
+            at = next((i for i, ours in enumerate(mine) if not ours), None)
+            if at is None or unsent[at].id not in ids:
+                continue
+            head = unsent[at]
+            flying = unsent[at - 1].topic if at else None
+            if flying is not None and flying != head.topic:
+                continue
+            for row in unsent[at:]:
+                if row.id not in ids or row.topic != head.topic:
+                    break
+                chosen[row.id] = flying is not None or row.id > head.id
+        for row in candidates:
+            if row.key is None:
+                chosen[row.id] = False
+        return chosen
+
+    async def claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+    ) -> Claim:
+        """Lease runs of up to ``limit`` due events, their payloads up to ``max_bytes`` (at least one)."""
         self._check()
         now = self.now()
         token = uuid4()
         candidates = sorted(
-            (r for r in self.rows.values() if self._claimable(r, max_attempts, now)),
+            (
+                r
+                for r in self.rows.values()
+                if self._due(r, max_attempts, now) and not self._blocked(r, max_attempts, now)
+            ),
             key=lambda r: (-r.priority, r.id),
         )[:limit]
+        runs = self._runs(candidates, chain, now)
+        placed = [r for r in candidates if r.id in runs]
+        # A key's event counts from the place of the latest of its run's earlier events: cut, never holed.
+        place = {r.id: i for i, r in enumerate(placed)}
+        at: dict[int, int] = {}
+        latest: dict[str, int] = {}
+        for row in sorted(placed, key=_by_id):
+            if row.key is None:
+                at[row.id] = place[row.id]
+            else:
+                at[row.id] = latest[row.key] = max(latest.get(row.key, -1), place[row.id])
         chosen, size = [], 0
-        for row in candidates:
+        for row in sorted(placed, key=lambda r: (at[r.id], r.id)):
             if max_bytes is not None and size >= max_bytes:
                 break
             chosen.append(row)
             size += len(json.dumps(row.payload).encode())
         reaped = 0
         events = []
-        for row in chosen:
+        for row in in_key_order(chosen, lambda r: (-r.priority, r.id), event=lambda r: r):
             reaped += row.lease_expires_at is not None
             row.claim_token = token
             row.lease_expires_at = now + timedelta(seconds=self.lease_seconds)
             row.attempts += 1
-            events.append(
-                Event(
-                    id=row.id,
-                    topic=row.topic,
-                    key=row.key,
-                    payload=json.dumps(row.payload).encode(),
-                    headers=dict(row.headers),
-                    idempotency_key=row.idempotency_key,
-                    attempts=row.attempts,
-                    created_at=row.created_at,
-                )
-            )
+            events.append(replace(self._as_event(row), attempts=row.attempts, chained=runs[row.id]))
         return Claim(token=token, events=events, reaped=reaped)
+
+    @staticmethod
+    def _as_event(row: Row) -> Event:
+        return Event(
+            id=row.id,
+            topic=row.topic,
+            key=row.key,
+            payload=json.dumps(row.payload).encode(),
+            headers=dict(row.headers),
+            idempotency_key=row.idempotency_key,
+            attempts=row.attempts,
+            created_at=row.created_at,
+        )
 
     def _owned(self, claim: Claim, ids: Sequence[int]) -> list[Row]:
         return [r for i in ids if (r := self.rows.get(i)) is not None and r.claim_token == claim.token]
@@ -362,3 +426,7 @@ class MemoryStore:
         row.state, row.claim_token, row.lease_expires_at = "skipped", None, None
         row.last_error = (row.last_error or "") + " [skipped by operator]"
         return Skipped.SKIPPED
+
+
+def _by_id(row: Row) -> int:
+    return row.id

@@ -3,25 +3,42 @@
 -- parameters sent separately.
 
 -- name: claim
--- Lease a batch of due events: at most one per key (the oldest unsent one of
--- that key, and only while no earlier event of the key is pending, in flight
--- or dead-lettered), any number without a key. attempts counts claims, so a
--- lease that expires because its relay died still counts as an attempt.
+-- Lease a batch of due events: runs of each key's oldest unsent events, in id
+-- order and to one topic, and any number without a key. The argument is in
+-- docs/ordering.md; in short:
+-- * candidates: the first %(limit)s pending, due, unleased (or expired, with
+--   attempts left) rows in (priority, id) order, skipping rows another claim
+--   has locked. A row goes in only if the oldest unsent event of its key is
+--   itself, in flight, or could be claimed now and comes before it in that
+--   order: a key parked behind a dead letter or a retry, or whose oldest event
+--   has a lower priority, costs one index probe a row and takes no place in
+--   the batch. A row of a key in flight does take a place (and goes nowhere
+--   unless the flight is this relay's): the scan stays bounded by %(limit)s.
+-- * heads: per key, its oldest unsent event that is not one of this relay's in
+--   flight (%(mine)s: the tokens of its unsettled batches, empty unless its sink
+--   keeps a key's order across batches). Every earlier unsent event of the key
+--   is then this relay's, and the last of them says which topic it went to.
+-- * A key's run starts at its head (which must be a candidate), takes the
+--   candidates after it, and ends before the first unsent event of the key
+--   that is not a candidate or goes to another topic. A key whose in-flight
+--   events went to another topic waits for them.
+-- * chained: an earlier event of the key is in this run or in flight here.
+-- attempts counts claims, so a lease that expires because its relay died
+-- still counts as an attempt.
 -- The batch stops adding events once their payloads reach %(max_bytes)s bytes
 -- (the first event always goes in), each counted at its size uncompressed:
 -- the size it takes in the table unless it is compressed there (#> '{{}}' is
--- then the payload itself, decompressed). That is within a few bytes of the
--- JSON text for strings, somewhat more for small numbers, and costs next to
--- nothing: rendering the text of events the cap leaves out would cost what
--- the cap is for (about 185 MB/s). The running sum, and the sort it needs,
--- run only when the candidates reach the cap at all.
+-- then the payload itself, decompressed). A key's run is cut, never holed:
+-- an event counts from the place of the latest of its run's earlier events.
+-- The running sum, and the sort it needs, run only when the candidates reach
+-- the cap at all.
 -- The last two columns, the same in every row, are the xmin of the claim's
 -- snapshot and its own transaction id, for the keyset hint (relay/store/floor.py).
 -- The store reads every column by name.
 -- A hinted claim runs this as claim_hinted (relay/store/sql.py), which enters
 -- the claim index at (priority, after) for each priority seen so far.
 WITH candidates AS (
-    SELECT o.id, o.priority, o.lease_expires_at AS old_lease,
+    SELECT o.id, o.key, o.topic, o.priority, o.lease_expires_at AS old_lease,
            CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
                 ELSE pg_column_size(o.payload #> '{{}}') END AS bytes
     FROM {table} AS o
@@ -31,26 +48,65 @@ WITH candidates AS (
       AND (o.lease_expires_at IS NULL
            OR (o.lease_expires_at < now() AND o.attempts < %(max_attempts)s))
       AND (o.key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM {table} AS earlier
-            WHERE earlier.key = o.key
-              AND earlier.id < o.id
-              AND earlier.state IN ('pending', 'failed')))
+            SELECT 1
+            FROM (SELECT f.id, f.priority, f.deliver_at, f.lease_expires_at, f.attempts, f.state = 'pending' AS pending
+                  FROM {table} AS f
+                  WHERE f.key = o.key AND f.state IN ('pending', 'failed')
+                  ORDER BY f.id
+                  LIMIT 1) AS first
+            WHERE first.id < o.id
+              AND (first.pending AND first.lease_expires_at >= now()) IS NOT TRUE  -- in flight
+              AND (first.pending AND first.priority >= o.priority AND first.deliver_at <= now()
+                   AND (first.lease_expires_at IS NULL OR first.attempts < %(max_attempts)s)) IS NOT TRUE))
     ORDER BY o.priority DESC, o.id
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
+), heads AS (
+    SELECT k.key, h.id AS head, h.topic,
+           (SELECT t.topic FROM {table} AS t
+            WHERE t.key = k.key AND t.id < h.id AND t.state IN ('pending', 'failed')
+            ORDER BY t.id DESC
+            LIMIT 1) AS flying_topic
+    FROM (SELECT DISTINCT c.key FROM candidates AS c WHERE c.key IS NOT NULL) AS k
+    CROSS JOIN LATERAL (
+        SELECT e.id, e.topic FROM {table} AS e
+        WHERE e.key = k.key AND e.state IN ('pending', 'failed')
+          AND (e.state = 'pending' AND e.claim_token = ANY(%(mine)s::uuid[])
+               AND e.lease_expires_at > now()) IS NOT TRUE
+        ORDER BY e.id
+        LIMIT 1) AS h
+), runs AS (
+    SELECT h.key, h.head, h.flying_topic IS NOT NULL AS flying,
+           (SELECT e.id FROM {table} AS e
+            WHERE e.key = h.key AND e.id > h.head AND e.state IN ('pending', 'failed')
+              AND (e.topic <> h.topic OR NOT EXISTS (SELECT 1 FROM candidates AS c WHERE c.id = e.id))
+            ORDER BY e.id
+            LIMIT 1) AS stop
+    FROM heads AS h
+    WHERE (h.flying_topic IS NULL OR h.flying_topic = h.topic)
+      AND EXISTS (SELECT 1 FROM candidates AS c WHERE c.id = h.head)
+), placed AS (
+    SELECT c.id, c.old_lease, c.bytes,
+           c.key IS NOT NULL AND (r.flying OR c.id > r.head) AS chained,
+           row_number() OVER (ORDER BY c.priority DESC, c.id) AS place
+    FROM candidates AS c
+    LEFT JOIN runs AS r ON r.key = c.key
+    WHERE c.key IS NULL OR (r.key IS NOT NULL AND c.id >= r.head AND (r.stop IS NULL OR c.id < r.stop))
 ), total AS (
-    SELECT coalesce(sum(bytes), 0) AS bytes FROM candidates
+    SELECT coalesce(sum(bytes), 0) AS bytes FROM placed
 ), chosen AS (
     -- Under the cap, all of them, without the running sum (its sort) ...
-    SELECT c.id, c.old_lease
-    FROM candidates AS c
+    SELECT p.id, p.old_lease, p.chained
+    FROM placed AS p
     WHERE (SELECT bytes FROM total) < %(max_bytes)s
     UNION ALL
     -- ... or those that came while the sum was under the cap.
-    SELECT c.id, c.old_lease
-    FROM (SELECT *, sum(bytes) OVER (ORDER BY priority DESC, id ROWS UNBOUNDED PRECEDING) - bytes AS before
-          FROM candidates) AS c
-    WHERE (SELECT bytes FROM total) >= %(max_bytes)s AND c.before < %(max_bytes)s
+    SELECT s.id, s.old_lease, s.chained
+    FROM (SELECT q.*, sum(q.bytes) OVER (ORDER BY q.at, q.id ROWS UNBOUNDED PRECEDING) - q.bytes AS before
+          FROM (SELECT p.*, CASE WHEN c.key IS NULL THEN p.place
+                                 ELSE max(p.place) OVER (PARTITION BY c.key ORDER BY p.id) END AS at
+                FROM placed AS p JOIN candidates AS c ON c.id = p.id) AS q) AS s
+    WHERE (SELECT bytes FROM total) >= %(max_bytes)s AND s.before < %(max_bytes)s
 )
 UPDATE {table} AS o
 SET claim_token = %(token)s,
@@ -61,7 +117,7 @@ FROM chosen AS c
 WHERE o.id = c.id
 RETURNING o.id, o.topic, o.key, o.payload::text AS payload,
           nullif(o.headers, '{{}}'::jsonb)::text AS headers, o.idempotency_key,
-          o.attempts, o.created_at, o.priority, c.old_lease IS NOT NULL AS reaped,
+          o.attempts, o.created_at, o.priority, c.old_lease IS NOT NULL AS reaped, c.chained,
           (SELECT pg_snapshot_xmin(pg_current_snapshot()))::text::bigint AS snapshot_xmin,
           (SELECT pg_current_xact_id())::text::bigint AS xact_id;
 

@@ -33,19 +33,62 @@ def test_future_deliver_at_is_not_claimed(h: Harness) -> None:
     assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events] == ["now"]
 
 
-def test_one_event_per_key_in_flight_and_the_next_only_after_the_first_is_sent(h: Harness) -> None:
+def keys_of(claim: Claim) -> list[tuple[str, bool]]:
+    return [(e.idempotency_key, e.chained) for e in claim.events]
+
+
+def test_a_key_comes_as_a_run_in_id_order_and_waits_while_it_is_in_flight(h: Harness) -> None:
     for i in range(3):
         h.insert("t", {"i": i}, key="order-1", idempotency_key=f"k{i}")
     h.insert("t", {}, idempotency_key="free-1")
     h.insert("t", {}, idempotency_key="free-2")
     first = run(h.store.claim(10, max_attempts=MAX))
-    assert sorted(e.idempotency_key for e in first.events) == ["free-1", "free-2", "k0"]
+    assert keys_of(first) == [("k0", False), ("k1", True), ("k2", True), ("free-1", False), ("free-2", False)]
+    h.insert("t", {"i": 3}, key="order-1", idempotency_key="k3")
+    # Another relay (or one whose sink cannot chain) waits for the key's events in flight.
     assert run(h.store.claim(10, max_attempts=MAX)).events == []
-    k0 = next(e for e in first.events if e.key)
     run(h.store.settle(first, sent=[e.id for e in first.events], retry=[], dead=[]))
-    second = run(h.store.claim(10, max_attempts=MAX))
-    assert [e.idempotency_key for e in second.events] == ["k1"]
-    assert second.events[0].id > k0.id
+    assert keys_of(run(h.store.claim(10, max_attempts=MAX))) == [("k3", False)]
+
+
+def test_a_relay_goes_on_with_a_key_it_has_in_flight_and_marks_the_events_chained(h: Harness) -> None:
+    h.insert("t", {}, key="k", idempotency_key="k0")
+    h.insert("t", {}, key="k", idempotency_key="k1")
+    first = run(h.store.claim(10, max_attempts=MAX))
+    h.insert("t", {}, key="k", idempotency_key="k2")
+    h.insert("t", {}, key="other", idempotency_key="o0")
+    second = run(h.store.claim(10, max_attempts=MAX, chain=[first.token]))
+    assert keys_of(second) == [("k2", True), ("o0", False)]
+    # The chain follows live leases only: once they expire, the key starts again from its oldest event.
+    h.insert("t", {}, key="k", idempotency_key="k3")
+    h.expire_leases()
+    third = run(h.store.claim(10, max_attempts=MAX, chain=[first.token, second.token]))
+    assert keys_of(third) == [("k0", False), ("k1", True), ("k2", True), ("o0", False), ("k3", True)]
+
+
+def test_a_run_ends_where_its_key_changes_topic_or_an_event_is_not_due(h: Harness) -> None:
+    h.insert("a", {}, key="k", idempotency_key="a0")
+    h.insert("a", {}, key="k", idempotency_key="a1")
+    h.insert("b", {}, key="k", idempotency_key="b0")
+    h.insert("a", {}, key="k", idempotency_key="a2")
+    h.insert("a", {}, key="j", idempotency_key="j0")
+    h.insert("a", {}, key="j", idempotency_key="j1", deliver_at=datetime.now(UTC) + timedelta(hours=1))
+    h.insert("a", {}, key="j", idempotency_key="j2")
+    first = run(h.store.claim(10, max_attempts=MAX))
+    assert keys_of(first) == [("a0", False), ("a1", True), ("j0", False)]
+    # Chaining would send b0 while a1 may still fail: the key waits for its other topic's flight to land.
+    assert run(h.store.claim(10, max_attempts=MAX, chain=[first.token])).events == []
+    run(h.store.settle(first, sent=[e.id for e in first.events], retry=[], dead=[]))
+    assert keys_of(run(h.store.claim(10, max_attempts=MAX))) == [("b0", False)]
+
+
+def test_a_run_cut_by_the_limit_or_the_byte_cap_keeps_its_first_events(h: Harness) -> None:
+    for i in range(5):
+        h.insert("t", {"pad": "x" * 100}, key="k", idempotency_key=f"k{i}")
+    assert keys_of(run(h.store.claim(3, max_attempts=MAX))) == [("k0", False), ("k1", True), ("k2", True)]
+    h.expire_leases()
+    capped = run(h.store.claim(10, max_attempts=MAX, max_bytes=250))
+    assert [e.idempotency_key for e in capped.events] == ["k0", "k1", "k2"]
 
 
 def test_priority_puts_unkeyed_events_first_but_never_reorders_a_key(h: Harness) -> None:
@@ -93,10 +136,10 @@ def test_settle_with_a_stale_token_changes_nothing(h: Harness) -> None:
 
 def test_a_lease_that_expires_on_its_last_attempt_is_dead_lettered_and_parks_its_key(h: Harness) -> None:
     h.insert("t", {}, key="k", idempotency_key="poison")
-    h.insert("t", {}, key="k", idempotency_key="after")
     for _ in range(MAX):
         assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events] == ["poison"]
         h.expire_leases()
+    h.insert("t", {}, key="k", idempotency_key="after")
     assert run(h.store.claim(10, max_attempts=MAX)).events == []
     assert run(h.store.reap(max_attempts=MAX)) == 1
     assert h.state_of("poison") == "failed"
@@ -129,7 +172,9 @@ def test_dead_letter_then_skip_releases_the_key(h: Harness) -> None:
     h.insert("t", {}, key="k", idempotency_key="bad")
     h.insert("t", {}, key="k", idempotency_key="good")
     claim = run(h.store.claim(10, max_attempts=MAX))
+    assert keys_of(claim) == [("bad", False), ("good", True)]
     run(h.store.settle(claim, sent=[], retry=[], dead=[Dead(claim.events[0].id, "too large")]))
+    run(h.store.release(claim, [claim.events[1].id]))  # held back: its key's earlier event failed
     assert run(h.store.claim(10, max_attempts=MAX)).events == []
     assert run(h.admin.skip(claim.events[0].id, lease_grace_seconds=GRACE)) is Skipped.SKIPPED
     assert h.state_of("bad") == "skipped"
@@ -160,16 +205,17 @@ def test_release_with_a_delay_waits_keeps_its_place_in_its_key_and_spends_no_att
     h.insert("t", {}, idempotency_key="free")
     claim = run(h.store.claim(10, max_attempts=MAX))
     by_idem = {e.idempotency_key: e for e in claim.events}
-    assert sorted(by_idem) == ["first", "free"]
+    assert sorted(by_idem) == ["first", "free", "second"]
     run(h.store.settle(claim, sent=[by_idem["free"].id], retry=[], dead=[]))
     run(h.store.release(claim, [by_idem["first"].id], delay_seconds=3600))
+    run(h.store.release(claim, [by_idem["second"].id]))
     # Not due yet, and the key's later event waits behind it.
     assert run(h.store.claim(10, max_attempts=MAX)).events == []
     status = run(h.store.status())
     assert (status.pending, status.in_flight, status.failed) == (2, 0, 0)
     h.make_due()
     again = run(h.store.claim(10, max_attempts=MAX))
-    assert [(e.idempotency_key, e.attempts) for e in again.events] == [("first", 1)]
+    assert [(e.idempotency_key, e.attempts) for e in again.events] == [("first", 1), ("second", 1)]
 
 
 def test_release_with_a_stale_token_changes_nothing(h: Harness) -> None:

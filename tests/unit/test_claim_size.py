@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import replace
+from uuid import UUID
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -61,8 +62,10 @@ class SlowReadStore(MemoryStore):
         #: The most payload bytes leased at once (the batches in hand).
         self.most_in_hand = 0
 
-    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
-        claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes)
+    async def claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+    ) -> Claim:
+        claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
         size = sum(len(e.payload) for e in claim.events)
         if size / self.rate > self.statement_timeout:
             await asyncio.sleep(self.statement_timeout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -56,3 +57,33 @@ def test_a_bad_batch_bytes_is_a_one_line_error(
         cli.main(RUN)
     assert "RELAY_BATCH_BYTES" in capsys.readouterr().err
     assert served == []
+
+
+SINKS = {"Kafka": "kafka://127.0.0.1:9092", "RabbitMQ": "amqp://guest:guest@127.0.0.1:5672/%2F"}
+LEASE_HELP_RE = re.compile(
+    r"shorter than ([\d.]+) s to claim \+ --publish-timeout \+ the sink's grace "
+    r"\(Kafka ([\d.]+) s, RabbitMQ ([\d.]+) s; with --route, the slowest route's\) \+ ([\d.]+) s to settle"
+)
+
+
+def lease_floor_in_help(capsys: pytest.CaptureFixture[str]) -> dict[str, float]:
+    """The shortest lease ``run --help`` promises, per sink, less the publish timeout."""
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    found = LEASE_HELP_RE.search(" ".join(capsys.readouterr().out.split()))
+    assert found, "run --help does not state the lease's lower bound"
+    claim, kafka, rabbitmq, settle = map(float, found.groups())
+    return {"Kafka": claim + kafka + settle, "RabbitMQ": claim + rabbitmq + settle}
+
+
+@pytest.mark.parametrize("sink", SINKS)
+def test_the_lease_floor_in_run_help_is_the_one_run_checks(
+    served: list[Any], capsys: pytest.CaptureFixture[str], sink: str
+) -> None:
+    publish_timeout = 7.0
+    floor = publish_timeout + lease_floor_in_help(capsys)[sink]
+    argv = [*RUN[:-1], SINKS[sink], "--publish-timeout", f"{publish_timeout:g}"]
+    assert cli.main([*argv, "--lease-seconds", f"{floor:g}"]) == 0
+    assert cli.main([*argv, "--lease-seconds", f"{floor - 0.5:g}"]) == 2
+    assert "--lease-seconds" in capsys.readouterr().err
+    assert len(served) == 1

@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
+from uuid import UUID
 
 import pytest
 
@@ -43,8 +44,10 @@ class CountingStore(MemoryStore):
         self.opens += 1
         await super().open()
 
-    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
-        claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes)
+    async def claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+    ) -> Claim:
+        claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
         if claim.events:
             self.claimed_at.append(time.monotonic())
         return claim
@@ -195,8 +198,10 @@ class SlowFirstClaim(MemoryStore):
         self.seconds = seconds
         self.released: list[int] = []
 
-    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
-        claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes)
+    async def claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+    ) -> Claim:
+        claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
         if claim.events and self.seconds:
             await asyncio.sleep(self.seconds)
             self.seconds = 0

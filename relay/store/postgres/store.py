@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import psycopg
 from psycopg.rows import RowMaker
@@ -15,7 +15,7 @@ from psycopg.rows import RowMaker
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
 from relay.errors import ClaimTimeout, StoreUnavailable
 from relay.events import Event
-from relay.store.base import Claim, Dead, Retry, Settlement, Status
+from relay.store.base import Claim, Dead, Retry, Settlement, Status, in_key_order
 from relay.store.floor import FULL_SCAN_INTERVAL_SECONDS, ClaimFloor
 from relay.store.postgres import monitoring
 from relay.store.postgres.admin import PostgresAdmin
@@ -39,7 +39,7 @@ class Claimed(NamedTuple):
 
 _CLAIMED_COLUMNS = (
     "id", "topic", "key", "payload", "headers", "idempotency_key", "attempts", "created_at",
-    "priority", "reaped", "snapshot_xmin", "xact_id",
+    "priority", "reaped", "chained", "snapshot_xmin", "xact_id",
 )  # fmt: skip
 
 
@@ -54,9 +54,8 @@ def claimed_row(cursor: Any) -> RowMaker[Claimed]:
     missing = [name for name in _CLAIMED_COLUMNS if name not in index]
     if missing:
         raise RuntimeError(f"the claim query lacks the columns {missing}")
-    i_id, i_topic, i_key, i_payload, i_headers, i_idem, i_attempts, i_created, i_prio, i_reaped, i_xmin, i_xid = (
-        index[name] for name in _CLAIMED_COLUMNS
-    )
+    (i_id, i_topic, i_key, i_payload, i_headers, i_idem, i_attempts, i_created, i_prio, i_reaped, i_chained, i_xmin,
+     i_xid) = (index[name] for name in _CLAIMED_COLUMNS)  # fmt: skip
     loads = json.loads
 
     def make(values: Sequence[Any]) -> Claimed:
@@ -70,6 +69,7 @@ def claimed_row(cursor: Any) -> RowMaker[Claimed]:
             idempotency_key=values[i_idem],
             attempts=values[i_attempts],
             created_at=values[i_created],
+            chained=values[i_chained],
         )
         priority = values[i_prio]
         return Claimed(-priority, values[i_id], event, priority, values[i_reaped], values[i_xmin], values[i_xid])
@@ -106,9 +106,11 @@ class PostgresStore(PostgresAdmin):
         """Connect, check the table, and LISTEN if enabled."""
         await self._db.open(listen=self._listen_enabled)
 
-    async def claim(self, limit: int, *, max_attempts: int, max_bytes: int | None = None) -> Claim:
-        """Lease up to ``limit`` due events (one per key, at least one, their payloads up to
-        ``max_bytes``), ordered by priority then id."""
+    async def claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[UUID] = ()
+    ) -> Claim:
+        """Lease up to ``limit`` due events (runs of each key's, at least one, their payloads up to
+        ``max_bytes``), by priority then id, each key's in id order; see :meth:`Store.claim`."""
         token = uuid4()
         after = self._floor.next_after()
         params = {
@@ -119,6 +121,7 @@ class PostgresStore(PostgresAdmin):
             "token": token,
             "owner": self._owner,
             "lease_seconds": self._lease_seconds,
+            "mine": list(chain),
         }
         # A hinted claim enters the index at the floor for each priority seen (claim_hinted);
         # a full scan, or one past too many priorities, reads it from the start (claim).
@@ -140,7 +143,8 @@ class PostgresStore(PostgresAdmin):
             xids=(rows[0].snapshot_xmin, rows[0].xact_id) if rows else None,
             priorities={r.priority for r in rows},
         )
-        rows.sort()  # by priority, highest first, then by id: each row starts with (-priority, id)
+        # By priority, highest first, then by id (each row starts with (-priority, id)); each key's in id order.
+        rows = in_key_order(rows, lambda row: row[:2], event=lambda row: row.event)
         return Claim(token=token, events=[r.event for r in rows], reaped=sum(1 for r in rows if r.reaped))
 
     async def settle(

@@ -1,0 +1,100 @@
+"""Runs of a key's events, chained across batches in flight, on the in-memory store and sink."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import replace
+
+from relay.events import HELD, Event, Failure, Outcome
+from relay.holds import KeyHolds
+from relay.loop import Relay
+from relay.sinks.memory import MemorySink
+from relay.store.memory import MemoryStore
+from tests.unit.test_loop import FAST, go, run_until
+
+PIPELINED = replace(FAST, batch_size=7, pipeline_depth=3)
+
+
+class SlowSink(MemorySink):
+    """Acknowledges after a pause, so that several batches are in flight at once."""
+
+    def __init__(self, fail: object = None) -> None:
+        super().__init__(fail)  # type: ignore[arg-type]
+        self.batches: list[list[Event]] = []
+
+    async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
+        self.batches.append(list(events))
+        outcomes = await super().publish(events, holds)
+        await asyncio.sleep(0.01)
+        return outcomes
+
+
+def first_copies(sink: MemorySink, key: str) -> list[int]:
+    seen: list[int] = []
+    for event in sink.delivered:
+        if event.key == key and event.id not in seen:
+            seen.append(event.id)
+    return seen
+
+
+def test_a_hot_key_moves_in_runs_chained_across_the_batches_in_flight() -> None:
+    store, sink = MemoryStore(), SlowSink()
+    for i in range(60):
+        store.insert("t", {"i": i}, key="hot")
+    go(run_until(Relay(store, sink, PIPELINED), lambda: not store.rows))
+    assert first_copies(sink, "hot") == sorted(first_copies(sink, "hot"))
+    assert len(first_copies(sink, "hot")) == 60
+    # Whole batches of the one key, and the later ones claimed while earlier ones were in flight.
+    assert max(len(b) for b in sink.batches) == 7
+    assert any(b[0].chained for b in sink.batches)
+
+
+def test_a_failure_in_a_run_holds_the_rest_of_its_key_in_flight_and_nothing_overtakes_it() -> None:
+    failures = {13: 1, 29: 2}
+
+    def flaky(event: Event) -> Outcome:
+        if failures.get(event.id, 0) > 0:
+            failures[event.id] -= 1
+            return Failure("broker hiccup")
+        return None
+
+    store, sink = MemoryStore(), SlowSink(flaky)
+    for i in range(80):
+        store.insert("t", {"i": i}, key=f"k{i % 2}")
+    go(run_until(Relay(store, sink, PIPELINED), lambda: not store.rows))
+    for key in ("k0", "k1"):
+        assert first_copies(sink, key) == sorted(first_copies(sink, key))
+        assert len(first_copies(sink, key)) == 40
+    # Every delivery of a key after a failure of it comes after that event was delivered.
+    failed_at = [i for i, e in enumerate(sink.attempted) if e.id in (13, 29)]
+    assert failed_at, "the failures never happened"
+    for index, event in enumerate(sink.delivered):
+        if event.key == "k0" and event.id > 13:
+            assert any(e.id == 13 for e in sink.delivered[:index]), f"event {event.id} overtook 13"
+        if event.key == "k0" and event.id > 29:
+            assert any(e.id == 29 for e in sink.delivered[:index]), f"event {event.id} overtook 29"
+
+
+def test_a_poison_event_parks_its_key_and_the_other_keys_drain() -> None:
+    store, sink = MemoryStore(), SlowSink(lambda e: Failure("too large", permanent=True) if e.id == 21 else None)
+    for i in range(60):
+        store.insert("t", {"i": i}, key=f"k{i % 3}")
+    relay = Relay(store, sink, PIPELINED)
+    parked = [i + 1 for i in range(60) if i % 3 == 2 and i + 1 > 21]
+    go(run_until(relay, lambda: sorted(store.rows) == [21, *parked]))
+    assert store.rows[21].state == "failed"
+    assert all(store.rows[i].state == "pending" and store.rows[i].claim_token is None for i in parked)
+    assert not [e for e in sink.delivered if e.id in parked]
+    assert len(first_copies(sink, "k0")) == len(first_copies(sink, "k1")) == 20
+    assert relay.holds.held("k2")
+
+
+def test_holds_admit_unchained_events_and_clear_their_key() -> None:
+    holds = KeyHolds()
+    event = Event(1, "t", "k", b"{}", {}, "i", 1, None, chained=True)  # type: ignore[arg-type]
+    assert holds.admit(event)
+    holds.hold([event])
+    assert not holds.admit(event)
+    assert holds.admit(replace(event, chained=False)) and holds.admit(event)
+    assert HELD.held and not HELD.permanent
