@@ -1,9 +1,11 @@
 """``python -m bench``: run the scenarios, print the table, write JSON and docs/performance.md.
 
-python -m bench                               # the default run (~8 minutes)
+python -m bench                               # the default run (10 to 25 minutes; keys' cut cases the most)
 python -m bench --only s1 --events 50000      # iterate on the drain rate in ~1 minute
 python -m bench --long                        # 1M events, 60 s steady, 10 min long transaction
 python -m bench --only gauges                 # status vs the relay's gauges on big tables; updates its section
+python -m bench --only keys                   # key distributions (issue 16); updates its section
+python -m bench --only keys --keys-events 5000 --keys-seconds 20   # the same, small, in ~2 minutes
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import docs, gauges, report
+from bench import docs, gauges, keys, keys_report, latency, report
 from bench.runner import Run
 from bench.services import machine, require_postgres
 
@@ -28,11 +30,15 @@ SCENARIOS = {
     "rmq": "S1 RabbitMQ drain, with L_rmq",
     "s2": "S2 steady load, NOTIFY on and off",
     "s4": "S4 steady load beside a long REPEATABLE READ transaction",
-    "writer": "writer cost: business tx with and without publish(), NOTIFY on/off (L_commit)",
+    "writer": "writer cost: business tx with and without publish(), NOTIFY on/off, vs a bare INSERT (L_commit)",
+    "keys": "key distributions: null, one per event, 1,000, 8 and 1 key(s), to Kafka and RabbitMQ, vs L_db and L_rmq",
+    "latency": "the relay's own latency: S2 commit-to-consume minus the raw client's, at 500 events/s",
     "profile": "where S1 Kafka's time goes (py-spy, phase timers, EXPLAIN ANALYZE); not in the default set",
     "gauges": "status() vs the relay's gauges() on 100k and 1M unsent events (3M with --long); not in the default set",
 }
-DEFAULT = ("s1", "s1u", "rmq", "s2", "s4", "writer")
+DEFAULT = ("s1", "s1u", "rmq", "s2", "s4", "writer", "keys", "latency")
+#: The page sections a partial run rewrites, by the scenario that feeds them alone.
+OWN_SECTIONS = {"gauges": "gauges", "keys": "keys", "latency": "relay-latency", "writer": "publish-cost"}
 EVENTS, LONG_EVENTS = 200_000, 1_000_000
 
 
@@ -53,6 +59,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="run each drain (s1, s1u, rmq) this many times; the median-rate run is reported",
     )
+    parser.add_argument(
+        "--keys-events",
+        type=int,
+        default=keys.EVENTS,
+        help=f"events per key-distribution case (default {keys.EVENTS:,})",
+    )
+    parser.add_argument(
+        "--keys-seconds",
+        type=float,
+        default=keys.CAP_SECONDS,
+        help=f"cut a key-distribution case after this long (default {keys.CAP_SECONDS:.0f})",
+    )
     parser.add_argument("--rate", type=float, help="S2/S4 offered events/s (default: half the S1 Kafka rate)")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "latest.json", help="results JSON")
     parser.add_argument(
@@ -60,7 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="rewrite docs/performance.md (default: only after a full default run; a run with gauges "
-        "rewrites that section alone)",
+        "rewrites that section alone, and so do keys, latency and writer)",
     )
     parser.add_argument(
         "--doc-from",
@@ -134,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         "long": args.long,
         "s2_seconds": args.s2_seconds,
         "s4_seconds": args.s4_seconds,
+        "keys_events": args.keys_events,
+        "keys_seconds": args.keys_seconds,
         "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
     }
     run.results["machine"] = machine()
@@ -158,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             run.attempt("profile", lambda: profile(run))
         if "gauges" in chosen:
             run.attempt("gauges", lambda: gauges.measure(run, long=args.long))
+        if "keys" in chosen:
+            run.attempt("keys", lambda: keys.measure(run, events=args.keys_events, cap_seconds=args.keys_seconds))
+        if "latency" in chosen:
+            run.attempt("latency", lambda: latency.measure(run, seconds=args.s2_seconds))
     finally:
         run.close()
         save()
@@ -170,13 +194,23 @@ def main(argv: list[str] | None = None) -> int:
     if "gauges" in results and "gauges" not in results["errors"]:
         print()
         print(docs.gauges_text(results["gauges"]))
+    if "keys" in results:
+        print()
+        print(keys_report.keys_text(results["keys"]))
     print(f"\nresults: {args.output}")
     if args.write_doc:
         DOC_PATH.write_text(docs.render(results, DOC_PATH.read_text()))
         print(f"rewrote {DOC_PATH}")
-    elif args.update_sections and "gauges" in results and "gauges" not in results["errors"] and DOC_PATH.exists():
-        DOC_PATH.write_text(docs.fill(DOC_PATH.read_text(), {"gauges": docs.gauges_text(results["gauges"])}))
-        print(f"rewrote the gauges section of {DOC_PATH}")
+    elif args.update_sections and DOC_PATH.exists():
+        texts = docs.sections(results)
+        own = {
+            section: texts[section]
+            for scenario, section in OWN_SECTIONS.items()
+            if scenario in args.scenarios and scenario not in results["errors"]
+        }
+        if own:
+            DOC_PATH.write_text(docs.fill(DOC_PATH.read_text(), own))
+            print(f"rewrote the {', '.join(own)} section(s) of {DOC_PATH}")
     if results["errors"]:
         print(f"scenarios that failed: {', '.join(results['errors'])}", file=sys.stderr)
         return 1

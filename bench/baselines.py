@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pika
@@ -157,12 +158,22 @@ def l_latency(bootstrap: str, topic: str, rate: float, seconds: float, receiver:
     }
 
 
-def l_rmq(url: str, queue: str, events: int, *, window: int = RABBIT_WINDOW) -> dict[str, Any]:
-    """Publish ``events`` persistent, mandatory messages with pipelined confirms; wait for every confirm."""
-    return asyncio.run(_l_rmq(url, queue, events, window))
+def l_rmq(
+    url: str,
+    queue: str,
+    events: int,
+    *,
+    window: int = RABBIT_WINDOW,
+    payload: Callable[[int], bytes] = payload_for,
+) -> dict[str, Any]:
+    """Publish ``events`` persistent, mandatory messages with pipelined confirms; wait for every confirm.
+
+    Message ``g`` (from 1) carries ``payload(g)``.
+    """
+    return asyncio.run(_l_rmq(url, queue, events, window, payload))
 
 
-async def _l_rmq(url: str, queue: str, events: int, window: int) -> dict[str, Any]:
+async def _l_rmq(url: str, queue: str, events: int, window: int, payload_of: Callable[[int], bytes]) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     opened: asyncio.Future[Any] = loop.create_future()
     all_confirmed: asyncio.Future[None] = loop.create_future()
@@ -202,7 +213,7 @@ async def _l_rmq(url: str, queue: str, events: int, window: int) -> dict[str, An
         pika.URLParameters(url), on_open_callback=on_open, on_open_error_callback=on_error, custom_ioloop=loop
     )
     channel = await opened
-    payloads = [payload_for(g) for g in range(1, events + 1)]
+    payloads = [payload_of(g) for g in range(1, events + 1)]
     started = time.perf_counter()
     for index, payload in enumerate(payloads):
         if index and index % RABBIT_YIELD_EVERY == 0:

@@ -17,6 +17,9 @@ from typing import Any
 
 from bench import report
 from bench.baselines import RABBIT_WINDOW
+from bench.keys_report import keys_section
+from bench.latency import latency_text
+from bench.writers import publish_cost_text
 from relay.config import BATCH_SIZE, PIPELINE_DEPTH
 from relay.sinks.kafka import LINGER_MS
 
@@ -68,6 +71,9 @@ def sections(results: dict[str, Any]) -> dict[str, str]:
         "linger-ms": f"{LINGER_MS}",
         "profile": "\n".join(_profile_section(results)),
         "gauges": _gauges_section(results),
+        "keys": keys_section(results),
+        "relay-latency": latency_text(results.get("relay_latency")),
+        "publish-cost": publish_cost_text(results),
     }
 
 

@@ -1,7 +1,9 @@
 """S1 (drain a backlog), S3 (does the drain slow down as it goes) and the relay's CPU and memory.
 
 A copy of the seeded database holds N events; one relay process drains it
-while a consumer on the far side of the broker timestamps what arrives.
+while a consumer on the far side of the broker timestamps what arrives. A
+drain given ``max_seconds`` stops there and is marked ``cut``: its rates are
+then taken over fractions of what arrived by then, not of the backlog.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class Drain:
     sink: str  # "kafka" or "rabbitmq"
     bootstrap: str | None = None
     progress: Callable[[str], None] = print
+    partitions: int = KAFKA_PARTITIONS
+    #: Stop the drain after this long (None: run until every event arrived).
+    max_seconds: float | None = None
 
 
 def run_drain(drain: Drain, label: str, *extra: str) -> dict[str, Any]:
@@ -48,7 +53,7 @@ def run_drain(drain: Drain, label: str, *extra: str) -> dict[str, Any]:
     receiver: Receiver
     if drain.sink == "kafka":
         assert drain.bootstrap is not None
-        receiver = KafkaReceiver(drain.bootstrap, drain.topic, KAFKA_PARTITIONS)
+        receiver = KafkaReceiver(drain.bootstrap, drain.topic, drain.partitions)
         sink_url = f"kafka://{drain.bootstrap}"
     else:
         receiver = RabbitReceiver(AMQP_URL, drain.topic)
@@ -67,9 +72,10 @@ def _drain(
     drain: Drain, label: str, url: str, sink_url: str, receiver: Receiver, extra: tuple[str, ...]
 ) -> dict[str, Any]:
     total = drain.events
-    # The machine at 10% and 90% received; each snapshot holds the relay's own CPU too.
-    at: dict[float, cpu.Snapshot] = {}
+    # The machine at 10% and 90% received, with the count then; each snapshot holds the relay's own CPU too.
+    at: dict[float, tuple[cpu.Snapshot, int]] = {}
     started = time.monotonic()
+    cut = False
     with RelayProcess(url, sink_url, *extra) as relay:
         cpu_start = relay.cpu_seconds()
         last_count, last_change, next_report = 0, time.monotonic(), time.monotonic() + 2
@@ -81,17 +87,21 @@ def _drain(
             count = receiver.count
             for fraction in (0.1, 0.9):
                 if fraction not in at and count >= fraction * total:
-                    at[fraction] = cpu.snapshot(relay.pid)
+                    at[fraction] = (cpu.snapshot(relay.pid), count)
             if count != last_count:
                 last_count, last_change = count, now
             elif now - last_change > STALL_SECONDS:
                 raise RuntimeError(f"{label}: no event received for {STALL_SECONDS:.0f}s at {count}/{total}")
+            if drain.max_seconds is not None and now - started >= drain.max_seconds:
+                cut = True
+                drain.progress(f"{label}: cut after {drain.max_seconds:.0f}s at {count:,}/{total:,} received")
+                break
             if now >= next_report:
                 next_report = now + 2
                 drain.progress(f"{label}: {count:,}/{total:,} received ({count / total:.0%})")
             time.sleep(MONITOR_SECONDS)
         finished = time.monotonic()
-        at.setdefault(0.9, cpu.snapshot(relay.pid))
+        at.setdefault(0.9, (cpu.snapshot(relay.pid), receiver.count))
         cpu_total = relay.cpu_seconds() - cpu_start
         peak_rss = relay.peak_rss_bytes()
         claim_sum, claim_count = relay.claim_histogram()
@@ -101,27 +111,30 @@ def _drain(
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*) FROM outbox").fetchone()
     marks = list(receiver.marks)
-    rate = stats.window_rate(marks, total, 0.1, 0.9)
-    early = stats.window_rate(marks, total, 0.1, 0.2)
-    late = stats.window_rate(marks, total, 0.8, 0.9)
-    window_events = 0.8 * total
-    if 0.1 in at:
-        cpu_window = at[0.9].groups["relay"] - at[0.1].groups["relay"]
-        machine_cpu = cpu.per_event(at[0.1], at[0.9], round(window_events))
+    # A cut drain's windows are fractions of what arrived before the cut.
+    basis = stats.received_before(marks, finished) if cut else total
+    rate = stats.window_rate(marks, basis, 0.1, 0.9)
+    early = stats.window_rate(marks, basis, 0.1, 0.2)
+    late = stats.window_rate(marks, basis, 0.8, 0.9)
+    window_events = at[0.9][1] - at[0.1][1] if 0.1 in at else 0
+    if window_events > 0:
+        cpu_window = at[0.9][0].groups["relay"] - at[0.1][0].groups["relay"]
+        machine_cpu = cpu.per_event(at[0.1][0], at[0.9][0], window_events)
     else:
         cpu_window, machine_cpu = math.nan, {}
     return {
         "events": total,
         "received": receiver.count,
+        "cut": cut,
         "left_in_outbox": row[0] if row else None,
         "seconds": finished - started,
         "rate": rate,
         "rate_10_20": early,
         "rate_80_90": late,
         "s3_ratio": stats.ratio(late, early),
-        "cpu_seconds_per_1000": cpu_window / window_events * 1000,
+        "cpu_seconds_per_1000": cpu_window / window_events * 1000 if window_events > 0 else math.nan,
         "cpu_seconds_total": cpu_total,
-        "cpu_share_of_one_core": cpu_window / (window_events / rate) if rate and not math.isnan(rate) else None,
+        "cpu_share_of_one_core": cpu_window / (window_events / rate) if window_events > 0 and rate > 0 else None,
         "peak_rss_mb": peak_rss / 1024 / 1024,
         # The whole machine between 10% and 90% received, by group of processes.
         "machine_cpu": machine_cpu,

@@ -42,6 +42,7 @@ def derive(results: dict[str, Any]) -> dict[str, float | None]:
         "s4_throughput_during_over_before": ratio(dig(r, "s4.throughput_during"), dig(r, "s4.throughput_before")),
         "publish_overhead_notify": dig(r, "writer_cost.publish_overhead_notify"),
         "publish_overhead_no_notify": dig(r, "writer_cost.publish_overhead_no_notify"),
+        "publish_over_bare_insert": dig(r, "writer_cost.publish_over_bare_insert"),
     }
 
 
@@ -79,6 +80,14 @@ TARGETS = (
         lambda v: f"{v:.0f} not received",
     ),
     Target("publish() adds <= 10% (NOTIFY on)", "ratios.publish_overhead_notify", lambda v: v <= 0.1, "{:+.0%}".format),
+    Target(
+        "publish() <= 1.5 x a bare INSERT of the same columns",
+        "ratios.publish_over_bare_insert",
+        lambda v: v <= 1.5,
+        _x,
+    ),
+    Target("relay's own latency p50 <= 3 ms", "relay_latency.difference.p50_ms", lambda v: v <= 3, _ms),
+    Target("relay's own latency p99 <= 15 ms", "relay_latency.difference.p99_ms", lambda v: v <= 15, _ms),
     Target("relay peak RSS <= 150 MB", "s1_kafka.peak_rss_mb", lambda v: v <= 150, lambda v: f"{v:.0f} MB"),
     Target("ordered >= 0.8 x unordered", "ratios.ordered_over_unordered", lambda v: v >= 0.8, _x),
 )
@@ -231,6 +240,13 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"{_num(s2.get('insert_to_ack_p50_ms'), '.1f')}/{_num(s2.get('insert_to_ack_p99_ms'), '.1f')} ms",
             "the relay's publish-latency histogram, bucket-interpolated",
         )
+    own = dig(r, "relay_latency.difference")
+    if own:
+        add(
+            "relay's own latency p50/p99",
+            f"{_num(own['p50_ms'], '+.1f')}/{_num(own['p99_ms'], '+.1f')} ms",
+            f"commit-to-consume minus the raw client's produce-to-consume at {_rate(dig(r, 'relay_latency.rate'))}",
+        )
     s4 = dig(r, "s4")
     if s4:
         add(
@@ -259,6 +275,12 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             "writer: business tx + publish(), NOTIFY off",
             _rate(cost["publish_no_notify"]),
             f"{_num(q['publish_overhead_no_notify'], '+.0%')} time per tx vs L_commit",
+        )
+        add(
+            "writer: business tx + bare INSERT, plain table",
+            _rate(cost.get("bare_insert")),
+            f"{_num(dig(r, 'writer_cost.bare_insert_overhead'), '+.0%')} time per tx vs L_commit; publish() adds "
+            f"{_num(q['publish_over_bare_insert'], '.2f', 'x')} what it adds",
         )
     return out
 

@@ -135,7 +135,7 @@ class Run:
         topic = self.cleanup.create_topic("lkafka")
         receiver = KafkaReceiver(bootstrap, topic, KAFKA_PARTITIONS)
         try:
-            result = self._received_baseline(receiver, baselines.l_kafka, bootstrap, topic)
+            result = self.received_baseline(receiver, baselines.l_kafka, bootstrap, topic)
         finally:
             self.cleanup.delete_topic(topic)
         self._bracket("l_kafka", result)
@@ -145,21 +145,29 @@ class Run:
         queue = self.cleanup.create_queue("lrmq")
         receiver = RabbitReceiver(AMQP_URL, queue)
         try:
-            result = self._received_baseline(receiver, baselines.l_rmq, AMQP_URL, queue)
+            result = self.received_baseline(receiver, baselines.l_rmq, AMQP_URL, queue)
         finally:
             self.cleanup.delete_queue(queue)
         self._bracket("l_rmq", result)
 
-    def _received_baseline(
-        self, receiver: KafkaReceiver | RabbitReceiver, baseline: Callable[..., dict[str, Any]], *args: Any
+    def received_baseline(
+        self,
+        receiver: KafkaReceiver | RabbitReceiver,
+        baseline: Callable[..., dict[str, Any]],
+        *args: Any,
+        events: int | None = None,
     ) -> dict[str, Any]:
-        """Run ``baseline(*args, events)`` in a child process with ``receiver`` reading alongside."""
+        """Run ``baseline(*args, events)`` in a child process with ``receiver`` reading alongside.
+
+        ``events`` defaults to the run's events per drain.
+        """
+        events = events or self.events
         receiver.start()
         receiver.ready.wait(30)
         try:
-            result = in_child_process(baseline, *args, self.events)
-            receiver.wait_for(self.events, BASELINE_RECEIVE_TIMEOUT_SECONDS)
-            result["consumer_rate"] = stats.window_rate(receiver.marks, self.events, 0.1, 0.9)
+            result = in_child_process(baseline, *args, events)
+            receiver.wait_for(events, BASELINE_RECEIVE_TIMEOUT_SECONDS)
+            result["consumer_rate"] = stats.window_rate(receiver.marks, events, 0.1, 0.9)
         finally:
             receiver.stop()
         return result
@@ -242,19 +250,22 @@ class Run:
         self.progress(f"S2 load: {rate:,.0f} events/s ({why}; writers reach {capacity:,.0f}/s flat out)")
         return rate
 
-    def l_latency(self, rate: float, seconds: float) -> None:
-        """The broker's latency floor at S2's rate: raw producer to ack and to the consumer."""
+    def raw_latency(self, rate: float, seconds: float) -> dict[str, Any]:
+        """The broker's latency floor at ``rate``: raw producer to ack and to S2's kind of consumer."""
         bootstrap = self.bootstrap
         topic = self.cleanup.create_topic("llatency")
         receiver = KafkaReceiver(bootstrap, topic, KAFKA_PARTITIONS, keys=True)
         receiver.start()
         receiver.ready.wait(30)
         try:
-            result = baselines.l_latency(bootstrap, topic, rate, seconds, receiver)
+            return baselines.l_latency(bootstrap, topic, rate, seconds, receiver)
         finally:
             receiver.stop()
             self.cleanup.delete_topic(topic)
-        self.results["baselines"]["l_latency"] = result
+
+    def l_latency(self, rate: float, seconds: float) -> None:
+        """L_latency: :meth:`raw_latency` at S2's rate."""
+        self.results["baselines"]["l_latency"] = result = self.raw_latency(rate, seconds)
         self.progress(
             f"L_latency at {rate:,.0f}/s: produce-to-consume p50 {result['to_consume']['p50_ms']:.1f} ms, "
             f"p99 {result['to_consume']['p99_ms']:.1f} ms; produce-to-ack p50 {result['to_ack']['p50_ms']:.1f} ms"

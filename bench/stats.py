@@ -63,6 +63,12 @@ def window_rate(marks: Marks, total: int, low: float, high: float) -> float:
     return (end[1] - start[1]) / (end[0] - start[0])
 
 
+def received_before(marks: Marks, when: float) -> int:
+    """How many messages had been received at the last mark at or before ``when`` (0 if none)."""
+    index = bisect.bisect_right([at for at, _ in marks], when)
+    return marks[index - 1][1] if index else 0
+
+
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
     """``numerator / denominator``, or None when either is missing, NaN or the denominator is 0."""
     if numerator is None or denominator is None:

@@ -12,10 +12,12 @@ import itertools
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 import producers
 from bench import stats
@@ -130,6 +132,18 @@ class OpenLoopWriters:
 
 
 QUIET_TABLE = TableName.parse("outbox_quiet")
+# What publish() is measured against: the same columns into a plain table
+# (a primary key, no other index or constraint), written by a bare INSERT.
+PLAIN_TABLE_SQL = """
+CREATE TABLE IF NOT EXISTS plain_events (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    topic text, key text, payload jsonb, headers jsonb, idempotency_key text, deliver_at timestamptz, priority integer
+)
+"""
+PLAIN_INSERT = (
+    "INSERT INTO plain_events (topic, key, payload, headers, idempotency_key, deliver_at, priority)"
+    " VALUES (%s, %s, %s, %s, %s, now(), 0)"
+)
 #: The slowest transactions of each kind left out of its mean: stalls of a shared machine.
 TRIM_FRACTION = 0.01
 
@@ -148,13 +162,22 @@ def commit_costs(
 
     ``plain`` is the business row alone (L_commit); ``publish_notify`` adds
     ``producers.publish`` into the outbox with the NOTIFY trigger on,
-    ``publish_no_notify`` into a second outbox table with it off. Taking turns
-    transaction by transaction puts the machine's slow moments on all three
-    alike; each rate is one over the (1%-trimmed) mean duration.
+    ``publish_no_notify`` into a second outbox table with it off, and
+    ``bare_insert`` a bare second INSERT of the same columns into a plain
+    table. Taking turns transaction by transaction puts the machine's slow
+    moments on all four alike; each rate is one over the (1%-trimmed) mean
+    duration.
     """
     migrate(database_url, TABLE, notify=True)
     migrate(database_url, QUIET_TABLE, notify=False)
-    kinds: dict[str, str | None] = {"plain": None, "publish_notify": str(TABLE), "publish_no_notify": str(QUIET_TABLE)}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(PLAIN_TABLE_SQL)
+    kinds: dict[str, str | None] = {
+        "plain": None,
+        "publish_notify": str(TABLE),
+        "publish_no_notify": str(QUIET_TABLE),
+        "bare_insert": "plain_events",
+    }
     durations: dict[str, list[float]] = {kind: [] for kind in kinds}
     order = list(kinds.items())
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -168,7 +191,12 @@ def commit_costs(
                 begun = time.perf_counter()
                 with conn.transaction():
                     conn.execute(BUSINESS_INSERT, (f"customer-{i % 9973}", (i * 7919) % 100000))
-                    if table is not None:
+                    if kind == "bare_insert":
+                        conn.execute(
+                            PLAIN_INSERT,
+                            (topic, f"order-{i % DISTINCT_KEYS}", Jsonb(document_for(i)), Jsonb({}), str(uuid.uuid4())),
+                        )
+                    elif table is not None:
                         producers.publish(conn, topic, document_for(i), key=f"order-{i % DISTINCT_KEYS}", table=table)
                 durations[kind].append(time.perf_counter() - begun)
             if time.perf_counter() >= next_report:
@@ -184,4 +212,28 @@ def commit_costs(
         # Extra time per transaction: 0.10 means publish() made each one 10% slower.
         "publish_overhead_notify": means["publish_notify"] / plain - 1,
         "publish_overhead_no_notify": means["publish_no_notify"] / plain - 1,
+        "bare_insert_overhead": means["bare_insert"] / plain - 1,
+        # Issue 16's figure: what publish() adds to a transaction over what a bare INSERT adds.
+        "publish_over_bare_insert": stats.ratio(means["publish_notify"] - plain, means["bare_insert"] - plain),
     }
+
+
+def publish_cost_text(results: dict[str, Any]) -> str:
+    """What ``producers.publish()`` adds to a transaction, against a bare INSERT of the same columns."""
+    cost = results.get("writer_cost")
+    if not cost or "bare_insert_overhead" not in cost:
+        return "Not measured in this run: `python -m bench --only writer`."
+    found = cost.get("publish_over_bare_insert")
+    shown = f"{found:.2f}x" if isinstance(found, int | float) else "-"
+    met = "-" if not isinstance(found, int | float) else ("yes" if found <= 1.5 else "**no**")
+    return "\n".join(
+        [
+            "| Second statement of a one-row business transaction | Time added per transaction |",
+            "| --- | --: |",
+            f"| `producers.publish()` (NOTIFY on) | {cost['publish_overhead_notify']:+.0%} |",
+            f"| `producers.publish()` (NOTIFY off) | {cost['publish_overhead_no_notify']:+.0%} |",
+            f"| bare INSERT of the same columns into a plain table | {cost['bare_insert_overhead']:+.0%} |",
+            "",
+            f"`publish()` adds {shown} what the bare INSERT adds (target <= 1.5x: {met}).",
+        ]
+    )

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench import attribution, cpu, docs, gauges, report, stats
+from bench import attribution, cpu, docs, gauges, keys, keys_report, latency, report, stats, writers
 from bench.writers import connections_for, trimmed_mean
 
 PAGE = docs.PAGE_PATH.read_text(encoding="utf-8")
@@ -328,3 +328,88 @@ def test_a_cpu_snapshot_counts_this_process_as_the_bench() -> None:
     after = cpu.snapshot()
     assert after.groups["bench"] - before.groups["bench"] >= 0.04
     assert after.busy >= before.busy
+
+
+def test_received_before_reads_the_last_mark_at_or_before_a_time() -> None:
+    marks = [(1.0, 10), (2.0, 25), (3.0, 40)]
+    assert stats.received_before(marks, 0.5) == 0
+    assert stats.received_before(marks, 2.0) == 25
+    assert stats.received_before(marks, 2.9) == 25
+    assert stats.received_before(marks, 9.0) == 40
+
+
+def test_spreads_give_each_event_its_key() -> None:
+    spreads = keys.SPREADS
+    assert [spreads["null"].key(g) for g in (1, 2)] == [None, None]
+    assert len({spreads["each"].key(g) for g in range(1, 101)}) == 100
+    assert len({spreads["k1000"].key(g) for g in range(1, 5001)}) == 1000
+    assert [spreads["k8"].key(g) for g in (1, 9)] == ["key-1", "key-1"]
+    assert {spreads["k1"].key(g) for g in range(1, 50)} == {"key-0"}
+    assert 130 <= len(keys.payload(123_456)) <= 160
+
+
+KEYS = {
+    "date": "2024-01-01 00:00 UTC",
+    "source": "abc1234",
+    "events": 200_000,
+    "cap_seconds": 120,
+    "partitions": 3,
+    "payload_bytes": 146,
+    "load_average": {"start": 1.5, "end": 2.25},
+    "baselines": {"l_db": {"rate": 100_000.0, "runs": [{}, {}]}, "l_rmq": {"rate": 10_000.0, "runs": [{}, {}]}},
+    "cases": {
+        "kafka/k1000": {"rate": 95_000.0, "s3_ratio": 0.95, "cut": False, "received": 200_000},
+        "kafka/k1": {"rate": 7.0, "s3_ratio": 0.5, "cut": True, "received": 840},
+        "rabbitmq/k1": {"rate": 4_000.0, "s3_ratio": math.nan, "cut": False, "received": 200_000},
+    },
+}
+
+
+def test_key_distribution_cases_are_judged_against_their_baselines() -> None:
+    rows = {row["case"]: row for row in keys_report.verdicts(KEYS)}
+    assert list(rows) == ["Kafka, 1,000 keys", "Kafka, 1 key", "RabbitMQ, 1 key"]  # in the page's order
+    assert rows["Kafka, 1,000 keys"]["over_l_db"] == pytest.approx(0.95)
+    assert (rows["Kafka, 1,000 keys"]["met"], rows["Kafka, 1,000 keys"]["late_met"]) == (True, True)
+    assert (rows["Kafka, 1 key"]["met"], rows["Kafka, 1 key"]["late_met"]) == (False, False)
+    assert rows["RabbitMQ, 1 key"]["over_l_rmq"] == pytest.approx(0.4)
+    assert rows["RabbitMQ, 1 key"]["met"] is True  # >= 0.3 x L_rmq, though 0.04 x L_db
+    assert rows["RabbitMQ, 1 key"]["late_met"] is None
+    text = keys_report.keys_text(KEYS)
+    assert "| Kafka, 1 key | 7.0/s (cut at 120 s, 840 received) | 0.000070 | 0.00070 | >= 0.5 x L_db | **no** |" in text
+    assert "L_db 100,000/s (mean of 2 runs)" in text
+    assert "The load average was 1.5 at the start and 2.2 at the end." in text
+    assert "| Kafka, 1,000 keys | 95,000/s | 0.95 | 9.5 |" in text
+
+
+def test_relay_latency_is_the_difference_from_the_raw_client() -> None:
+    raw = [{"to_consume": {"p50_ms": 30.0, "p99_ms": 60.0}}, {"to_consume": {"p50_ms": 34.0, "p99_ms": 64.0}}]
+    relay = {"latency": {"p50_ms": 40.0, "p99_ms": 70.0}, "achieved_rate": 498.0, "max_behind_schedule_ms": 3.0}
+    data = {"rate": 500.0, "seconds": 20.0, "raw": raw, "relay": relay}
+    data["difference"] = latency.difference(data)
+    assert data["difference"] == {"p50_ms": pytest.approx(8.0), "p99_ms": pytest.approx(8.0)}
+    text = latency.latency_text(data)
+    assert "| p50 | 40.0 ms | 30.0 and 34.0 ms | +8.0 ms | <= 3 ms | **no** |" in text
+    assert "| p99 | 70.0 ms | 60.0 and 64.0 ms | +8.0 ms | <= 15 ms | yes |" in text
+    assert "committed 498 events/s (3 ms behind schedule at worst)" in text
+    verdicts = {v["target"]: v for v in report.evaluate({"relay_latency": data})}
+    assert verdicts["relay's own latency p50 <= 3 ms"]["met"] is False
+    assert verdicts["relay's own latency p99 <= 15 ms"]["met"] is True
+
+
+def test_publish_is_judged_against_a_bare_insert() -> None:
+    writer: dict[str, Any] = RESULTS["writer_cost"]  # type: ignore[assignment]
+    cost = {
+        **writer,
+        "bare_insert_overhead": 0.1,
+        "publish_over_bare_insert": 2.0,
+        "rates": {**writer["rates"], "bare_insert": 545.0},
+    }
+    results = {**RESULTS, "writer_cost": cost}
+    verdicts = {v["target"]: v for v in report.evaluate(results)}
+    assert verdicts["publish() <= 1.5 x a bare INSERT of the same columns"]["met"] is False
+    text = writers.publish_cost_text(results)
+    assert "| bare INSERT of the same columns into a plain table | +10% |" in text
+    assert "`publish()` adds 2.00x what the bare INSERT adds (target <= 1.5x: **no**)." in text
+    page = docs.render({**results, "keys": KEYS}, PAGE)
+    assert text in page and keys_report.keys_text(KEYS) in page
+    assert "Not measured in this run: `python -m bench --only latency`." in page

@@ -1,0 +1,230 @@
+"""Key distributions (issue 16): how fast one relay drains a backlog, by how the backlog's keys are spread.
+
+Each spread is a template database holding the same backlog written with COPY
+(~150 bytes of JSON per event); each case drains a fresh copy of it through
+one ``outbox-relay run`` at default settings, to Tansu (3 partitions) or to
+RabbitMQ. L_db (on a copy of the 1,000-key template) and L_rmq (the same
+payloads) are taken before and after the cases they are the denominators of.
+A case still draining after ``cap_seconds`` is cut: its rates are those of
+what arrived by then (see :mod:`bench.drain`). The figures go to
+``results/keys.json`` too, which docs/performance.md renders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from bench import baselines
+from bench.consumers import RabbitReceiver
+from bench.drain import Drain, run_drain
+from bench.services import AMQP_URL, TABLE, require_rabbitmq, source_state
+from relay.store.migrate import migrate
+
+if TYPE_CHECKING:
+    from bench.runner import Run
+
+KEYS_PATH = Path(__file__).parent / "results" / "keys.json"
+EVENTS = 200_000
+#: The longest one case may drain; at the 7 events/s of one key before issue 16, 200,000 would take 8 hours.
+CAP_SECONDS = 120.0
+PARTITIONS = 3
+COPY_SQL = "COPY outbox (topic, key, payload) FROM STDIN"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How a backlog's keys are spread: ``keys`` None is null keys, 0 one key per event, n n keys."""
+
+    name: str
+    label: str
+    keys: int | None
+
+    def key(self, g: int) -> str | None:
+        """The key of event ``g`` (from 1); keys take turns, so a key's events lie spread through the backlog."""
+        if self.keys is None:
+            return None
+        return f"key-{g if self.keys == 0 else g % self.keys}"
+
+
+SPREADS = {
+    spread.name: spread
+    for spread in (
+        Spread("null", "null keys", None),
+        Spread("each", "one key per event", 0),
+        Spread("k1000", "1,000 keys", 1000),
+        Spread("k8", "8 keys", 8),
+        Spread("k1", "1 key", 1),
+    )
+}
+KAFKA_CASES = ("null", "each", "k1000", "k8", "k1")
+RABBIT_CASES = ("k1000", "k1")
+SINK_LABELS = {"kafka": "Kafka", "rabbitmq": "RabbitMQ"}
+#: Issue 16's targets: (sink, spread) -> (least drain rate over the baseline, the baseline).
+TARGETS: dict[tuple[str, str], tuple[float, str]] = {
+    ("kafka", "k1000"): (0.9, "l_db"),
+    ("kafka", "k8"): (0.8, "l_db"),
+    ("kafka", "k1"): (0.5, "l_db"),
+    ("rabbitmq", "k1000"): (0.9, "l_rmq"),
+    ("rabbitmq", "k1"): (0.3, "l_rmq"),
+}
+#: "No worse than today's": the ratios to L_db before issue 16's redesign (9380a59), the lower of two
+#: runs on 2026-12-01 with the machine loaded by other work (0.98 and 1.06; 1.04 and 1.56).
+BEFORE: dict[tuple[str, str], tuple[float, str]] = {
+    ("kafka", "null"): (0.98, "l_db"),
+    ("kafka", "each"): (1.04, "l_db"),
+}
+#: The drain rate at 80-90% received over the rate at 10-20%, in every case.
+LATE_OVER_EARLY = 0.9
+
+
+def document(g: int) -> dict[str, Any]:
+    """Event ``g``'s payload: ~150 bytes of JSON."""
+    return {
+        "event": "order.created",
+        "order_id": g,
+        "customer_id": f"customer-{g % 9973}",
+        "amount_cents": (g * 7919) % 100000,
+        "currency": "EUR",
+        "items": (g % 5) + 1,
+        "channel": "web",
+    }
+
+
+def payload(g: int) -> bytes:
+    """:func:`document` as JSON bytes, for L_rmq."""
+    return json.dumps(document(g)).encode()
+
+
+def l_rmq(url: str, queue: str, events: int) -> dict[str, Any]:
+    """L_rmq with this scenario's payloads (a module function, so a child process can run it)."""
+    return baselines.l_rmq(url, queue, events, payload=payload)
+
+
+def seed(url: str, spread: Spread, topic: str, events: int) -> None:
+    """Migrate, COPY ``events`` events with ``spread``'s keys into the outbox, VACUUM ANALYZE."""
+    migrate(url, TABLE)
+    with psycopg.connect(url, autocommit=True) as conn:
+        with conn.cursor().copy(COPY_SQL) as copy:
+            for g in range(1, events + 1):
+                copy.write_row((topic, spread.key(g), json.dumps(document(g))))
+        conn.execute("VACUUM (ANALYZE) outbox")
+
+
+class KeysScenario:
+    """One run of every case, its templates and its baselines; the figures land in ``run.results["keys"]``."""
+
+    def __init__(self, run: Run, *, events: int, cap_seconds: float) -> None:
+        self.run = run
+        self.events = events
+        self.cap_seconds = cap_seconds
+        self.templates: set[str] = set()
+        self.data: dict[str, Any] = {
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "source": source_state(),
+            "events": events,
+            "cap_seconds": cap_seconds,
+            "partitions": PARTITIONS,
+            "payload_bytes": round(sum(len(payload(g)) for g in range(1, 1001)) / 1000),
+            # Other work on the machine moves every figure; a reader should know how busy it was.
+            "load_average": {"start": os.getloadavg()[0]},
+            "baselines": {},
+            "cases": {},
+        }
+        run.results["keys"] = self.data
+
+    def template(self, spread: Spread) -> str:
+        """The template database of ``spread``, seeded on first use."""
+        name = f"keys_{spread.name}"
+        if name not in self.templates:
+            started = time.monotonic()
+            self.run.progress(f"seeding {name}: {self.events:,} events over {spread.label}, with COPY")
+            url = self.run.cleanup.create_database(name)
+            seed(url, spread, self.topic(spread), self.events)
+            self.run.progress(f"seeded {name} in {time.monotonic() - started:.1f}s")
+            self.templates.add(name)
+        return name
+
+    def topic(self, spread: Spread) -> str:
+        return self.run.cleanup.topic_name(f"keys-{spread.name}")
+
+    def _bracket(self, name: str, result: dict[str, Any]) -> None:
+        entry = self.data["baselines"].setdefault(name, {"runs": []})
+        entry["runs"].append(result)
+        entry["rate"] = sum(r["rate"] for r in entry["runs"]) / len(entry["runs"])
+        self.run.progress(f"keys {name}: {result['rate']:,.0f} events/s (mean so far {entry['rate']:,.0f})")
+
+    def l_db(self) -> None:
+        url = self.run.cleanup.create_database("keys_ldb", template=self.template(SPREADS["k1000"]))
+        try:
+            result = baselines.l_db(url, self.events)
+        finally:
+            self.run.cleanup.drop_database("keys_ldb")
+        self._bracket("l_db", result)
+
+    def l_rmq(self) -> None:
+        require_rabbitmq()
+        queue = self.run.cleanup.create_queue("keys-lrmq")
+        try:
+            result = self.run.received_baseline(
+                RabbitReceiver(AMQP_URL, queue), l_rmq, AMQP_URL, queue, events=self.events
+            )
+        finally:
+            self.run.cleanup.delete_queue(queue)
+        self._bracket("l_rmq", result)
+
+    def drain(self, sink: str, spread: Spread) -> None:
+        """Drain a copy of ``spread``'s template to ``sink``; record it as ``<sink>/<spread>``."""
+        template = self.template(spread)
+        cleanup = self.run.cleanup
+        kafka = sink == "kafka"
+        bootstrap = self.run.bootstrap if kafka else None  # starts Tansu on first use
+        topic = f"keys-{spread.name}"
+        name = cleanup.create_topic(topic, PARTITIONS) if kafka else cleanup.create_queue(topic)
+        drain = Drain(
+            cleanup,
+            template,
+            name,
+            self.events,
+            sink,
+            bootstrap,
+            self.run.progress,
+            partitions=PARTITIONS,
+            max_seconds=self.cap_seconds,
+        )
+        try:
+            result = run_drain(drain, f"keys_{sink}_{spread.name}")
+        finally:
+            (cleanup.delete_topic if kafka else cleanup.delete_queue)(name)
+        self.data["cases"][f"{sink}/{spread.name}"] = {"sink": sink, "spread": spread.name, **result}
+        cut = f", cut at {result['received']:,}" if result["cut"] else ""
+        self.run.progress(f"keys {sink} {spread.label}: {result['rate']:,.1f} events/s{cut}")
+        self.run.save()
+
+    def measure(self) -> None:
+        """Seed, then L_db, the Kafka cases, L_db, L_rmq, the RabbitMQ cases, L_rmq; then write keys.json."""
+        for spread in SPREADS.values():  # all before measuring: seeding's writes would land in a measurement
+            self.template(spread)
+        self.l_db()
+        for name in KAFKA_CASES:
+            self.drain("kafka", SPREADS[name])
+        self.l_db()
+        self.l_rmq()
+        for name in RABBIT_CASES:
+            self.drain("rabbitmq", SPREADS[name])
+        self.l_rmq()
+        self.data["load_average"]["end"] = os.getloadavg()[0]
+        KEYS_PATH.parent.mkdir(parents=True, exist_ok=True)
+        KEYS_PATH.write_text(json.dumps(self.data, indent=2, default=str) + "\n")
+
+
+def measure(run: Run, *, events: int = EVENTS, cap_seconds: float = CAP_SECONDS) -> None:
+    """Every key-distribution case with its baselines, into ``run.results["keys"]`` and keys.json."""
+    KeysScenario(run, events=events, cap_seconds=cap_seconds).measure()

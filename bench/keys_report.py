@@ -1,0 +1,128 @@
+"""The key-distribution figures as verdicts and Markdown: pure functions of ``results["keys"]``."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from bench.keys import BEFORE, KAFKA_CASES, KEYS_PATH, LATE_OVER_EARLY, RABBIT_CASES, SINK_LABELS, SPREADS, TARGETS
+from bench.stats import ratio
+
+_BASELINE_LABELS = {"l_db": "L_db", "l_rmq": "L_rmq"}
+
+
+def _measured(value: Any) -> bool:
+    return isinstance(value, int | float) and not math.isnan(value)
+
+
+def verdicts(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per case run: its rate, its ratios to L_db and L_rmq, its targets and whether they were met.
+
+    ``met`` and ``late_met`` are None where there is no target or no figure.
+    """
+    rates = {name: entry.get("rate") for name, entry in data.get("baselines", {}).items()}
+    rows = []
+    order = [("kafka", name) for name in KAFKA_CASES] + [("rabbitmq", name) for name in RABBIT_CASES]
+    for sink, spread in order:
+        case = data.get("cases", {}).get(f"{sink}/{spread}")
+        if case is None:
+            continue
+        rate = case.get("rate")
+        over = {name: ratio(rate, rates.get(name)) for name in _BASELINE_LABELS}
+        target = TARGETS.get((sink, spread))
+        before = BEFORE.get((sink, spread))
+        wanted, basis = target or before or (None, None)
+        found = over[basis] if basis is not None else None
+        met = found >= wanted if found is not None and wanted is not None else None
+        target_text = "-"
+        if wanted is not None and basis is not None:
+            target_text = f">= {wanted:g} x {_BASELINE_LABELS[basis]}" + ("" if target else " (before issue 16)")
+        late = case.get("s3_ratio")
+        rows.append(
+            {
+                "case": f"{SINK_LABELS[sink]}, {SPREADS[spread].label}",
+                "rate": rate,
+                "cut": bool(case.get("cut")),
+                "received": case.get("received"),
+                "over_l_db": over["l_db"],
+                "over_l_rmq": over["l_rmq"],
+                "target": target_text,
+                "met": met,
+                "late_over_early": late,
+                "late_met": late >= LATE_OVER_EARLY if _measured(late) else None,
+            }
+        )
+    return rows
+
+
+def _ratio(value: float | None) -> str:
+    """Three significant digits from 0.01 up; two below, without an exponent (0.000037)."""
+    if value is None:
+        return "-"
+    if value >= 0.01 or value <= 0:
+        return f"{value:.3g}"
+    return f"{value:.{1 - math.floor(math.log10(value))}f}"
+
+
+def _met(met: bool | None) -> str:
+    return {True: "yes", False: "**no**", None: "-"}[met]
+
+
+def _rate(row: dict[str, Any], data: dict[str, Any]) -> str:
+    rate = row["rate"]
+    text = (f"{rate:,.0f}/s" if rate >= 100 else f"{rate:.1f}/s") if _measured(rate) else "-"
+    if row["cut"]:
+        text += f" (cut at {data.get('cap_seconds', 0):.0f} s, {row['received'] or 0:,} received)"
+    return text
+
+
+def _load(data: dict[str, Any]) -> str:
+    load = data.get("load_average", {})
+    if "start" not in load or "end" not in load:
+        return ""
+    return f" The load average was {load['start']:.1f} at the start and {load['end']:.1f} at the end."
+
+
+def keys_text(data: dict[str, Any]) -> str:
+    """The key-distribution section of docs/performance.md."""
+    base = data.get("baselines", {})
+
+    def baseline(name: str) -> str:
+        rate = base.get(name, {}).get("rate")
+        runs = len(base.get(name, {}).get("runs", []))
+        return f"{rate:,.0f}/s (mean of {runs} runs)" if _measured(rate) else "not measured"
+
+    lines = [
+        f"Measured {data.get('date', '?')} at {data.get('source', '?')}. Each case drains "
+        f"{data.get('events', 0):,} events written with COPY (~{data.get('payload_bytes', 0)} bytes of JSON "
+        f"each; keys take turns through the backlog) with one `outbox-relay run` at default settings, to Tansu "
+        f"with {data.get('partitions', 0)} partitions or to a durable RabbitMQ queue. A case still draining "
+        f"after {data.get('cap_seconds', 0):.0f} s is cut, and its rates are then those of what arrived by then "
+        f"(between 10% and 90% of it). L_db {baseline('l_db')} and L_rmq {baseline('l_rmq')} (the same "
+        "payloads) were taken before and after the cases." + _load(data),
+        "",
+        "| Case | Drain rate | x L_db | x L_rmq | Target | Met | Rate at 80-90% / 10-20% received | >= 0.9 |",
+        "| --- | --: | --: | --: | --- | --- | --: | --- |",
+    ]
+    for row in verdicts(data):
+        late = row["late_over_early"]
+        lines.append(
+            f"| {row['case']} | {_rate(row, data)} | {_ratio(row['over_l_db'])} | {_ratio(row['over_l_rmq'])} "
+            f"| {row['target']} | {_met(row['met'])} | {f'{late:.2f}' if _measured(late) else '-'} "
+            f"| {_met(row['late_met'])} |"
+        )
+    return "\n".join(lines)
+
+
+def keys_section(results: dict[str, Any]) -> str:
+    """The section's text: this run's figures, or else the last saved ones."""
+    data = results.get("keys")
+    if (data is None or "keys" in results.get("errors", {})) and KEYS_PATH.exists():
+        try:
+            data = json.loads(KEYS_PATH.read_text())
+        except ValueError:
+            data = None
+    if not data:
+        return "Not measured yet: run `python -m bench --only keys`."
+    return keys_text(data)
