@@ -92,6 +92,15 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[StandIn]]:
     yield StandIn
 
 
+async def closed(producer: StandIn) -> None:
+    """Wait for the retired ``producer`` to be purged and closed (on its own thread)."""
+    for _ in range(200):
+        if producer.closed:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the retired producer was not closed")
+
+
 def chained_run(topic: str, key: str, count: int, *, first_chained: bool = False) -> list[Event]:
     return [replace(make_event(topic, key=key), chained=first_chained or n > 0) for n in range(count)]
 
@@ -129,7 +138,6 @@ def test_a_fatal_error_raised_by_the_producer_retires_it(call: str) -> None:
             assert all(o is not None and o.timed_out and "_GAPLESS_GUARANTEE" in o.error for o in one[:3])
             assert isinstance(two, SinkUnavailable), two
             assert holds.held("a") and holds.held("c") and not holds.held("b")
-            assert old.purged and old.purged[0]["in_queue"] and old.purged[0]["in_flight"]
             # The next batch goes to a new producer; a chained event of a held key is not tried.
             outcomes = await sink.publish(
                 [*chained_run("ack", "a", 2), replace(make_event("ack", key="c"), chained=True)], holds
@@ -138,8 +146,8 @@ def test_a_fatal_error_raised_by_the_producer_retires_it(call: str) -> None:
             assert len(StandIn.made) == 2
             assert StandIn.made[1].settings["message.timeout.ms"] == 0
             assert StandIn.made[1].settings["enable.gapless.guarantee"] is True
-            await asyncio.sleep(0.2)
-            assert old.closed
+            await closed(old)
+            assert old.purged and old.purged[0]["in_queue"] and old.purged[0]["in_flight"]
         finally:
             await sink.close()
 
@@ -169,6 +177,7 @@ def test_a_passed_deadline_purges_every_batch_on_the_producer() -> None:
             assert two == [None]
             assert isinstance(three, SinkUnavailable)
             assert holds.held("a") and holds.held("c") and not holds.held("b")
+            await closed(old)
             assert old.purged
             assert await sink.publish(chained_run("ack", "c", 1), holds) == [None]
             assert len(StandIn.made) == 2
