@@ -42,7 +42,7 @@ from relay.sinks.kafka.settings import producer_config
 
 logger = logging.getLogger(__name__)
 
-#: How long a publish may run past ``--publish-timeout`` (retiring the producer takes milliseconds); the lease allows for it.
+#: How long a publish may run past ``--publish-timeout`` (retiring the producer takes milliseconds).
 WAIT_MARGIN_SECONDS = 5.0
 CHECK_TIMEOUT_SECONDS = 5.0
 RECENT_ACK_SECONDS = 2.0
