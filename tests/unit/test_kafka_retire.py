@@ -1,7 +1,8 @@
 """The Kafka sink retires a producer that can no longer keep a key's order, and a new one takes over.
 
 librdkafka is replaced by a stand-in: messages to topic ``ack`` are
-acknowledged at the next poll, those to ``never`` never are, those to ``fail``
+acknowledged at the next poll, those to ``never`` (or with the value
+``NEVER_PAYLOAD``) never are, those to ``fail``
 get a (non-fatal) error report; ``next_fatal_from`` makes ``poll`` or ``flush``
 raise a fatal ``KafkaException``, as confluent-kafka does without calling
 ``error_cb``.
@@ -27,6 +28,8 @@ from relay.sinks.kafka import client as kafka_client
 from relay.sinks.kafka.sink import KafkaSink
 from tests.integration.kafka_support import make_event
 
+#: A message with this value is never acknowledged, whatever its topic.
+NEVER_PAYLOAD = b'"never"'
 FATAL = KafkaError(KafkaError._GAPLESS_GUARANTEE, "gap-less ordering would not be guaranteed", fatal=True)
 
 
@@ -48,7 +51,7 @@ class StandIn:
         self.made.append(self)
 
     def produce(self, topic: str, value: bytes, key: object, *, on_delivery: Any, headers: object) -> None:
-        if topic == "never":
+        if topic == "never" or value == NEVER_PAYLOAD:
             return
         error = KafkaError(KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND) if topic == "fail" else None
         with self.lock:
@@ -163,7 +166,10 @@ def test_a_passed_deadline_purges_every_batch_on_the_producer() -> None:
         await sink.start()
         try:
             [old] = StandIn.made
-            first = [*chained_run("ack", "a", 2), *chained_run("never", "a", 1, first_chained=True)]
+            first = [
+                *chained_run("ack", "a", 2),
+                replace(make_event("ack", key="a", payload=NEVER_PAYLOAD), chained=True),
+            ]
             later = chained_run("ack", "b", 1)  # acknowledged: not held
             queued = chained_run("never", "c", 1)
             one, two, three = await asyncio.gather(
@@ -203,6 +209,34 @@ def test_a_failed_delivery_report_holds_its_key_before_the_batch_ends() -> None:
                 await asyncio.sleep(0.01)
             assert holds.held("k") and not task.done()
             task.cancel()
+        finally:
+            await sink.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(20)
+def test_a_chained_event_for_another_topic_is_held() -> None:
+    """Kafka orders a key only within a partition: a chained event may not change topic."""
+    holds = KeyHolds()
+
+    async def scenario() -> None:
+        sink = KafkaSink(KafkaSinkConfig("broker:9092"), publish_timeout_seconds=3.0)
+        await sink.start()
+        try:
+            first = chained_run("ack", "k", 2)
+            switched = [
+                replace(make_event("ack-2", key="k"), chained=True),
+                *chained_run("ack", "k", 1, first_chained=True),
+            ]
+            # Never seen by this sink (another route's, say): its predecessor's place is unknown.
+            unseen = chained_run("ack", "u", 1, first_chained=True)
+            assert await sink.publish(first + switched + unseen, holds) == [None, None, HELD, HELD, HELD]
+            assert holds.held("k") and holds.held("u")
+            # Claimed again once settled, not chained: it goes, and starts its key afresh.
+            assert await sink.publish(
+                [make_event("ack-2", key="k"), *chained_run("ack-2", "k", 1, first_chained=True)], holds
+            ) == [None, None]
         finally:
             await sink.close()
 

@@ -48,6 +48,8 @@ CHECK_TIMEOUT_SECONDS = 5.0
 RECENT_ACK_SECONDS = 2.0
 FLUSH_TIMEOUT_SECONDS = 10.0
 QUEUE_FULL_BACKOFF_SECONDS = 0.005
+#: Keys whose last topic the sink remembers (see ``KafkaSink._admit``); it starts afresh when full.
+TOPIC_MEMORY_KEYS = 100_000
 #: How long ``close`` waits for each retired producer to finish closing.
 RETIRE_WAIT_SECONDS = 5.0
 
@@ -83,6 +85,8 @@ class KafkaSink:
         self._settings = producer_config(config, publish_timeout_seconds=publish_timeout_seconds, client_id=client_id)
         self._redact = Scrubber(secrets_of_options(config.options))
         self._client: Client | None = None
+        #: Each key's topic last handed over (produce thread only).
+        self._topics: dict[str, str] = {}
         #: Producers retired and closing in the background.
         self._retired: list[Client] = []
         self._closed = False
@@ -221,9 +225,30 @@ class KafkaSink:
             where = self._config.bootstrap_servers
             raise SinkUnavailable(f"cannot reach kafka at {where} within {timeout_seconds:g}s: {reason}") from None
 
-    @staticmethod
+    def _admit(self, event: Event, holds: KeyHolds) -> bool:
+        """Whether ``event`` may be handed over now (produce thread).
+
+        Kafka keeps order only within a partition: a chained event goes only
+        to the topic of its key's last event handed to this sink (the same
+        partition). A chained event for another topic, or whose predecessor
+        this sink did not see (another route's, or forgotten), is held instead:
+        the relay gives it back, and claims it again once its key settled.
+        """
+        if not holds.admit(event):
+            return False
+        key = event.key
+        if key is None:
+            return True
+        if event.chained and self._topics.get(key) != event.topic:
+            holds.hold((event,))
+            return False
+        if len(self._topics) >= TOPIC_MEMORY_KEYS and key not in self._topics:
+            self._topics.clear()
+        self._topics[key] = event.topic
+        return True
+
     def _produce_all(
-        client: Client, batch: Batch, events: Sequence[Event], holds: KeyHolds | None, deadline: float
+        self, client: Client, batch: Batch, events: Sequence[Event], holds: KeyHolds | None, deadline: float
     ) -> None:
         """Admit and enqueue every event, in order (runs on the produce thread)."""
         produce = client.producer.produce
@@ -234,7 +259,7 @@ class KafkaSink:
             with client.lock:
                 if client.broken is not None:
                     return  # retire() failed this batch
-                if holds is not None and not holds.admit(event):
+                if holds is not None and not self._admit(event, holds):
                     batch.refuse(index)
                     continue
                 error = _produce(produce, event, headers, callback)
