@@ -46,16 +46,20 @@ class LibrdkafkaLog:
 
     Connection failures (facility ``FAIL``) arrive through ``error_cb`` as well,
     where they are rate-limited, so here they go to DEBUG; so do librdkafka's
-    INFO/NOTICE lines, which are chatter for an operator.
+    INFO/NOTICE lines, which are chatter for an operator. Once ``retired()``
+    says the producer is on its way out, its lines (the purge it is retired
+    with makes a gap, which librdkafka reports as fatal) go to DEBUG too: the
+    sink logged why it retired it.
     """
 
-    def __init__(self, redact: Callable[[str], str]) -> None:
+    def __init__(self, redact: Callable[[str], str], retired: Callable[[], bool] = lambda: False) -> None:
         self._redact = redact
+        self._retired = retired
 
     def log(self, level: int, msg: str, *args: object) -> None:
         """``logging.Logger.log``'s signature, which confluent-kafka calls."""
         facility = str(args[0]) if args else ""
-        if level < logging.WARNING or facility == "FAIL" or _is_gapless_notice(facility, args):
+        if level < logging.WARNING or facility == "FAIL" or _is_gapless_notice(facility, args) or self._retired():
             level = logging.DEBUG
         if librdkafka_logger.isEnabledFor(level):
             text = self._redact(msg % args if args else msg)
@@ -85,7 +89,8 @@ class Client:
         #: When librdkafka last said a broker could not be reached (``time.monotonic``).
         self.unreachable_at = -float("inf")
         try:
-            self.producer = Producer({**settings, "error_cb": self._on_error, "logger": LibrdkafkaLog(redact)})
+            log = LibrdkafkaLog(redact, lambda: self.broken is not None)
+            self.producer = Producer({**settings, "error_cb": self._on_error, "logger": log})
         except KafkaException as exc:
             raise ConfigError(f"invalid kafka settings: {redact(describe(error_of(exc)))}") from None
         self._stop = threading.Event()

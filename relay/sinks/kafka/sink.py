@@ -196,7 +196,7 @@ class KafkaSink:
     def _retire(self, client: Client, reason: str) -> None:
         if client.retire(reason):
             logger.warning(
-                "kafka: %s; unacknowledged events given back, a new producer takes over",
+                "%s; unacknowledged events given back, a new producer takes over",
                 reason,
                 extra={"action": "kafka_producer_retired"},
             )
