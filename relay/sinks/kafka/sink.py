@@ -147,7 +147,8 @@ class KafkaSink:
         if batch.acked:
             self._last_ack = time.monotonic()
         elif batch.unreachable and batch.unreachable + batch.held == len(events):
-            # Every key of the batch is held already (each failure held its own).
+            # Each failure held its key as it came; said once more before the raise.
+            batch.hold_unacknowledged()
             first = next(o for o in outcomes if o is not None and not o.held)
             reason = self._redact(first.error)
             where = self._config.bootstrap_servers
