@@ -278,7 +278,7 @@ class KafkaSink:
             if error is None:
                 continue
             if is_fatal(error):
-                reason = describe(error)
+                reason = self._redact(describe(error))
                 if client.retire(reason):
                     logger.error("kafka producer fatal error: %s", reason, extra={"action": "kafka_fatal"})
                 return
