@@ -21,7 +21,7 @@ _PARTITIONS = "decides which partition a key goes to (the relay uses murmur2_ran
 _ORDER = "can reorder or drop messages of one key"
 _RETRIES = "a message whose retries run out fails while later messages of its key get through: order is lost"
 _REPORTS = "changes what a delivery report means"
-_TIMEOUT = "is set from --publish-timeout; 0 would keep a message queued past every retry, one copy per retry"
+_TIMEOUT = "is set by the relay (0: a message expiring mid-run leaves a gap; --publish-timeout purges instead)"
 _API_OBJECT = "is a callback or API object, set by the relay or not settable from a URL"
 _VERSIONS = "idempotence and headers need the protocol versions the broker announces"
 
@@ -33,7 +33,7 @@ REFUSED: dict[str, str] = {
     "max.in.flight": f"{_ORDER} (idempotence keeps order only at librdkafka's own setting)",
     "message.send.max.retries": _RETRIES,
     "retries": _RETRIES,
-    "enable.gapless.guarantee": "is experimental and stops the producer on a gap; the relay handles gaps itself",
+    "enable.gapless.guarantee": "is set by the relay (true): a gap stops the producer, which the relay replaces",
     "queuing.strategy": _ORDER,
     "msg_order_cmp": _ORDER,
     "transactional.id": "makes a transactional producer, whose messages need transactions the relay does not run",

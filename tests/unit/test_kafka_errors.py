@@ -14,6 +14,7 @@ from relay.events import Failure
 from relay.sinks.kafka import MAX_ERROR_CHARS, classify, describe, is_unreachable, producer_config
 from relay.sinks.kafka.batch import Batch
 from relay.sinks.kafka.client import LibrdkafkaLog
+from tests.integration.kafka_support import make_event
 
 PERMANENT = [
     KafkaError.MSG_SIZE_TOO_LARGE,
@@ -78,7 +79,9 @@ def test_producer_settings_keep_the_guarantees_and_take_options() -> None:
     assert settings["enable.idempotence"] is True
     assert settings["acks"] == "all"
     assert settings["partitioner"] == "murmur2_random"
-    assert settings["message.timeout.ms"] == 12_500
+    # No librdkafka-side expiry (a gap in a key's run); the publish deadline purges instead.
+    assert settings["message.timeout.ms"] == 0
+    assert settings["enable.gapless.guarantee"] is True
     assert settings["topic.metadata.propagation.max.ms"] < 12_500
     assert settings["linger.ms"] == "20"
     assert settings["compression.type"] == "lz4"
@@ -105,7 +108,7 @@ def test_librdkafka_logs_are_demoted_and_redacted(caplog: pytest.LogCaptureFixtu
 
 def test_batch_resolves_when_every_event_has_an_outcome() -> None:
     async def scenario() -> None:
-        batch = Batch(3, asyncio.get_running_loop())
+        batch = Batch([make_event("t") for _ in range(3)], asyncio.get_running_loop())
         batch.on_delivery(1, None, None)  # type: ignore[arg-type]
         batch.record(0, Failure("too big", permanent=True))
         assert not batch.future.done()
@@ -122,7 +125,7 @@ def test_batch_resolves_when_every_event_has_an_outcome() -> None:
 
 def test_unreported_events_count_as_unreachable_timeouts() -> None:
     async def scenario() -> None:
-        batch = Batch(2, asyncio.get_running_loop())
+        batch = Batch([make_event("t") for _ in range(2)], asyncio.get_running_loop())
         batch.on_delivery(0, KafkaError(KafkaError._TRANSPORT), None)  # type: ignore[arg-type]
         outcomes = batch.close()
         batch.on_delivery(1, None, None)  # type: ignore[arg-type]  # too late: ignored
@@ -134,7 +137,7 @@ def test_unreported_events_count_as_unreachable_timeouts() -> None:
 
 def test_failing_the_rest_keeps_earlier_outcomes() -> None:
     async def scenario() -> None:
-        batch = Batch(4, asyncio.get_running_loop())
+        batch = Batch([make_event("t") for _ in range(4)], asyncio.get_running_loop())
         batch.on_delivery(0, None, None)  # type: ignore[arg-type]
         batch.fail_unreported(Failure("queue full"), unreachable=True, start=2)
         assert not batch.future.done()

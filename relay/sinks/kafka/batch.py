@@ -1,15 +1,22 @@
-"""The delivery state of one ``publish`` call, shared with librdkafka's delivery reports."""
+"""The delivery state of one ``publish`` call, shared with librdkafka's delivery reports.
+
+Every event the batch will not report acknowledged puts its key on hold as
+soon as that is known (see :mod:`relay.holds`), so a later event of the key is
+not handed to the producer after it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-from relay.events import Failure, Outcome
+from relay.events import HELD, Event, Failure, Outcome
+from relay.holds import KeyHolds
 from relay.sinks.kafka.errors import classify, is_unreachable
 
 logger = logging.getLogger(__name__)
@@ -21,26 +28,49 @@ class Batch:
     Slots start as ``NOT_REPORTED``; whatever is still unreported when the wait
     ends counts as a timeout. ``unreachable`` counts the events that failed
     because the cluster could not be reached or did not answer in time,
-    ``timed_out`` those among them that the broker may have stored.
+    ``timed_out`` those among them that the broker may have stored, ``held``
+    those not handed over because an earlier event of their key failed.
     """
 
-    __slots__ = ("_finished", "_future", "_lock", "_loop", "_remaining", "acked", "results", "timed_out", "unreachable")
+    __slots__ = (
+        "_events",
+        "_finished",
+        "_future",
+        "_holds",
+        "_lock",
+        "_loop",
+        "_remaining",
+        "acked",
+        "held",
+        "results",
+        "timed_out",
+        "unreachable",
+    )
 
-    def __init__(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, events: Sequence[Event], loop: asyncio.AbstractEventLoop, holds: KeyHolds | None = None) -> None:
         self._lock = threading.Lock()
         self._loop = loop
         self._future: asyncio.Future[None] = loop.create_future()
-        self._remaining = size
+        self._events = events
+        self._holds = holds
+        self._remaining = len(events)
         self._finished = False
-        self.results: list[Outcome] = [NOT_REPORTED] * size
+        self.results: list[Outcome] = [NOT_REPORTED] * len(events)
         self.acked = 0
         self.unreachable = 0
         self.timed_out = 0
+        self.held = 0
 
     @property
     def future(self) -> asyncio.Future[None]:
         """Resolved once every event has an outcome."""
         return self._future
+
+    @property
+    def finished(self) -> bool:
+        """Whether every event has an outcome (or the batch was closed)."""
+        with self._lock:
+            return self._finished
 
     def on_delivery(self, index: int, error: KafkaError | None, _message: Message[Any, Any]) -> None:
         """librdkafka's delivery report for event ``index`` (runs on the poll thread)."""
@@ -50,43 +80,67 @@ class Batch:
             self.record(index, classify(error), unreachable=is_unreachable(error))
 
     def record(self, index: int, outcome: Outcome, *, unreachable: bool = False) -> None:
-        """Set the outcome of event ``index``."""
+        """Set the outcome of event ``index``; a failure holds its key at once."""
         with self._lock:
-            if self._finished:
+            if self._finished or self.results[index] is not NOT_REPORTED:
                 return
             self.results[index] = outcome
             if outcome is None:
                 self.acked += 1
-            elif unreachable:
-                self.unreachable += 1
-                self.timed_out += outcome.timed_out
+            else:
+                self._hold_locked([index])
+                if unreachable:
+                    self.unreachable += 1
+                    self.timed_out += outcome.timed_out
+            self._remaining -= 1
+            if self._remaining == 0:
+                self._finish_locked()
+
+    def refuse(self, index: int) -> None:
+        """Answer event ``index`` :data:`HELD`: its key is on hold, so it is not handed over."""
+        with self._lock:
+            if self._finished or self.results[index] is not NOT_REPORTED:
+                return
+            self.results[index] = HELD
+            self.held += 1
             self._remaining -= 1
             if self._remaining == 0:
                 self._finish_locked()
 
     def fail_unreported(self, failure: Failure, *, unreachable: bool, start: int = 0) -> None:
-        """Fail every event from ``start`` on that has no outcome yet."""
+        """Fail every event from ``start`` on that has no outcome yet (and hold their keys)."""
         with self._lock:
             if self._finished:
                 return
-            for index in range(start, len(self.results)):
-                if self.results[index] is NOT_REPORTED:
-                    self.results[index] = failure
-                    self._remaining -= 1
-                    if unreachable:
-                        self.unreachable += 1
-                        self.timed_out += failure.timed_out
+            failed = [i for i in range(start, len(self.results)) if self.results[i] is NOT_REPORTED]
+            for index in failed:
+                self.results[index] = failure
+            self._hold_locked(failed)
+            self._remaining -= len(failed)
+            if unreachable:
+                self.unreachable += len(failed)
+                self.timed_out += len(failed) * failure.timed_out
             if self._remaining == 0:
                 self._finish_locked()
 
+    def hold_unacknowledged(self) -> None:
+        """Hold the key of every event not acknowledged so far (some may still be, later)."""
+        with self._lock:
+            self._hold_locked([i for i, outcome in enumerate(self.results) if outcome is not None])
+
     def close(self) -> list[Outcome]:
-        """Stop accepting reports; whatever is unreported timed out."""
+        """Stop accepting reports; whatever is unreported timed out (and its key is held)."""
         with self._lock:
             if not self._finished:
                 self._finished = True
+                self._hold_locked([i for i, outcome in enumerate(self.results) if outcome is NOT_REPORTED])
                 self.unreachable += self._remaining
                 self.timed_out += self._remaining
             return list(self.results)
+
+    def _hold_locked(self, indices: list[int]) -> None:
+        if self._holds is not None and indices:
+            self._holds.hold(self._events[i] for i in indices)
 
     def _finish_locked(self) -> None:
         self._finished = True

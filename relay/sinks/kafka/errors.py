@@ -68,8 +68,15 @@ PRODUCER_STATE_ERRORS = frozenset(
         _E.OUT_OF_ORDER_SEQUENCE_NUMBER,
         _E.INVALID_PRODUCER_ID_MAPPING,
         _E._FENCED,
+        # A gap in a partition's sequence (enable.gapless.guarantee), or the fatal state itself.
+        _E._GAPLESS_GUARANTEE,
+        _E._FATAL,
     }
 )
+
+#: The reports of messages the relay purged from a producer it retires: not
+#: acknowledged, and (those already sent) possibly stored.
+PURGED_ERRORS = frozenset({_E._PURGE_QUEUE, _E._PURGE_INFLIGHT})
 
 
 def describe(error: KafkaError) -> str:
@@ -86,6 +93,11 @@ def classify(error: KafkaError) -> Failure:
 def is_unreachable(error: KafkaError) -> bool:
     """Whether ``error`` says the cluster could not be reached rather than refused a message."""
     return error.code() in UNREACHABLE_ERRORS
+
+
+def is_fatal(error: KafkaError) -> bool:
+    """Whether ``error`` ends the producer (a fatal error, or the idempotence state lost)."""
+    return error.fatal() or error.code() in PRODUCER_STATE_ERRORS
 
 
 def error_of(exc: KafkaException) -> KafkaError:

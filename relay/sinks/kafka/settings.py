@@ -24,7 +24,13 @@ def producer_config(config: KafkaSinkConfig, *, publish_timeout_seconds: float, 
         "acks": "all",
         # Java's default partitioner: a key lands on the same partition as from a Java client.
         "partitioner": "murmur2_random",
-        "message.timeout.ms": timeout_ms,
+        # librdkafka never gives a message up: one that expired in the middle of a key's
+        # run would leave a gap the next ones fill. The relay's publish deadline purges
+        # and replaces the producer instead (relay/sinks/kafka/client.py).
+        "message.timeout.ms": 0,
+        # Any other gap in a partition's sequence stops the producer (a fatal error the
+        # sink answers by replacing it) rather than letting later messages through.
+        "enable.gapless.guarantee": True,
         # Report a missing topic well before the message times out, so it is dead-lettered
         # as unknown rather than retried forever as "timed out".
         "topic.metadata.propagation.max.ms": min(30_000, max(1_000, timeout_ms // 2)),

@@ -6,6 +6,15 @@ one produce thread that fills librdkafka's queue, so a full queue never blocks
 the event loop and batches are enqueued strictly in the order ``publish`` was
 called. Each batch waits on a single asyncio future that the last delivery
 report resolves; there is no future per message.
+
+A key's order holds with several of its events in flight (``chains_keys``):
+the idempotent producer keeps each partition's messages in order, librdkafka
+never expires a message (``message.timeout.ms=0``, so no gap opens in the
+middle of a run), ``enable.gapless.guarantee`` turns any other gap into a
+fatal error, and whatever a batch does not get acknowledged holds its key (see
+:mod:`relay.holds`). When a publish deadline passes with messages
+unacknowledged, or the producer fails for good, it is retired and a new one
+takes over (see :mod:`.client`). docs/delivery.md has the rules.
 """
 
 from __future__ import annotations
@@ -14,8 +23,9 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -27,26 +37,25 @@ from relay.secrets import Scrubber, secrets_of_options
 from relay.sinks.base import scrubbed
 from relay.sinks.kafka.batch import Batch
 from relay.sinks.kafka.client import Client
-from relay.sinks.kafka.errors import classify, describe, error_of, is_unreachable
+from relay.sinks.kafka.errors import classify, describe, error_of, is_fatal, is_unreachable
 from relay.sinks.kafka.settings import producer_config
 
 logger = logging.getLogger(__name__)
 
+#: How long a publish may run past ``--publish-timeout`` (retiring the producer takes milliseconds).
 WAIT_MARGIN_SECONDS = 5.0
 CHECK_TIMEOUT_SECONDS = 5.0
 RECENT_ACK_SECONDS = 2.0
 FLUSH_TIMEOUT_SECONDS = 10.0
 QUEUE_FULL_BACKOFF_SECONDS = 0.005
+#: Keys whose last topic the sink remembers (see ``KafkaSink._admit``); it starts afresh when full.
+TOPIC_MEMORY_KEYS = 100_000
+#: How long ``close`` waits for each retired producer to finish closing.
+RETIRE_WAIT_SECONDS = 5.0
 
 
 def _nothing() -> None:
     """A no-op job: once it ran, every job submitted before it has finished."""
-
-
-def _log_retire_failure(done: Future[None]) -> None:
-    exc = done.exception()
-    if exc is not None:
-        logger.error("kafka: stopping the broken producer failed: %r", exc, extra={"action": "kafka_retire_failed"})
 
 
 class KafkaSink:
@@ -58,8 +67,9 @@ class KafkaSink:
     """
 
     name = "kafka"
-    #: Not yet: until the sink keeps a key's order across batches in flight, keys move one claim at a time.
-    chains_keys = False
+    #: A key's events stay in order across batches in flight: one idempotent
+    #: producer at a time, no librdkafka-side expiry, holds for what fails.
+    chains_keys = True
 
     def __init__(
         self,
@@ -75,6 +85,10 @@ class KafkaSink:
         self._settings = producer_config(config, publish_timeout_seconds=publish_timeout_seconds, client_id=client_id)
         self._redact = Scrubber(secrets_of_options(config.options))
         self._client: Client | None = None
+        #: Each key's topic last handed over (produce thread only).
+        self._topics: dict[str, str] = {}
+        #: Producers retired and closing in the background.
+        self._retired: list[Client] = []
         self._closed = False
         self._last_ack = -float("inf")
         # One thread, so batches reach librdkafka in the order publish() was called.
@@ -95,14 +109,19 @@ class KafkaSink:
         logger.info("kafka sink connected to %s", self._config.bootstrap_servers, extra={"action": "kafka_connected"})
 
     async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
-        """Publish ``events`` and return one outcome per event, in order."""
+        """Publish ``events`` and return one outcome per event, in order.
+
+        With ``holds``, each event is admitted (in call order, on the produce
+        thread) before it is handed to the producer, and answered ``HELD`` if its
+        key is on hold; every event not acknowledged holds its key.
+        """
         if not events:
             return []
         client = self._usable_client()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._publish_timeout_seconds + WAIT_MARGIN_SECONDS
+        deadline = loop.time() + self._publish_timeout_seconds
         started = time.monotonic()
-        batch = Batch(len(events), loop)
+        batch = Batch(events, loop, holds)
         client.add(batch)
         try:
             await loop.run_in_executor(
@@ -111,26 +130,34 @@ class KafkaSink:
                 client,
                 batch,
                 events,
+                holds,
                 time.monotonic() + self._publish_timeout_seconds,
             )
             remaining = deadline - loop.time()
             if remaining > 0:
                 await asyncio.wait([batch.future], timeout=remaining)
         finally:
+            if not batch.finished:
+                # librdkafka never gives up on a message (message.timeout.ms=0, so a
+                # timed-out message cannot leave a gap in a key's run): the relay's
+                # own deadline ends the producer's attempts, for every batch on it.
+                self._retire(client, f"kafka: no acknowledgement within {self._publish_timeout_seconds:g}s")
             client.discard(batch)
             outcomes = batch.close()
         if batch.acked:
             self._last_ack = time.monotonic()
-        elif batch.unreachable == len(events):
-            first = outcomes[0]
-            reason = self._redact(first.error if first is not None else "no acknowledgement")
+        elif batch.unreachable and batch.unreachable + batch.held == len(events):
+            # Each failure held its key as it came; said once more before the raise.
+            batch.hold_unacknowledged()
+            first = next(o for o in outcomes if o is not None and not o.held)
+            reason = self._redact(first.error)
             where = self._config.bootstrap_servers
             if batch.timed_out and client.unreachable_at < started:
                 # Connected, but no acknowledgement in time: the broker may have
                 # stored the batch, and each retry may store a copy.
                 raise SinkTimeout(f"kafka at {where} did not acknowledge in time: {reason}")
             raise SinkUnavailable(f"kafka at {where} unreachable: {reason}")
-        failed = len(events) - batch.acked
+        failed = len(events) - batch.acked - batch.held
         if failed:
             logger.warning(
                 "kafka: %d of %d events not acknowledged",
@@ -144,12 +171,11 @@ class KafkaSink:
 
     async def check(self) -> None:
         """Raise ``SinkUnavailable`` unless a broker answers now (or acknowledged just now)."""
-        client = self._client
-        if client is None or self._closed:
+        if self._client is None or self._closed:
             raise SinkUnavailable("kafka sink is not started")
         if time.monotonic() - self._last_ack < RECENT_ACK_SECONDS:
             return
-        await self._probe(client, min(CHECK_TIMEOUT_SECONDS, self._connect_timeout_seconds))
+        await self._probe(self._usable_client(), min(CHECK_TIMEOUT_SECONDS, self._connect_timeout_seconds))
 
     async def close(self) -> None:
         """Flush for a bounded time, then stop the producer. Safe to call twice."""
@@ -161,8 +187,20 @@ class KafkaSink:
             # Let a batch still being enqueued finish before the producer goes away.
             await asyncio.get_running_loop().run_in_executor(self._producing, _nothing)
             await asyncio.to_thread(client.shutdown, FLUSH_TIMEOUT_SECONDS)
+        retired, self._retired = self._retired, []
+        for old in retired:
+            if not await asyncio.to_thread(old.wait_closed, RETIRE_WAIT_SECONDS):
+                logger.warning("kafka: a retired producer is still closing", extra={"action": "kafka_retire_slow"})
         self._producing.shutdown(wait=False)
         logger.info("kafka sink closed", extra={"action": "kafka_closed"})
+
+    def _retire(self, client: Client, reason: str) -> None:
+        if client.retire(reason):
+            logger.warning(
+                "%s; unacknowledged events given back, a new producer takes over",
+                reason,
+                extra={"action": "kafka_producer_retired"},
+            )
 
     def _usable_client(self) -> Client:
         if self._closed:
@@ -172,11 +210,12 @@ class KafkaSink:
             raise SinkError("kafka sink is not started")
         if client.broken is None:
             return client
-        # A fatal error poisons the producer (e.g. its idempotence state); start afresh.
-        logger.warning("kafka: replacing the broken producer", extra={"action": "kafka_rebuild"})
+        # Retired (a deadline passed, a fatal error, its idempotence state lost): start
+        # afresh. Its batches were answered and their keys held before it was marked.
+        logger.info("kafka: building a new producer", extra={"action": "kafka_rebuild"})
+        self._retired = [old for old in self._retired if not old.wait_closed(0)]
+        self._retired.append(client)
         self._client = Client(self._settings, self._redact)
-        # Queued behind any batch still being enqueued into the old producer.
-        self._producing.submit(client.shutdown, 0).add_done_callback(_log_retire_failure)
         return self._client
 
     async def _probe(self, client: Client, timeout_seconds: float) -> None:
@@ -187,37 +226,88 @@ class KafkaSink:
             where = self._config.bootstrap_servers
             raise SinkUnavailable(f"cannot reach kafka at {where} within {timeout_seconds:g}s: {reason}") from None
 
-    @staticmethod
-    def _produce_all(client: Client, batch: Batch, events: Sequence[Event], deadline: float) -> None:
-        """Enqueue every event (runs on the produce thread)."""
+    def _admit(self, event: Event, holds: KeyHolds) -> bool:
+        """Whether ``event`` may be handed over now (produce thread).
+
+        Kafka keeps order only within a partition: a chained event goes only
+        to the topic of its key's last event handed to this sink (the same
+        partition). A chained event for another topic, or whose predecessor
+        this sink did not see (another route's, or forgotten), is held instead:
+        the relay gives it back, and claims it again once its key settled.
+        """
+        if not holds.admit(event):
+            return False
+        key = event.key
+        if key is None:
+            return True
+        if event.chained and self._topics.get(key) != event.topic:
+            holds.hold((event,))
+            return False
+        if len(self._topics) >= TOPIC_MEMORY_KEYS and key not in self._topics:
+            self._topics.clear()
+        self._topics[key] = event.topic
+        return True
+
+    def _produce_all(
+        self, client: Client, batch: Batch, events: Sequence[Event], holds: KeyHolds | None, deadline: float
+    ) -> None:
+        """Admit and enqueue every event, in order (runs on the produce thread)."""
         produce = client.producer.produce
         for index, event in enumerate(events):
-            if client.broken is not None:
-                return  # mark_broken already failed this batch
             # confluent-kafka encodes str keys and header values as UTF-8 itself, in C.
             headers = event.message_header_pairs()
             callback = functools.partial(client.on_delivery, batch, index)
-            while True:
-                try:
-                    produce(event.topic, event.payload, event.key, on_delivery=callback, headers=headers)
-                    break
-                except BufferError:
-                    if time.monotonic() < deadline:
-                        # The poll thread drains the queue as acknowledgements arrive.
-                        time.sleep(QUEUE_FULL_BACKOFF_SECONDS)
-                        continue
-                    failure = Failure("kafka: local producer queue stayed full")
-                    batch.fail_unreported(failure, unreachable=True, start=index)
+            with client.lock:
+                if client.broken is not None:
+                    return  # retire() failed this batch
+                if holds is not None and not self._admit(event, holds):
+                    batch.refuse(index)
+                    continue
+                error = _produce(produce, event, headers, callback)
+            while error is QUEUE_FULL:
+                if time.monotonic() >= deadline:
+                    full = Failure("kafka: local producer queue stayed full")
+                    batch.fail_unreported(full, unreachable=True, start=index)
                     return
-                except KafkaException as exc:
-                    error = error_of(exc)
-                    if error.fatal() or error.code() == KafkaError._FATAL:
-                        client.mark_broken(describe(error))
+                # The poll thread drains the queue as acknowledgements arrive.
+                time.sleep(QUEUE_FULL_BACKOFF_SECONDS)
+                with client.lock:
+                    if client.broken is not None:
                         return
-                    failure = classify(error)
-                    if failure.permanent:
-                        batch.record(index, failure)
-                        break
-                    # Later events may share this one's key: they must not overtake it.
-                    batch.fail_unreported(failure, unreachable=is_unreachable(error), start=index)
-                    return
+                    error = _produce(produce, event, headers, callback)
+            if error is None:
+                continue
+            if is_fatal(error):
+                reason = self._redact(describe(error))
+                if client.retire(reason):
+                    logger.error("kafka producer fatal error: %s", reason, extra={"action": "kafka_fatal"})
+                return
+            failure = classify(error)
+            if failure.permanent or holds is not None:
+                # Its key is held at once: its later events in this batch and the next are HELD.
+                batch.record(index, failure, unreachable=is_unreachable(error))
+                continue
+            # Without holds, later events may share this one's key: they must not overtake it.
+            batch.fail_unreported(failure, unreachable=is_unreachable(error), start=index)
+            return
+        client.send_now()
+
+
+#: What :func:`_produce` returns when librdkafka's queue is full.
+QUEUE_FULL = KafkaError(KafkaError._QUEUE_FULL)
+
+
+def _produce(
+    produce: Callable[..., None],
+    event: Event,
+    headers: list[tuple[str, str | bytes | None]],
+    callback: Callable[[KafkaError | None, Any], None],
+) -> KafkaError | None:
+    """Enqueue one message; the error that refused it, if any."""
+    try:
+        produce(event.topic, event.payload, event.key, on_delivery=callback, headers=headers)
+    except BufferError:
+        return QUEUE_FULL
+    except KafkaException as exc:
+        return error_of(exc)
+    return None
