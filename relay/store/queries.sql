@@ -15,7 +15,7 @@
 --   batch. A row of a key in flight does take a place (and goes nowhere unless
 --   the flight is this relay's): the scan stays bounded by %(limit)s.
 -- * heads: where a key's run starts. A key this relay has in flight goes on
---   after its last event in flight (%(tails)s, in batches %(mine)s whose leases
+--   after its last event in flight (tails, in batches %(mine)s whose leases
 --   still hold), to the same topic only; any other key starts at its first,
 --   which must be a candidate.
 -- * A run takes the key's candidates from its head on, up to the first unsent
@@ -59,7 +59,8 @@ WITH candidates AS (
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
 ), keyed AS (
-    SELECT c.key, count(*) AS n, min(c.first_id) AS first_id
+    SELECT c.key, count(*) AS n, min(c.first_id) AS first_id,
+           min(c.topic) FILTER (WHERE c.id = c.first_id) AS first_topic
     FROM candidates AS c
     WHERE c.key IS NOT NULL
     GROUP BY c.key
@@ -67,38 +68,57 @@ WITH candidates AS (
     -- A key this relay has in flight goes on after its last event in flight, if
     -- that one's lease still holds and the next goes to the same topic; any
     -- other key starts at its first event.
-    SELECT k.key, k.n, coalesce(h.id, k.first_id) AS head, t.key IS NOT NULL AS flying
+    SELECT k.key, k.n, coalesce(h.id, k.first_id) AS head, coalesce(h.topic, k.first_topic) AS topic,
+           t.id IS NOT NULL AS flying
     FROM keyed AS k
-    LEFT JOIN unnest(%(tail_keys)s::text[], %(tails)s::bigint[], %(tail_topics)s::text[]) AS t(key, id, topic)
-      ON t.key = k.key
+    -- %(tails)s: {{key: [id, topic]}} of the relay's last event in flight of each key
+    CROSS JOIN LATERAL (
+        SELECT (%(tails)s::jsonb -> k.key ->> 0)::bigint AS id, %(tails)s::jsonb -> k.key ->> 1 AS topic) AS t
     LEFT JOIN LATERAL (
         SELECT e.id, e.topic FROM {table} AS e
         WHERE e.key = k.key AND e.id > t.id AND e.state IN ('pending', 'failed')
         ORDER BY e.id
-        LIMIT 1) AS h ON t.key IS NOT NULL
-    WHERE t.key IS NULL
+        LIMIT 1) AS h ON t.id IS NOT NULL
+    WHERE t.id IS NULL
        OR (h.topic = t.topic
            AND EXISTS (SELECT 1 FROM {table} AS tail
                        WHERE tail.id = t.id AND tail.state = 'pending'
                          AND tail.claim_token = ANY(%(mine)s::uuid[]) AND tail.lease_expires_at > now()))
-), runs AS (
-    SELECT h.key, h.head, h.flying,
+), runs AS MATERIALIZED (
+    -- Where each run ends: before the first unsent event of the key after its
+    -- head that is not a candidate or goes to another topic (a key with one
+    -- candidate needs no walk: its run is its head).
+    SELECT h.key, h.n, h.head, h.flying,
            CASE WHEN h.n > 1 THEN
                (SELECT e.id FROM {table} AS e
                 WHERE e.key = h.key AND e.id > h.head AND e.state IN ('pending', 'failed')
-                  AND (e.topic <> head.topic OR e.id NOT IN (SELECT c.id FROM candidates AS c))
+                  AND (e.topic <> h.topic OR e.id NOT IN (SELECT c.id FROM candidates AS c))
                 ORDER BY e.id
                 LIMIT 1)
            END AS stop
     FROM heads AS h
-    JOIN candidates AS head ON head.id = h.head
+    -- (IS TRUE keeps this a hashed lookup, not a join planned as a loop)
+    WHERE (h.head IN (SELECT c.id FROM candidates AS c)) IS TRUE
+), members AS MATERIALIZED (
+    -- The events of the runs (every one a candidate), and whether each is chained.
+    SELECT r.head AS id, r.flying AS chained
+    FROM runs AS r
+    WHERE r.n = 1
+    UNION ALL
+    SELECT e.id, r.flying OR e.id > r.head
+    FROM runs AS r
+    CROSS JOIN LATERAL (
+        SELECT e.id FROM {table} AS e
+        WHERE e.key = r.key AND e.id >= r.head AND (r.stop IS NULL OR e.id < r.stop)
+          AND e.state IN ('pending', 'failed')) AS e
+    WHERE r.n > 1
 ), placed AS (
+    -- Membership through hashed lookups: a join here is planned as a loop over the runs for each candidate.
     SELECT c.id, c.key, c.old_lease, c.bytes,
-           c.key IS NOT NULL AND (r.flying OR c.id > r.head) AS chained,
+           c.id IN (SELECT m.id FROM members AS m WHERE m.chained) AS chained,
            row_number() OVER (ORDER BY c.priority DESC, c.id) AS place
     FROM candidates AS c
-    LEFT JOIN runs AS r ON r.key = c.key
-    WHERE c.key IS NULL OR (c.id >= r.head AND (r.stop IS NULL OR c.id < r.stop))
+    WHERE c.key IS NULL OR c.id IN (SELECT m.id FROM members AS m)
 ), total AS (
     SELECT coalesce(sum(bytes), 0) AS bytes FROM placed
 ), chosen AS (

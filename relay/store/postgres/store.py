@@ -11,6 +11,7 @@ from uuid import uuid4
 
 import psycopg
 from psycopg.rows import RowMaker
+from psycopg.types.json import Jsonb
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
 from relay.errors import ClaimTimeout, StoreUnavailable
@@ -228,7 +229,5 @@ def _tails(chain: Sequence[Claim]) -> dict[str, Any]:
                 last[event.key] = event
     return {
         "mine": [claim.token for claim in chain],
-        "tail_keys": list(last),
-        "tails": [e.id for e in last.values()],
-        "tail_topics": [e.topic for e in last.values()],
+        "tails": Jsonb({key: [e.id, e.topic] for key, e in last.items()}),
     }
