@@ -140,7 +140,7 @@ def claim_statement(name: str, after: int, priorities: list[int]) -> tuple[sql.C
     """One of the store's claim statements, by name, and its parameters."""
     query = named.render(named.queries()[name], TableName.parse("outbox"))
     params = {"after": after, "priorities": priorities, "limit": 10, "max_bytes": 2**62, "max_attempts": 5,
-              "token": uuid4(), "owner": "t", "lease_seconds": 30}  # fmt: skip
+              "token": uuid4(), "owner": "t", "lease_seconds": 30, "mine": [], "tails": "{}"}  # fmt: skip
     return query, params
 
 

@@ -169,6 +169,8 @@ def test_the_claim_query_uses_its_index(database_url: str) -> None:
                 "token": None,
                 "owner": "x",
                 "lease_seconds": 30,
+                "mine": [],
+                "tails": "{}",
             }
             plans.append("\n".join(r[0] for r in conn.execute(psycopg.sql.SQL("EXPLAIN ") + claim, params)))
         conn.rollback()
