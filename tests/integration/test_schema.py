@@ -161,7 +161,7 @@ def test_the_claim_query_uses_its_index(database_url: str) -> None:
         conn.execute("ANALYZE outbox")
         plans = []
         for after in (0, 15000):  # a full scan, and one from a keyset hint
-            params = {
+            params: dict[str, object] = {
                 "after": after,
                 "limit": 100,
                 "max_bytes": 16 * 2**20,
