@@ -21,7 +21,7 @@ from its delivery thread.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from relay.events import Event
 
@@ -55,3 +55,18 @@ class KeyHolds:
         """Whether ``key`` is on hold (for tests and logs)."""
         with self._lock:
             return key in self._held
+
+
+def mark_chained(events: Sequence[Event], in_flight: Iterable[Sequence[Event]]) -> None:
+    """Mark ``events`` chained whose key has events ``in_flight`` at this relay, whatever the claim saw.
+
+    Only an event whose key has nothing in flight here may lift a hold on its
+    key: the claim may have started a key afresh (a late commit below the
+    chain, a batch whose lease ran out) while later events of the key are
+    still on their way from this relay.
+    """
+    flying = {e.key for batch in in_flight for e in batch if e.key is not None}
+    if flying:
+        for event in events:
+            if event.key in flying:
+                event.chained = True

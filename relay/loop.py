@@ -26,7 +26,7 @@ from relay.batching import BatchLimits
 from relay.config import RelaySettings
 from relay.errors import ClaimTimeout, SinkTimeout, SinkUnavailable, StoreUnavailable
 from relay.events import Event, Outcome
-from relay.holds import KeyHolds
+from relay.holds import KeyHolds, mark_chained
 from relay.metrics import Metrics
 from relay.outcomes import Verdict, judge
 from relay.settling import settle_within_lease
@@ -230,7 +230,7 @@ class Relay:
             self.metrics.reaped.inc(claim.reaped)
             logger.warning("took over %d expired leases", claim.reaped, extra={"action": "reap"})
         self.metrics.batch_size.observe(len(claim.events))
-        self._mark_chained(claim)
+        mark_chained(claim.events, [other.events for other, _ in self._flying.values()])
         self._flying[claim.token] = (claim, claimed_at)
         task = asyncio.create_task(self._deliver(claim, claimed_at), name=f"deliver-{claim.token}")
         self._inflight[task] = claimed_at
@@ -241,20 +241,6 @@ class Relay:
     def _chain(self, now: float) -> list[Claim]:
         """The batches in hand a claim may go on from: those that may still be published."""
         return [claim for claim, at in self._flying.values() if now - at < self._latest_publish_start]
-
-    def _mark_chained(self, claim: Claim) -> None:
-        """Mark the events of keys this relay has in flight as chained, whatever the claim saw.
-
-        Only an event whose key has nothing in flight here may lift a hold on
-        its key (relay/holds.py): the claim may have started a key afresh (a
-        late commit below the chain, a batch whose lease ran out) while this
-        relay still has later events of the key on their way.
-        """
-        flying = {e.key for other, _ in self._flying.values() for e in other.events if e.key is not None}
-        if flying:
-            for event in claim.events:
-                if event.key in flying:
-                    event.chained = True
 
     async def _reap_now_and_then(self, now: float) -> None:
         if now < self._next_reap:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from relay.events import HELD, Event, Failure, Outcome
-from relay.holds import KeyHolds
+from relay.holds import KeyHolds, mark_chained
 from relay.loop import Relay
 from relay.sinks.memory import MemorySink
 from relay.store.memory import MemoryStore
@@ -98,3 +98,15 @@ def test_holds_admit_unchained_events_and_clear_their_key() -> None:
     assert not holds.admit(event)
     assert holds.admit(replace(event, chained=False)) and holds.admit(event)
     assert HELD.held and not HELD.permanent
+
+
+def test_an_event_of_a_key_in_flight_here_is_chained_whatever_the_claim_saw() -> None:
+    flying = Event(5, "t", "k", b"{}", {}, "a", 1, None)  # type: ignore[arg-type]
+    late = Event(3, "t", "k", b"{}", {}, "b", 1, None)  # type: ignore[arg-type]  # a late commit below the chain
+    other = Event(9, "t", "j", b"{}", {}, "c", 1, None)  # type: ignore[arg-type]
+    mark_chained([late, other], [[flying]])
+    assert late.chained and not other.chained
+    holds = KeyHolds()
+    holds.hold([flying])
+    # So the late event cannot lift the hold that the event in flight put on its key.
+    assert not holds.admit(late) and holds.held("k")
