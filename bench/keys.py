@@ -25,7 +25,7 @@ import psycopg
 from bench import baselines
 from bench.consumers import RabbitReceiver
 from bench.drain import Drain, run_drain
-from bench.services import AMQP_URL, TABLE, require_rabbitmq, source_state
+from bench.services import AMQP_URL, TABLE, document_for, require_rabbitmq, source_state
 from relay.store.migrate import migrate
 
 if TYPE_CHECKING:
@@ -86,16 +86,10 @@ LATE_OVER_EARLY = 0.9
 
 
 def document(g: int) -> dict[str, Any]:
-    """Event ``g``'s payload: ~150 bytes of JSON."""
-    return {
-        "event": "order.created",
-        "order_id": g,
-        "customer_id": f"customer-{g % 9973}",
-        "amount_cents": (g * 7919) % 100000,
-        "currency": "EUR",
-        "items": (g % 5) + 1,
-        "channel": "web",
-    }
+    """Event ``g``'s payload: ~150 bytes of JSON (the seeded payload without its timestamp and status)."""
+    payload = document_for(g)
+    del payload["created_at"], payload["status"]
+    return payload
 
 
 def payload(g: int) -> bytes:

@@ -327,6 +327,17 @@ def note(run: Run, result: Verdict, seconds: float) -> str:
     )
 
 
+def judge_and_record(
+    run: Run, got: list[Delivery], database_url: str, refusal: str, broker: str, began: float, record: Recorder
+) -> None:
+    """Check the run (the poison refused with ``refusal``) and put it in the results table."""
+    result = check(run, got, database_url, refusal)
+    text = note(run, result, time.monotonic() - began)
+    print(f"hot keys, {broker}: {result}; {text}")
+    scenario_name = f"1/ordering, hot keys: 5 keys, 3 relays, SIGKILLs, a poison mid-key ({broker})"
+    record(scenario_name, for_the_record(run, result), runs=run.kills, note=text)
+
+
 # --- Kafka ---------------------------------------------------------------------------
 
 
@@ -362,11 +373,7 @@ def test_hot_keys_keep_their_order_through_sigkills_and_a_poison_parks_only_its_
         run, got = scenario(
             database_url, writers, start, received, seed=16, down=(0.5, 2.0), drain_seconds=600 if FULL else 180
         )
-    result = check(run, got, database_url, "MSG_SIZE_TOO_LARGE")
-    text = note(run, result, time.monotonic() - began)
-    print(f"hot keys, kafka: {result}; {text}")
-    scenario_name = "1/ordering, hot keys: 5 keys, 3 relays, SIGKILLs, a poison mid-key (Kafka)"
-    record(scenario_name, for_the_record(run, result), runs=run.kills, note=text)
+    judge_and_record(run, got, database_url, "MSG_SIZE_TOO_LARGE", "Kafka", began, record)
 
 
 # --- RabbitMQ ------------------------------------------------------------------------
@@ -394,8 +401,4 @@ def test_hot_keys_keep_their_order_through_sigkills_and_a_poison_parks_only_its_
         run, got = scenario(
             database_url, writers, start, received, seed=17, down=(0.5, 2.0), drain_seconds=600 if FULL else 180
         )
-    result = check(run, got, database_url, "is reserved by RabbitMQ")
-    text = note(run, result, time.monotonic() - began)
-    print(f"hot keys, rabbitmq: {result}; {text}")
-    scenario_name = "1/ordering, hot keys: 5 keys, 3 relays, SIGKILLs, a poison mid-key (RabbitMQ)"
-    record(scenario_name, for_the_record(run, result), runs=run.kills, note=text)
+    judge_and_record(run, got, database_url, "is reserved by RabbitMQ", "RabbitMQ", began, record)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import psycopg
 import pytest
@@ -149,13 +150,20 @@ def test_a_payload_refused_up_front_mid_run_holds_the_rest_of_its_key(amqp_url: 
 
         outcomes = publish(make_sink(amqp_url, max_message_bytes=200), events, holds)
 
-        delivered = assert_stopped_at(outcomes, events, where, holds)
-        failure = outcomes[where]
-        assert isinstance(failure, Failure) and failure.permanent and "larger than" in failure.error
-        received = [m.message_id for m in queue.collect(len(delivered))]
-        assert sorted(m or "" for m in received) == sorted(delivered)
-        assert_per_key_order(received, events)
+        assert_refused_mid_run(queue, outcomes, events, where, holds, "larger than")
         assert in_flight.doubled == []
+
+
+def assert_refused_mid_run(
+    queue: Any, outcomes: list[Outcome], events: list[Event], where: int, holds: KeyHolds, reason: str
+) -> None:
+    """The event at ``where`` was refused for good (``reason``); its key stopped there; the rest arrived in order."""
+    delivered = assert_stopped_at(outcomes, events, where, holds)
+    failure = outcomes[where]
+    assert isinstance(failure, Failure) and failure.permanent and reason in failure.error
+    received = [m.message_id for m in queue.collect(len(delivered))]
+    assert sorted(m or "" for m in received) == sorted(delivered)
+    assert_per_key_order(received, events)
 
 
 def test_headers_too_large_for_a_frame_mid_run_hold_the_rest_of_its_key(amqp_url: str) -> None:
@@ -165,12 +173,7 @@ def test_headers_too_large_for_a_frame_mid_run_hold_the_rest_of_its_key(amqp_url
 
         outcomes = publish(make_sink(amqp_url), events, holds)
 
-        delivered = assert_stopped_at(outcomes, events, where, holds)
-        failure = outcomes[where]
-        assert isinstance(failure, Failure) and failure.permanent and "frame" in failure.error
-        received = [m.message_id for m in queue.collect(len(delivered))]
-        assert sorted(m or "" for m in received) == sorted(delivered)
-        assert_per_key_order(received, events)
+        assert_refused_mid_run(queue, outcomes, events, where, holds, "frame")
 
 
 def test_a_poison_the_broker_closes_the_connection_on_is_found_and_holds_only_its_key(
