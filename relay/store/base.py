@@ -290,3 +290,21 @@ def in_key_order(items: Iterable[T], rank: Callable[[T], Any], *, event: Callabl
             for spot, item in zip(spots, ours, strict=True):
                 ordered[spot] = item
     return ordered
+
+
+def chained_keys(chain: Sequence[Claim]) -> dict[str, Event]:
+    """The keys a claim may go on with from the batches ``chain``, each with its last event in them.
+
+    Only keys with two events or more in flight: a key with one is most likely
+    not a hot one, and waits for it to settle as on a sink that does not chain.
+    That keeps the claim's map of keys small when every event has a key of its own.
+    """
+    last: dict[str, Event] = {}
+    count: dict[str, int] = {}
+    for claim in chain:
+        for event in claim.events:
+            if event.key is not None:
+                count[event.key] = count.get(event.key, 0) + 1
+                if event.key not in last or event.id > last[event.key].id:
+                    last[event.key] = event
+    return {key: event for key, event in last.items() if count[key] > 1}

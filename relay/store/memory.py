@@ -26,6 +26,7 @@ from relay.store.base import (
     Settlement,
     Skipped,
     Status,
+    chained_keys,
     in_key_order,
 )
 
@@ -157,11 +158,7 @@ class MemoryStore:
     def _runs(self, candidates: list[Row], chain: Sequence[Claim], now: datetime) -> dict[int, bool]:
         """The candidates that make up runs (see the claim in queries.sql), each with whether it is chained."""
         ids = {r.id for r in candidates}
-        tails: dict[str, Event] = {}
-        for claim in chain:
-            for event in claim.events:
-                if event.key is not None and (event.key not in tails or event.id > tails[event.key].id):
-                    tails[event.key] = event
+        tails = chained_keys(chain)
         tokens = {claim.token for claim in chain}
         chosen: dict[int, bool] = {}
         for key in {r.key for r in candidates if r.key is not None}:

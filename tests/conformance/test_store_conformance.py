@@ -59,13 +59,14 @@ def test_a_relay_goes_on_with_a_key_it_has_in_flight_and_marks_the_events_chaine
     h.insert("t", {}, key="other", idempotency_key="o0")
     second = run(h.store.claim(10, max_attempts=MAX, chain=[first]))
     assert keys_of(second) == [("k2", True), ("o0", False)]
-    # The chain follows live leases only: once they expire, a key waits rather than go on from them ...
+    # The chain follows live leases only: once they expire, a key waits rather than go on from them
+    # (a key with one event in flight is not chained at all: it starts again from its oldest) ...
     h.insert("t", {}, key="k", idempotency_key="k3")
     h.expire_leases()
-    assert run(h.store.claim(10, max_attempts=MAX, chain=[first, second])).events == []
+    assert keys_of(run(h.store.claim(10, max_attempts=MAX, chain=[first, second]))) == [("o0", False)]
     # ... and a claim that no longer counts them starts each key again from its oldest event.
     third = run(h.store.claim(10, max_attempts=MAX))
-    assert keys_of(third) == [("k0", False), ("k1", True), ("k2", True), ("o0", False), ("k3", True)]
+    assert keys_of(third) == [("k0", False), ("k1", True), ("k2", True), ("k3", True)]
 
 
 def test_a_run_ends_where_its_key_changes_topic_or_an_event_is_not_due(h: Harness) -> None:

@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
 from relay.errors import ClaimTimeout, StoreUnavailable
 from relay.events import Event
-from relay.store.base import Claim, Dead, Retry, Settlement, Status, in_key_order
+from relay.store.base import Claim, Dead, Retry, Settlement, Status, chained_keys, in_key_order
 from relay.store.floor import FULL_SCAN_INTERVAL_SECONDS, ClaimFloor
 from relay.store.postgres import monitoring
 from relay.store.postgres.admin import PostgresAdmin
@@ -221,13 +221,8 @@ class PostgresStore(PostgresAdmin):
 
 
 def _tails(chain: Sequence[Claim]) -> dict[str, Any]:
-    """The claim's parameters for the batches in flight it may go on from: each key's last event in them."""
-    last: dict[str, Event] = {}
-    for claim in chain:
-        for event in claim.events:
-            if event.key is not None and (event.key not in last or event.id > last[event.key].id):
-                last[event.key] = event
+    """The claim's parameters for the batches in flight it may go on from: their keys' last events."""
     return {
         "mine": [claim.token for claim in chain],
-        "tails": Jsonb({key: [e.id, e.topic] for key, e in last.items()}),
+        "tails": Jsonb({key: [e.id, e.topic] for key, e in chained_keys(chain).items()}),
     }
