@@ -110,3 +110,16 @@ def test_an_event_of_a_key_in_flight_here_is_chained_whatever_the_claim_saw() ->
     holds.hold([flying])
     # So the late event cannot lift the hold that the event in flight put on its key.
     assert not holds.admit(late) and holds.held("k")
+
+
+def test_a_hot_key_with_mixed_priorities_and_large_payloads_drains_in_order() -> None:
+    store, sink = MemoryStore(), SlowSink()
+    for i in range(40):
+        store.insert("t", {"i": i, "pad": "x" * 20_000}, key="hot", priority=(i * 7) % 3)
+        store.insert("t", {"i": i}, key=f"cold-{i % 3}", priority=2)
+    relay = Relay(store, sink, replace(PIPELINED, batch_bytes=50_000))
+    go(run_until(relay, lambda: not store.rows))
+    for key in ("hot", "cold-0", "cold-1", "cold-2"):
+        ids = first_copies(sink, key)
+        assert ids == sorted(ids) and ids
+    assert len(first_copies(sink, "hot")) == 40
