@@ -182,6 +182,16 @@ SET state = 'failed', failed_at = now(), lease_expires_at = NULL, claim_token = 
 FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS r(id, error)
 WHERE o.id = r.id AND o.claim_token = %(token)s;
 
+-- name: renew
+-- Start a batch's lease again, for the events it still holds: a batch that
+-- waited past the point where its lease could end before its publish and
+-- settle were done (a payload that takes seconds to read, a stalled process).
+-- A row another relay claimed since has another token and is left alone.
+UPDATE {table}
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s AND state = 'pending'
+RETURNING id;
+
 -- name: release
 -- Give back events that were claimed but not published (graceful stop, broker
 -- down): the claim does not count as an attempt. A positive delay (the broker
