@@ -109,7 +109,8 @@ WITH candidates AS (
     FROM runs AS r
     CROSS JOIN LATERAL (
         SELECT e.id FROM {table} AS e
-        WHERE e.key = r.key AND e.id >= r.head AND (r.stop IS NULL OR e.id < r.stop)
+        -- (the bound as an index condition: as a filter, the walk read the key's whole backlog)
+        WHERE e.key = r.key AND e.id >= r.head AND e.id < coalesce(r.stop, 9223372036854775807)
           AND e.state IN ('pending', 'failed')) AS e
     WHERE r.n > 1
 ), placed AS (
