@@ -3,17 +3,21 @@
 A sink picks its encoder once, from the sink URL's ``format=`` option, and
 calls it once per event on the hot path. The CloudEvents encoders follow the
 Kafka protocol binding and, as far as AMQP 0-9-1 headers allow, the AMQP
-binding. Binary mode never parses the payload: the attributes come from the
-row's columns and go in headers. Structured mode wraps the payload, as it
-is, in a JSON envelope: a JSON payload as ``data``, raw bytes as
-``data_base64``. docs/cloudevents.md has the mapping.
+binding. The attributes come from the row's columns: ``id`` the idempotency
+key, ``type`` the topic, ``time`` the creation time, ``partitionkey`` the key
+(none when null), ``traceparent`` and ``tracestate`` the row's W3C trace
+context headers. Binary mode never parses the payload: the attributes go in
+headers. Structured mode wraps the payload, as it is, in a JSON envelope: a
+JSON payload as ``data``, raw bytes as ``data_base64``. docs/cloudevents.md
+has the whole mapping.
 """
 
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from json.encoder import encode_basestring as _json_string
 
 from relay.config import Format
@@ -39,37 +43,31 @@ AmqpEncoder = Callable[[Event], AmqpMessage]
 
 
 def rfc3339(moment: datetime) -> str:
-    """``moment`` in RFC 3339, UTC written ``Z`` (a time without a zone is taken as UTC)."""
-    text = moment.isoformat()
-    if moment.tzinfo is None:
-        return text + "Z"
-    return text[:-6] + "Z" if text.endswith("+00:00") else text
+    """``moment`` in RFC 3339, in UTC with microseconds (a time without a zone is taken as UTC)."""
+    return Rfc3339()(moment)
 
 
-def data_content_type(event: Event) -> str:
-    """The ``datacontenttype`` of ``event``: its content type, ``application/json`` when it has none."""
-    return event.content_type or JSON_CONTENT_TYPE
+class Rfc3339:
+    """Formats times as :func:`rfc3339` does, each second's part once.
 
-
-def attributes(event: Event, source: str) -> list[tuple[str, str]]:
-    """The CloudEvents context attributes of ``event`` but ``datacontenttype`` (each binding places that).
-
-    ``id`` is the idempotency key, ``type`` the topic, ``time`` the creation
-    time, ``partitionkey`` the key (none when null), and the row's W3C trace
-    context headers the ``traceparent`` and ``tracestate`` extensions.
+    Half the cost of ``isoformat`` for times that share their second with the
+    one before, as the events of a claim mostly do. One per encoder: a sink
+    calls its encoder from one thread.
     """
-    pairs = [
-        ("specversion", SPECVERSION),
-        ("id", event.idempotency_key),
-        ("source", source),
-        ("type", event.topic),
-        ("time", rfc3339(event.created_at)),
-    ]
-    if event.key is not None:
-        pairs.append(("partitionkey", event.key))
-    if event.headers:
-        pairs += _trace_context(event.headers)
-    return pairs
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[int, str] = (-1, "")
+
+    def __call__(self, moment: datetime) -> str:
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        second = int(moment.timestamp())
+        last = self._last
+        if last[0] != second:
+            last = self._last = (second, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second)))
+        return f"{last[1]}{moment.microsecond:06d}Z"
 
 
 def _trace_context(headers: dict[str, str]) -> list[tuple[str, str]]:
@@ -85,10 +83,11 @@ def envelope_encoder(source: str) -> Callable[[Event], bytes]:
     whatever their content type, so they arrive exactly as written.
     """
     head = '{"specversion":"' + SPECVERSION + '","source":' + _json_string(source)
+    clock = Rfc3339()
 
     def encode(event: Event) -> bytes:
         parts = [head, ',"id":', _json_string(event.idempotency_key), ',"type":', _json_string(event.topic)]
-        parts += [',"time":"', rfc3339(event.created_at), '"']
+        parts += [',"time":"', clock(event.created_at), '"']
         if event.key is not None:
             parts += [',"partitionkey":', _json_string(event.key)]
         if event.headers:
@@ -151,6 +150,7 @@ def kafka_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> KafkaEn
     # Built once: the headers every message of the sink carries alike.
     specversion = (KAFKA_PREFIX + "specversion", SPECVERSION)
     source_header = (KAFKA_PREFIX + "source", source)
+    clock = Rfc3339()
 
     def kafka_binary(event: Event) -> KafkaMessage:
         headers: list[tuple[str, str | bytes | None]] = [
@@ -158,7 +158,7 @@ def kafka_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> KafkaEn
             ("ce_id", event.idempotency_key),
             source_header,
             ("ce_type", event.topic),
-            ("ce_time", rfc3339(event.created_at)),
+            ("ce_time", clock(event.created_at)),
             (CONTENT_TYPE_HEADER, event.content_type or JSON_CONTENT_TYPE),
         ]
         if event.key is not None:
@@ -188,9 +188,22 @@ def amqp_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> AmqpEnco
 
         return amqp_structured
 
+    clock = Rfc3339()
+
     def amqp_binary(event: Event) -> AmqpMessage:
-        headers = {AMQP_PREFIX + name: value for name, value in attributes(event, source)}
-        headers.update(_own_headers(event, _amqp_clash))
+        headers = {
+            "cloudEvents:specversion": SPECVERSION,
+            "cloudEvents:id": event.idempotency_key,
+            "cloudEvents:source": source,
+            "cloudEvents:type": event.topic,
+            "cloudEvents:time": clock(event.created_at),
+        }
+        if event.key is not None:
+            headers["cloudEvents:partitionkey"] = event.key
+        if event.headers:
+            headers.update((AMQP_PREFIX + name, value) for name, value in _trace_context(event.headers))
+            headers.update((name, value) for name, value in event.headers.items() if not _amqp_clash(name))
+        headers[IDEMPOTENCY_HEADER] = event.idempotency_key
         return event.payload, event.content_type or JSON_CONTENT_TYPE, headers
 
     return amqp_binary

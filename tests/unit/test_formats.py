@@ -15,7 +15,7 @@ from pika import frame, spec
 
 from relay.config import Format
 from relay.events import Event
-from relay.sinks.formats import amqp_encoder, kafka_encoder, rfc3339
+from relay.sinks.formats import Rfc3339, amqp_encoder, kafka_encoder, rfc3339
 from relay.sinks.rabbitmq import publish_frames
 
 SOURCE = "/outbox-relay/shop/outbox"
@@ -179,13 +179,23 @@ def test_native_is_todays_shape_plus_a_content_type_for_bytes() -> None:
     ("moment", "text"),
     [
         (CREATED, "2026-12-01T09:30:15.123456Z"),
-        (CREATED.replace(microsecond=0), "2026-12-01T09:30:15Z"),
-        (CREATED.astimezone(timezone(timedelta(hours=9))), "2026-12-01T18:30:15.123456+09:00"),
+        (CREATED.replace(microsecond=0), "2026-12-01T09:30:15.000000Z"),
+        (CREATED.replace(microsecond=999_999), "2026-12-01T09:30:15.999999Z"),
+        (CREATED.astimezone(timezone(timedelta(hours=9))), "2026-12-01T09:30:15.123456Z"),
+        (CREATED.astimezone(timezone(timedelta(hours=-3, minutes=-30))), "2026-12-01T09:30:15.123456Z"),
         (CREATED.replace(tzinfo=None), "2026-12-01T09:30:15.123456Z"),
+        (datetime(1999, 12, 31, 23, 59, 59, 1, tzinfo=UTC), "1999-12-31T23:59:59.000001Z"),
     ],
 )
 def test_rfc3339(moment: datetime, text: str) -> None:
     assert rfc3339(moment) == text
+
+
+def test_rfc3339_keeps_each_seconds_part_apart() -> None:
+    clock = Rfc3339()
+    times = [CREATED + timedelta(microseconds=step) for step in range(0, 3_000_000, 250_001)]
+    assert [clock(t) for t in times] == [t.isoformat().replace("+00:00", "Z") for t in times]
+    assert clock(CREATED - timedelta(days=1)) == "2026-11-30T09:30:15.123456Z"
 
 
 @pytest.mark.parametrize("chosen", list(Format))
