@@ -215,10 +215,17 @@ class Run:
             self.l_db()
 
     def s1_formats(self) -> None:
-        """The keyed S1 Kafka drain natively, then in each CloudEvents mode, moments apart."""
-        for _ in range(self.repeat):
+        """The keyed S1 Kafka drain natively and in each CloudEvents mode, moments apart.
+
+        With ``--repeat``, every other round runs the CloudEvents drains first,
+        so neither side always has the first drain of the run (a cold broker).
+        """
+        for turn in range(self.repeat):
+            if turn % 2:
+                self._format_drains()
             self._kafka_drain("s1_kafka", "seed")
-            self._format_drains()
+            if not turn % 2:
+                self._format_drains()
 
     def _format_drains(self) -> None:
         for key, sink_format in FORMAT_DRAINS.items():
