@@ -21,6 +21,18 @@ _INSERT = (
     " coalesce(%(deliver_at)s::timestamptz, now()), %(priority)s)"
     " ON CONFLICT (idempotency_key) DO NOTHING"
 )
+#: A bytes payload: its own statement, so that a JSON publish sends what it always sent.
+_INSERT_BYTES = (
+    "INSERT INTO {table} (topic, key, payload_bytes, content_type, headers, idempotency_key, deliver_at, priority)"
+    " VALUES (%(topic)s, %(key)s, %(payload)s, %(content_type)s, %(headers)s, %(idempotency_key)s,"
+    " coalesce(%(deliver_at)s::timestamptz, now()), %(priority)s)"
+    " ON CONFLICT (idempotency_key) DO NOTHING"
+)
+
+#: The content type of a bytes payload published without one (RFC 2046: arbitrary bytes).
+DEFAULT_BYTES_CONTENT_TYPE = "application/octet-stream"
+#: RabbitMQ carries the content type as an AMQP short string.
+CONTENT_TYPE_MAX_BYTES = 255
 
 
 #: How far ahead ``deliver_at`` may lie. Further is almost always a mistake (a
@@ -31,13 +43,35 @@ MAX_DELIVER_AHEAD = timedelta(days=365)
 
 
 @cache
-def _insert_for(table: str) -> sql.Composed:
-    return sql.SQL(_INSERT).format(table=sql.Identifier(*TableName.parse(table).parts))
+def _insert_for(table: str, *, as_bytes: bool = False) -> sql.Composed:
+    return sql.SQL(_INSERT_BYTES if as_bytes else _INSERT).format(table=sql.Identifier(*TableName.parse(table).parts))
+
+
+def _statement(table: str, params: dict[str, Any]) -> sql.Composed:
+    return _insert_for(table, as_bytes="content_type" in params)
+
+
+def _payload_params(payload: Any, content_type: str | None) -> dict[str, Any]:
+    """The payload's parameters: JSON, or bytes with their content type."""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        content_type = DEFAULT_BYTES_CONTENT_TYPE if content_type is None else content_type
+        if not isinstance(content_type, str) or not content_type:
+            raise ValueError("content_type must be a non-empty string")
+        if len(content_type.encode()) > CONTENT_TYPE_MAX_BYTES:
+            raise ValueError(f"content_type must be at most {CONTENT_TYPE_MAX_BYTES} bytes of UTF-8")
+        return {"payload": bytes(payload), "content_type": content_type}
+    if content_type is not None:
+        raise TypeError(
+            "content_type goes with a bytes payload only; a JSON payload is application/json (encode it to bytes "
+            "to send it with another content type)"
+        )
+    return {"payload": Jsonb(payload)}
 
 
 def _params(
     topic: str,
     payload: Any,
+    content_type: str | None,
     key: str | None,
     headers: Mapping[str, str] | None,
     idempotency_key: str | None,
@@ -58,7 +92,7 @@ def _params(
     return {
         "topic": topic,
         "key": key,
-        "payload": Jsonb(payload),
+        **_payload_params(payload, content_type),
         "headers": Jsonb(with_trace_context(headers)),
         "idempotency_key": idempotency_key or str(uuid.uuid4()),
         "deliver_at": deliver_at,
@@ -90,18 +124,25 @@ def publish(
     priority: int = 0,
     table: str = DEFAULT_TABLE,
     max_deliver_ahead: timedelta = MAX_DELIVER_AHEAD,
+    content_type: str | None = None,
 ) -> str:
     """Write one event in ``conn``'s current transaction and return its idempotency key.
 
-    ``payload`` is anything JSON-serialisable. With an ``idempotency_key`` that
+    ``payload`` is anything JSON-serialisable, or ``bytes`` (also
+    ``bytearray``, ``memoryview``): those go downstream exactly as they are,
+    with ``content_type`` (by default ``application/octet-stream``) as the
+    Kafka ``content-type`` header and the RabbitMQ ``content_type``.
+    ``content_type`` is for bytes only. With an ``idempotency_key`` that
     the outbox already holds, nothing is written and the key is returned.
     Events with the same ``key`` are delivered in the order they are written;
     ``priority`` orders due events of different keys (higher first);
     ``deliver_at`` (timezone-aware, at most ``max_deliver_ahead`` ahead, a year
     by default) holds an event back until that time.
     """
-    params = _params(topic, payload, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead)
-    conn.execute(_insert_for(table), params)
+    params = _params(
+        topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
+    )
+    conn.execute(_statement(table, params), params)
     return str(params["idempotency_key"])
 
 
@@ -117,8 +158,11 @@ async def apublish(
     priority: int = 0,
     table: str = DEFAULT_TABLE,
     max_deliver_ahead: timedelta = MAX_DELIVER_AHEAD,
+    content_type: str | None = None,
 ) -> str:
     """The same as :func:`publish`, for a psycopg ``AsyncConnection``."""
-    params = _params(topic, payload, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead)
-    await conn.execute(_insert_for(table), params)
+    params = _params(
+        topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
+    )
+    await conn.execute(_statement(table, params), params)
     return str(params["idempotency_key"])

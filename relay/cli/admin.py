@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -117,10 +118,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: no event {args.id}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(row, default=str))
+        # Bytes as base64, the usual way to carry them in JSON (and back with base64 -d).
+        print(json.dumps(row, default=lambda v: base64.b64encode(v).decode() if isinstance(v, bytes) else str(v)))
     else:
         for name, value in row.items():
-            print(f"{name}: {value}")
+            # Bytes as PostgreSQL shows bytea: a backslash, x, and hex digits.
+            shown = "\\x" + value.hex() if isinstance(value, bytes) else value
+            print(f"{name}: {shown}")
     return 0
 
 

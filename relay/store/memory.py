@@ -55,6 +55,13 @@ class Row:
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     published_at: datetime | None = None
     failed_at: datetime | None = None
+    #: Set for a bytes payload (``payload`` is then the bytes).
+    content_type: str | None = None
+
+    @property
+    def body(self) -> bytes:
+        """The message value: the JSON as UTF-8, or the bytes as they are."""
+        return self.payload if self.content_type is not None else json.dumps(self.payload).encode()
 
     def as_dict(self) -> dict[str, Any]:
         """Every column by name, as ``inspect`` shows it on PostgreSQL."""
@@ -62,7 +69,9 @@ class Row:
             "id": self.id,
             "topic": self.topic,
             "key": self.key,
-            "payload": json.dumps(self.payload),
+            "payload": None if self.content_type is not None else json.dumps(self.payload),
+            "payload_bytes": self.payload if self.content_type is not None else None,
+            "content_type": self.content_type,
             "headers": dict(self.headers),
             "idempotency_key": self.idempotency_key,
             "deliver_at": self.deliver_at,
@@ -105,12 +114,22 @@ class MemoryStore:
         idempotency_key: str | None = None,
         deliver_at: datetime | None = None,
         priority: int = 0,
+        content_type: str | None = None,
     ) -> int:
-        """Add a committed event; returns its id (0 when the key already exists)."""
+        """Add a committed event; returns its id (0 when the key already exists).
+
+        A ``bytes`` payload is kept as it is, of ``content_type`` (by default
+        ``application/octet-stream``), as ``producers.publish`` writes it.
+        """
         idem = idempotency_key or str(uuid4())
         if any(r.idempotency_key == idem for r in self.rows.values()):
             return 0
+        if isinstance(payload, bytes | bytearray | memoryview):
+            payload, content_type = bytes(payload), content_type or "application/octet-stream"
+        elif content_type is not None:
+            raise ValueError("content_type goes with a bytes payload only")
         row = Row(self._next_id, topic, key, payload, dict(headers or {}), idem, deliver_at or self.now(), priority)
+        row.content_type = content_type
         self.rows[row.id] = row
         self._next_id += 1
         self._notify.set()
@@ -216,7 +235,7 @@ class MemoryStore:
             if max_bytes is not None and size >= max_bytes:
                 break
             chosen.append(row)
-            size += len(json.dumps(row.payload).encode())
+            size += len(row.body)
         reaped = 0
         events = []
         for row in in_key_order(chosen, lambda r: (-r.priority, r.id), event=lambda r: r):
@@ -233,11 +252,12 @@ class MemoryStore:
             id=row.id,
             topic=row.topic,
             key=row.key,
-            payload=json.dumps(row.payload).encode(),
+            payload=row.body,
             headers=dict(row.headers),
             idempotency_key=row.idempotency_key,
             attempts=row.attempts,
             created_at=row.created_at,
+            content_type=row.content_type,
         )
 
     def _owned(self, claim: Claim, ids: Sequence[int]) -> list[Row]:

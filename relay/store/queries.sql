@@ -26,8 +26,10 @@
 -- The batch stops adding events once their payloads reach %(max_bytes)s bytes
 -- (the first event always goes in), each counted at its size uncompressed:
 -- the size it takes in the table unless it is compressed there (#> '{{}}' is
--- then the payload itself, decompressed). A key's run is cut, never holed:
--- an event counts from the place of the latest of its run's earlier events.
+-- then the payload itself, decompressed); a bytes payload at its length
+-- (octet_length reads it from the value's header, without decompressing).
+-- A key's run is cut, never holed: an event counts from the place of the
+-- latest of its run's earlier events.
 -- The running sum, and the sort it needs, run only when the candidates reach
 -- the cap at all.
 -- The last two columns, the same in every row, are the xmin of the claim's
@@ -37,7 +39,8 @@
 -- the claim index at (priority, after) for each priority seen so far.
 WITH candidates AS (
     SELECT o.id, o.key, o.topic, o.priority, o.lease_expires_at AS old_lease, first.id AS first_id,
-           CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
+           CASE WHEN o.payload IS NULL THEN octet_length(o.payload_bytes)
+                WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
                 ELSE pg_column_size(o.payload #> '{{}}') END AS bytes
     FROM {table} AS o
     LEFT JOIN LATERAL (
@@ -135,7 +138,7 @@ SET claim_token = %(token)s,
     attempts = o.attempts + 1
 FROM chosen AS c
 WHERE o.id = c.id
-RETURNING o.id, o.topic, o.key, o.payload::text AS payload,
+RETURNING o.id, o.topic, o.key, o.payload::text AS payload, o.payload_bytes, o.content_type,
           nullif(o.headers, '{{}}'::jsonb)::text AS headers, o.idempotency_key,
           o.attempts, o.created_at, o.priority, c.old_lease IS NOT NULL AS reaped, c.chained,
           (SELECT pg_snapshot_xmin(pg_current_snapshot()))::text::bigint AS snapshot_xmin,
@@ -352,7 +355,7 @@ SELECT 1 FROM {table} LIMIT 0;
 SELECT 1 FROM {table} LIMIT 0 FOR UPDATE;
 
 -- name: inspect
-SELECT id, topic, key, payload::text, headers, idempotency_key, deliver_at, priority, state,
+SELECT id, topic, key, payload::text, payload_bytes, content_type, headers, idempotency_key, deliver_at, priority, state,
        attempts, last_error, lease_owner, claim_token, lease_expires_at, created_at,
        published_at, failed_at
 FROM {table}

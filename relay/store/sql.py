@@ -106,6 +106,7 @@ def identifiers(table: TableName) -> dict[str, sql.Composable]:
         "idempotency_key_check": sql.Identifier(table.derived("idempotency_key_check")),
         "headers_check": sql.Identifier(table.derived("headers_check")),
         "state_check": sql.Identifier(table.derived("state_check")),
+        "payload_check": sql.Identifier(table.derived("payload_check")),
         "idempotency_key_unique": sql.Identifier(table.derived("idempotency_key_key")),
         "channel": sql.Literal(table.channel),
         "schema": sql.Identifier(table.schema) if table.schema else sql.SQL("public"),

@@ -13,6 +13,7 @@ from tests.conformance.harness import GRACE, MAX, Harness, run
 INSPECTED_COLUMNS = {
     "id", "topic", "key", "payload", "headers", "idempotency_key", "deliver_at", "priority", "state", "attempts",
     "last_error", "lease_owner", "claim_token", "lease_expires_at", "created_at", "published_at", "failed_at",
+    "payload_bytes", "content_type",
 }  # fmt: skip
 
 
@@ -82,8 +83,20 @@ def test_inspect_shows_every_column_by_name(h: Harness) -> None:
     assert (shown["topic"], shown["key"], shown["idempotency_key"], shown["priority"]) == ("t", "k", "seen", 2)
     assert (shown["state"], shown["attempts"], shown["headers"]) == ("pending", 0, {"h": "v"})
     assert json.loads(shown["payload"]) == {"a": [1, "é"]}
+    assert (shown["payload_bytes"], shown["content_type"]) == (None, None)
     assert isinstance(shown["created_at"], datetime) and shown["lease_expires_at"] is None
     assert run(h.admin.inspect(h.id_of("seen") + 1000)) is None
+
+
+def test_inspect_shows_a_bytes_payload_as_bytes_with_its_content_type(h: Harness) -> None:
+    h.insert("t", b"\x00\xff\xfe", content_type="application/x-protobuf", idempotency_key="raw")
+    shown = run(h.admin.inspect(h.id_of("raw")))
+    assert shown is not None
+    assert (shown["payload"], shown["payload_bytes"], shown["content_type"]) == (
+        None,
+        b"\x00\xff\xfe",
+        "application/x-protobuf",
+    )
 
 
 def test_purge_deletes_only_kept_events_past_the_cut_off(h: Harness) -> None:

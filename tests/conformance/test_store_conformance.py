@@ -290,6 +290,27 @@ def test_payload_and_headers_survive_the_round_trip(h: Harness) -> None:
     assert event.message_headers() == {"h": "v", "idempotency-key": "p"}
 
 
+def test_a_bytes_payload_comes_out_as_it_went_in_with_its_content_type(h: Harness) -> None:
+    not_utf8 = bytes(range(256)) + b"\xc3\x28"
+    h.insert("t", not_utf8, key="k", content_type="application/x-protobuf", idempotency_key="pb")
+    h.insert("t", b"", key="k", idempotency_key="empty")  # content_type defaults to application/octet-stream
+    h.insert("t", {"json": True}, key="k", idempotency_key="json")
+    events = run(h.store.claim(10, max_attempts=MAX)).events
+
+    assert [(e.idempotency_key, e.payload, e.content_type) for e in events] == [
+        ("pb", not_utf8, "application/x-protobuf"),
+        ("empty", b"", "application/octet-stream"),
+        ("json", b'{"json": true}', None),
+    ]
+
+
+def test_a_bytes_payload_counts_its_length_against_max_bytes(h: Harness) -> None:
+    for i in range(3):
+        h.insert("t", b"\x01" * 600, idempotency_key=f"b{i}")
+    claim = run(h.store.claim(10, max_attempts=MAX, max_bytes=1000))
+    assert [e.idempotency_key for e in claim.events] == ["b0", "b1"]
+
+
 def test_status_and_gauges_show_scheduled_events_and_the_keys_waiting_behind_them(h: Harness) -> None:
     far, soon = datetime(9999, 12, 31, tzinfo=UTC), datetime.now(UTC) + timedelta(hours=1)
     h.insert("t", {}, key="k", idempotency_key="far", deliver_at=far)

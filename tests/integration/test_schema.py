@@ -122,6 +122,13 @@ def test_the_schema_rejects_what_it_must(database_url: str) -> None:
         "INSERT INTO outbox (topic, payload) VALUES ('t', 'not json')",
         "INSERT INTO outbox (topic, payload, state) VALUES ('t', '{}', 'bogus')",
         "INSERT INTO outbox (topic, payload, idempotency_key) VALUES ('t', '{}', '')",
+        # exactly one payload form, and a content type with bytes only
+        "INSERT INTO outbox (topic) VALUES ('t')",
+        "INSERT INTO outbox (topic, payload, payload_bytes, content_type) VALUES ('t', '{}', '\\x00', 'a/b')",
+        "INSERT INTO outbox (topic, payload, content_type) VALUES ('t', '{}', 'application/json')",
+        "INSERT INTO outbox (topic, payload_bytes) VALUES ('t', '\\x00')",
+        "INSERT INTO outbox (topic, payload_bytes, content_type) VALUES ('t', '\\x00', '')",
+        f"INSERT INTO outbox (topic, payload_bytes, content_type) VALUES ('t', '\\x00', '{'x' * 256}')",
     ]
     with psycopg.connect(database_url, autocommit=True) as conn:
         for statement in bad:
@@ -137,6 +144,44 @@ def test_a_plain_insert_fills_every_default(database_url: str) -> None:
             "SELECT headers, length(idempotency_key), deliver_at <= now(), priority, state, attempts FROM outbox"
         ).fetchone()
     assert row == ({}, 36, True, 0, "pending", 0)
+
+
+def test_a_plain_insert_of_bytes_keeps_them_exactly(database_url: str) -> None:
+    # As docs/bytes.md shows it: payload_bytes and content_type instead of payload.
+    raw = bytes(range(256))
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox (topic, key, payload_bytes, content_type) VALUES ('t', 'k', %s, 'application/x-avro')",
+            [raw],
+        )
+        conn.execute("INSERT INTO outbox (topic, payload_bytes, content_type) VALUES ('t', '\\x00ff', 'a/b')")
+        rows = conn.execute("SELECT payload, payload_bytes, content_type FROM outbox ORDER BY id").fetchall()
+    assert rows == [(None, raw, "application/x-avro"), (None, b"\x00\xff", "a/b")]
+
+
+def test_the_bytes_migration_does_not_rewrite_a_table_and_keeps_its_rows(empty_database: str) -> None:
+    table = TableName.parse("outbox")
+    before = [m for m in named.migrations() if m.version < 4]
+    with psycopg.connect(empty_database, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE outbox_schema_version (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for step in before:
+            conn.execute(named.render(step.template, table))
+            conn.execute("INSERT INTO outbox_schema_version (version, name) VALUES (%s, %s)", [step.version, step.name])
+        conn.execute(
+            "INSERT INTO outbox (topic, payload) SELECT 't', jsonb_build_object('n', g) FROM generate_series(1, 1000) g"
+        )
+        file_before = conn.execute("SELECT pg_relation_filenode('outbox')").fetchone()
+
+    assert 4 in migrate(empty_database, table)
+
+    with psycopg.connect(empty_database, autocommit=True) as conn:
+        assert conn.execute("SELECT pg_relation_filenode('outbox')").fetchone() == file_before
+        assert conn.execute("SELECT count(*) FROM outbox WHERE payload IS NOT NULL").fetchone() == (1000,)
+        validated = conn.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'outbox_payload_check'")
+        assert validated.fetchone() == (True,)
 
 
 def test_store_on_a_missing_table_says_to_migrate(empty_database: str) -> None:

@@ -14,14 +14,19 @@ from relay.sinks.rabbitmq import publish_frames
 BODY_MAX = 131_072 - 8  # RabbitMQ's default frame_max less a frame's header and end
 
 
-def event(topic: str, payload: bytes, headers: dict[str, str], idempotency_key: str = "k-1") -> Event:
-    return Event(1, topic, "key", payload, headers, idempotency_key, 1, datetime.now(UTC))
+def event(
+    topic: str, payload: bytes, headers: dict[str, str], idempotency_key: str = "k-1", content_type: str | None = None
+) -> Event:
+    return Event(1, topic, "key", payload, headers, idempotency_key, 1, datetime.now(UTC), content_type=content_type)
 
 
 def pika_frames(channel: int, exchange: str, e: Event, body_max: int) -> bytes:
     """What ``channel.basic_publish`` marshals for the sink's messages (pika.connection._send_message)."""
     properties = pika.BasicProperties(
-        content_type="application/json", delivery_mode=2, message_id=e.idempotency_key, headers=e.message_headers()
+        content_type=e.content_type or "application/json",
+        delivery_mode=2,
+        message_id=e.idempotency_key,
+        headers=e.message_headers(),
     )
     publish = spec.Basic.Publish(exchange=exchange, routing_key=e.topic, mandatory=True)
     frames = [frame.Method(channel, publish).marshal(), frame.Header(channel, len(e.payload), properties).marshal()]
@@ -39,8 +44,19 @@ def pika_frames(channel: int, exchange: str, e: Event, body_max: int) -> bytes:
         event("exact", b"y" * BODY_MAX, {}),
         event("empty", b"", {}),
         event("t" * 255, b"{}", {"h" * 255: "v" * 70_000}, "i" * 255),
+        event("bytes", b"\x00\xff\xc3\x28", {"a": "b"}, content_type="application/x-protobuf"),
+        event("empty-bytes", b"", {}, content_type="c" * 255),
     ],
-    ids=["plain", "unicode", "several-body-frames", "one-full-body-frame", "empty-body", "longest-names"],
+    ids=[
+        "plain",
+        "unicode",
+        "several-body-frames",
+        "one-full-body-frame",
+        "empty-body",
+        "longest-names",
+        "bytes",
+        "empty-bytes-longest-content-type",
+    ],  # fmt: skip
 )
 @pytest.mark.parametrize(("channel", "exchange"), [(1, ""), (65_535, "events.topic")])
 def test_the_frames_are_pikas_byte_for_byte(e: Event, channel: int, exchange: str) -> None:

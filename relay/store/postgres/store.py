@@ -40,7 +40,7 @@ class Claimed(NamedTuple):
 
 _CLAIMED_COLUMNS = (
     "id", "topic", "key", "payload", "headers", "idempotency_key", "attempts", "created_at",
-    "priority", "reaped", "chained", "snapshot_xmin", "xact_id",
+    "priority", "reaped", "chained", "snapshot_xmin", "xact_id", "payload_bytes", "content_type",
 )  # fmt: skip
 
 
@@ -56,21 +56,24 @@ def claimed_row(cursor: Any) -> RowMaker[Claimed]:
     if missing:
         raise RuntimeError(f"the claim query lacks the columns {missing}")
     (i_id, i_topic, i_key, i_payload, i_headers, i_idem, i_attempts, i_created, i_prio, i_reaped, i_chained, i_xmin,
-     i_xid) = (index[name] for name in _CLAIMED_COLUMNS)  # fmt: skip
+     i_xid, i_bytes, i_content_type) = (index[name] for name in _CLAIMED_COLUMNS)  # fmt: skip
     loads = json.loads
 
     def make(values: Sequence[Any]) -> Claimed:
         headers = values[i_headers]
+        payload = values[i_payload]
         event = Event(
             id=values[i_id],
             topic=values[i_topic],
             key=values[i_key],
-            payload=values[i_payload].encode(),
+            # JSON as text, or (payload NULL) bytes as they are, with their content type.
+            payload=payload.encode() if payload is not None else values[i_bytes],
             headers=loads(headers) if headers else {},
             idempotency_key=values[i_idem],
             attempts=values[i_attempts],
             created_at=values[i_created],
             chained=values[i_chained],
+            content_type=values[i_content_type],
         )
         priority = values[i_prio]
         return Claimed(-priority, values[i_id], event, priority, values[i_reaped], values[i_xmin], values[i_xid])
