@@ -56,7 +56,7 @@ def pika_frames(channel: int, exchange: str, e: Event, body_max: int) -> bytes:
         "longest-names",
         "bytes",
         "empty-bytes-longest-content-type",
-    ],  # fmt: skip
+    ],
 )
 @pytest.mark.parametrize(("channel", "exchange"), [(1, ""), (65_535, "events.topic")])
 def test_the_frames_are_pikas_byte_for_byte(e: Event, channel: int, exchange: str) -> None:
