@@ -9,7 +9,7 @@ import uuid
 
 import psycopg
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 import producers
 from tests.acceptance.cli import cli
@@ -49,7 +49,7 @@ def test_bytes_reach_kafka_exactly_with_a_content_type_header(database_url: str,
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        messages = []
+        messages: list[Message] = []
         while len(messages) < 4:
             message = consumer.poll(10)
             assert message is not None, f"only {len(messages)} messages arrived"
