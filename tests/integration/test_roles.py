@@ -29,6 +29,7 @@ TABLE = TableName.parse("outbox")
 ALL_COLUMNS = (
     "id", "topic", "key", "payload", "headers", "idempotency_key", "deliver_at", "priority", "state", "attempts",
     "last_error", "lease_owner", "claim_token", "lease_expires_at", "created_at", "published_at", "failed_at",
+    "payload_bytes", "content_type",
 )  # fmt: skip
 #: A value of the right type for each column, for the writes that must be refused.
 VALUES = {
@@ -36,6 +37,7 @@ VALUES = {
     "idempotency_key": "'other'", "deliver_at": "'infinity'", "priority": "9", "state": "'sent'", "attempts": "99",
     "last_error": "'x'", "lease_owner": "'me'", "claim_token": "gen_random_uuid()",
     "lease_expires_at": "'infinity'", "created_at": "'2000-01-01'", "published_at": "now()", "failed_at": "now()",
+    "payload_bytes": "'\\x00'", "content_type": "'a/b'",
 }  # fmt: skip
 
 
@@ -135,6 +137,7 @@ def test_the_relay_role_may_not(roles_database: tuple[str, Roles], statement: st
             "INSERT INTO outbox (topic, key, payload, headers, idempotency_key, deliver_at, priority)"
             " VALUES ('t', 'k', '{}', '{}', 'i', now(), 1) ON CONFLICT (idempotency_key) DO NOTHING",
         ),
+        ("writer", "INSERT INTO outbox (topic, payload_bytes, content_type) VALUES ('t', '\\x00ff', 'a/b')"),
         ("relay", "UPDATE outbox SET deliver_at = now(), attempts = 0, state = 'pending'"),
         ("relay", "SELECT * FROM outbox FOR UPDATE SKIP LOCKED"),
         ("relay", "DELETE FROM outbox"),
