@@ -10,11 +10,13 @@ import socket
 from dataclasses import dataclass
 
 from relay.config import (
+    NATIVE,
     Format,
     KafkaSinkConfig,
     RelaySettings,
     RouteConfig,
     SinkConfig,
+    TableLayout,
     TableName,
     check_event_source,
     default_event_source,
@@ -58,6 +60,7 @@ class RunConfig:
     routes: tuple[RouteConfig, ...] = ()
     #: The CloudEvents ``source`` (``--event-source``); None: :func:`relay.config.default_event_source`.
     event_source: str | None = None
+    layout: TableLayout = NATIVE
 
     def __post_init__(self) -> None:
         if self.sink is None and not self.routes:
@@ -130,6 +133,7 @@ def build_relay(config: RunConfig) -> Relay:
         lease_seconds=config.settings.lease_seconds,
         keep_sent=config.keep_sent,
         listen=config.settings.listen,
+        layout=config.layout,
     )
     timeout = config.settings.publish_timeout_seconds
     if config.sink is not None and not config.routes:

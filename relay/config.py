@@ -85,6 +85,62 @@ class TableName:
         return ".".join(self.parts)
 
 
+#: Debezium's event router's default topic: ``outbox.event.`` and the aggregate type.
+DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregatetype}"
+#: Kafka topic characters, and the one placeholder.
+_TOPIC_TEMPLATE_RE = re.compile(r"^(?:[A-Za-z0-9._-]|\{aggregatetype\})+$")
+_FIELD_HEADER_RE = re.compile(rf"^({_IDENT})=([^\s=]+)$")
+TABLE_LAYOUTS = ("native", "debezium")
+
+
+@dataclass(frozen=True, slots=True)
+class TableLayout:
+    """Which outbox table the relay reads: its own (``native``), or Debezium's.
+
+    A ``debezium`` table has Debezium's outbox columns (``id`` uuid,
+    ``aggregatetype``, ``aggregateid``, ``type``, ``payload``); the relay
+    publishes each row to ``topic_template`` with ``{aggregatetype}`` filled in,
+    keyed by ``aggregateid``, with an ``id`` header, and the columns of
+    ``field_headers`` (column, header) as headers too. See docs/debezium.md.
+    """
+
+    name: str = "native"
+    topic_template: str = DEFAULT_TOPIC_TEMPLATE
+    field_headers: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, name: str, *, topic_template: str | None = None, field_headers: Sequence[str] = ()) -> TableLayout:
+        """Validate ``--table-layout``, ``--topic-template`` and ``--field-header COLUMN=HEADER`` values."""
+        if name not in TABLE_LAYOUTS:
+            raise ConfigError(f"unknown table layout {name[:40]!r}: use native or debezium")
+        if name == "native" and (topic_template or field_headers):
+            raise ConfigError("--topic-template and --field-header go with --table-layout debezium")
+        template = topic_template or DEFAULT_TOPIC_TEMPLATE
+        if not _TOPIC_TEMPLATE_RE.match(template) or len(template) > 200:
+            raise ConfigError(
+                f"invalid topic template {template[:80]!r}: use letters, digits, '.', '_', '-' and {{aggregatetype}}"
+            )
+        pairs = []
+        for text in field_headers:
+            match = _FIELD_HEADER_RE.match(text)
+            if match is None:
+                raise ConfigError(f"invalid field header {text[:80]!r}: use COLUMN=HEADER, e.g. type=eventType")
+            pairs.append((match.group(1), match.group(2)))
+        return cls(name, template, tuple(pairs))
+
+    @property
+    def debezium(self) -> bool:
+        """Whether this is Debezium's table layout."""
+        return self.name == "debezium"
+
+    def relation(self, table: TableName) -> TableName:
+        """What the relay's queries read and update: the table, or for Debezium's layout its view."""
+        return TableName(table.schema, table.derived("relay")) if self.debezium else table
+
+
+NATIVE = TableLayout()
+
+
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from relay.app import RunConfig, build_relay, start
-from relay.config import RelaySettings, TableName, parse_sink_url, resolve_routes
+from relay.config import NATIVE, RelaySettings, TableName, parse_sink_url, resolve_routes
 from relay.loop import Relay
 from relay.store.postgres import PostgresStore
 
@@ -51,6 +51,7 @@ class RelayThread:
             sink=parse_sink_url(sink_url) if sink_url else None,
             routes=resolve_routes(routes, sink_url or None),
             event_source=kw.pop("event_source", None),
+            layout=kw.pop("layout", NATIVE),
             settings=replace(settings, **kw),
         )
         self.relay: Relay | None = None

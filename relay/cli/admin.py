@@ -13,7 +13,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from relay.cli.commands import database
+from relay.cli.commands import database, table_layout
 from relay.cli.flags import PROG
 from relay.config import parse_duration
 from relay.errors import ConfigError
@@ -30,7 +30,7 @@ def _admin(args: argparse.Namespace) -> Admin:
     from relay.store.postgres import PostgresAdmin
 
     dsn, table = database(args)
-    return PostgresAdmin(dsn, table)
+    return PostgresAdmin(dsn, table, layout=table_layout(args))
 
 
 async def _with_admin(args: argparse.Namespace, work: Callable[[Admin], Awaitable[T]]) -> T:

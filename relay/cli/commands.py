@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from relay.config import RelaySettings, TableName, check_database_url, parse_duration, parse_sink_url, resolve_routes
+from relay.config import (
+    RelaySettings,
+    TableLayout,
+    TableName,
+    check_database_url,
+    parse_duration,
+    parse_sink_url,
+    resolve_routes,
+)
+from relay.errors import ConfigError
 
 
 def database(args: argparse.Namespace) -> tuple[str, TableName]:
@@ -13,12 +22,24 @@ def database(args: argparse.Namespace) -> tuple[str, TableName]:
     return check_database_url(args.database_url or ""), TableName.parse(args.table)
 
 
+def table_layout(args: argparse.Namespace) -> TableLayout:
+    """The checked ``--table-layout``, with ``--topic-template`` and ``--field-header`` where the command has them."""
+    return TableLayout.parse(
+        args.table_layout,
+        topic_template=getattr(args, "topic_template", None),
+        field_headers=getattr(args, "field_headers", None) or (),
+    )
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     """``outbox-relay migrate``."""
     from relay.store.migrate import migrate
 
     dsn, table = database(args)
-    applied = migrate(dsn, table, notify=args.notify)
+    layout = table_layout(args)
+    if args.create_roles and layout.debezium:
+        raise ConfigError("--create-roles is not available with --table-layout debezium yet")
+    applied = migrate(dsn, table, notify=args.notify, layout=layout)
     print(f"{table}: applied {', '.join(map(str, applied))}" if applied else f"{table}: up to date")
     if args.create_roles:
         from relay.store.migrate import create_roles
@@ -59,6 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         startup_timeout_seconds=args.startup_timeout,
         event_source=args.event_source,
+        layout=table_layout(args),
     )
     asyncio.run(serve(run_config))
     return 0

@@ -123,6 +123,21 @@ def _command(commands: Commands, name: str) -> argparse.ArgumentParser:
         metavar="URL",
     )
     env_flag(parser, "--table", help="outbox table, optionally schema-qualified", default=config.DEFAULT_TABLE)
+    env_flag(
+        parser,
+        "--table-layout",
+        help="native (the relay's own table) or debezium (Debezium's outbox table: id uuid, aggregatetype, "
+        "aggregateid, type, payload; see docs/debezium.md)",
+        default="native",
+    )
+    if name != "migrate":
+        env_flag(
+            parser,
+            "--topic-template",
+            help="with --table-layout debezium: the topic of each event, {aggregatetype} filled in "
+            f"(default: {config.DEFAULT_TOPIC_TEMPLATE})",
+            metavar="TEMPLATE",
+        )
     env_flag(parser, "--log-level", help="DEBUG, INFO, WARNING or ERROR", default="INFO")
     env_flag(parser, "--log-format", help="text or json", default="text")
     return parser
@@ -179,6 +194,16 @@ def _add_run(commands: Commands) -> None:
     )
     for flag, (kind, default) in _RUN_SETTINGS.items():
         env_flag(run, flag, type=kind, default=default, help=_RUN_HELP[flag])
+    fields_env = env_value("--field-headers")
+    run.add_argument(
+        "--field-header",
+        action=RouteList,
+        dest="field_headers",
+        default=fields_env.replace(",", " ").split() if fields_env is not None else None,
+        metavar="COLUMN=HEADER",
+        help="with --table-layout debezium: also send the value of COLUMN as header HEADER (e.g. type=eventType); "
+        "repeat it for more. RELAY_FIELD_HEADERS holds them separated by commas or spaces [env RELAY_FIELD_HEADERS]",
+    )
     env_switch(run, "--listen", default=True, help="wake on NOTIFY as well as polling")
     env_switch(run, "--keep-sent", default=False, help="keep acknowledged events as 'sent' instead of deleting them")
     env_flag(

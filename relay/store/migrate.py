@@ -12,7 +12,7 @@ import logging
 import psycopg
 from psycopg import sql
 
-from relay.config import TableName
+from relay.config import NATIVE, TableLayout, TableName
 from relay.store import sql as named
 from relay.store.postgres.connection import connect_kwargs, translate_errors
 
@@ -21,12 +21,13 @@ logger = logging.getLogger(__name__)
 _LOCK_NAMESPACE = "outbox-relay migrate "
 
 
-def migrate(dsn: str, table: TableName, *, notify: bool | None = None) -> list[int]:
+def migrate(dsn: str, table: TableName, *, notify: bool | None = None, layout: TableLayout = NATIVE) -> list[int]:
     """Apply the migrations ``table`` lacks; return the versions applied.
 
     ``notify`` switches the NOTIFY-on-insert trigger on or off (``None`` leaves
     it as it is): the trigger wakes relays at once but makes every inserting
-    commit take a global lock.
+    commit take a global lock. With Debezium's ``layout``, the table is
+    Debezium's outbox table (created if missing): see :mod:`relay.store.debezium`.
     """
     ids = named.identifiers(table)
     with translate_errors(dsn, table), psycopg.connect(dsn, **connect_kwargs()) as conn, conn.transaction():
@@ -42,7 +43,11 @@ def migrate(dsn: str, table: TableName, *, notify: bool | None = None) -> list[i
         )
         done = {row[0] for row in conn.execute(sql.SQL("SELECT version FROM {version_table}").format(**ids))}
         applied = []
-        for step in named.migrations():
+        if layout.debezium:
+            from relay.store import debezium
+
+            applied = debezium.migrate(conn, table, done)
+        for step in () if layout.debezium else named.migrations():
             if step.version in done:
                 continue
             conn.execute(named.render(step.template, table))

@@ -291,7 +291,7 @@ CROSS JOIN (
            coalesce((SELECT coalesce(st.most_common_freqs[array_position(st.most_common_vals::text::text[], 'pending')], 0)
                      FROM pg_stats AS st
                      WHERE st.schemaname = n.nspname AND st.tablename = c.relname
-                       AND st.attname = 'state' AND NOT st.inherited), 1) AS unsent_share
+                       AND st.attname = %(state_column)s AND NOT st.inherited), 1) AS unsent_share
     FROM pg_class AS c
     JOIN pg_namespace AS n ON n.oid = c.relnamespace
     WHERE c.oid = %(table_name)s::regclass
@@ -347,6 +347,12 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM skipped) THEN 'skipped'
 
 -- name: check_table
 SELECT 1 FROM {table} LIMIT 0;
+
+-- name: table_columns
+-- The columns of a table (%(table_name)s, quoted), for checks at start-up.
+SELECT a.attname::text AS name
+FROM pg_attribute AS a
+WHERE a.attrelid = %(table_name)s::regclass AND a.attnum > 0 AND NOT a.attisdropped;
 
 -- name: check_writable
 -- The table is there and the relay may write it: a read-only transaction (a

@@ -34,6 +34,16 @@ def _read(path: str) -> LiteralString:
     return text
 
 
+def read(path: str) -> LiteralString:
+    """The text of ``path``, a SQL file of the package ``relay.store``."""
+    return _read(path)
+
+
+def package_files(folder: str) -> list[str]:
+    """The names of the files in ``folder`` of the package ``relay.store``."""
+    return [entry.name for entry in resources.files("relay.store").joinpath(folder).iterdir()]
+
+
 def _without_comment_lines(body: LiteralString) -> LiteralString:
     # The comments are for readers of the file. Sent, they would push the
     # statement past track_activity_query_size (1 kB by default), and

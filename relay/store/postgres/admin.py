@@ -6,7 +6,7 @@ from typing import Any
 
 from psycopg.rows import class_row, dict_row
 
-from relay.config import CONNECT_TIMEOUT_SECONDS, TableName, redact_url
+from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName, redact_url
 from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, Skipped, Status
 from relay.store.postgres import monitoring
 from relay.store.postgres.connection import Database, column_of
@@ -24,8 +24,11 @@ class PostgresAdmin:
         *,
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
         statement_timeout: float | None = None,
+        layout: TableLayout = NATIVE,
     ) -> None:
-        self._db = Database(dsn, table, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+        self._db = Database(
+            dsn, table, connect_timeout=connect_timeout, statement_timeout=statement_timeout, layout=layout
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({redact_url(self._db.dsn)!r}, table={str(self._db.table)!r})"

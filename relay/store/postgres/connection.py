@@ -12,7 +12,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import AsyncRowFactory, BaseRowFactory, RowMaker
 
-from relay.config import CONNECT_TIMEOUT_SECONDS, TableName, redact_url
+from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName, redact_url
 from relay.errors import SchemaError, StoreError, StoreReadOnly, StoreUnavailable
 from relay.secrets import Scrubber, one_line, secrets_in
 from relay.store import sql as named
@@ -122,15 +122,29 @@ class Database:
     """One outbox table's connections: claims and admin commands on one, settles
     on another (the database works on the next claim while it deletes the last
     batch), statistics on a third (counting is a pass over the rows: kept off
-    the claim path), and one to LISTEN. Every call runs under a deadline."""
+    the claim path), and one to LISTEN. Every call runs under a deadline.
 
-    def __init__(self, dsn: str, table: TableName, *, connect_timeout: float, statement_timeout: float | None) -> None:
+    With Debezium's ``layout`` the queries run on the table's view (see
+    :mod:`relay.store.debezium`), and each connection sets the topic template
+    the view reads."""
+
+    def __init__(
+        self,
+        dsn: str,
+        table: TableName,
+        *,
+        connect_timeout: float,
+        statement_timeout: float | None,
+        layout: TableLayout = NATIVE,
+    ) -> None:
         """``statement_timeout`` ``None`` is ``STATEMENT_TIMEOUT_SECONDS``; calls may take a margin longer."""
         if statement_timeout is None:
             statement_timeout = STATEMENT_TIMEOUT_SECONDS  # read now, so that a test can shorten it
         self.dsn = dsn
         self.table = table
-        self.queries = {name: named.render(text, table) for name, text in named.queries().items()}
+        self.layout = layout
+        relation = layout.relation(table)
+        self.queries = {name: named.render(text, relation) for name, text in named.queries().items()}
         self._connect_timeout = connect_timeout
         self._statement_timeout = statement_timeout
         self.call_timeout = statement_timeout + CALL_MARGIN_SECONDS
@@ -192,11 +206,12 @@ class Database:
             raise StoreUnavailable(f"the database did not answer within {self.call_timeout:g}s") from None
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        kwargs = connect_kwargs(connect_timeout=self._connect_timeout, statement_timeout=self._statement_timeout)
+        if self.layout.debezium:
+            # The template is validated (letters, digits, ._- and braces): nothing to escape.
+            kwargs["options"] += f" -c outbox_relay.topic_template={self.layout.topic_template}"
         with self.errors():
-            return await psycopg.AsyncConnection.connect(
-                self.dsn,
-                **connect_kwargs(connect_timeout=self._connect_timeout, statement_timeout=self._statement_timeout),
-            )
+            return await psycopg.AsyncConnection.connect(self.dsn, **kwargs)
 
     async def _connection(self, lane: Lane) -> psycopg.AsyncConnection[Any]:
         existing = self._lanes.get(lane)

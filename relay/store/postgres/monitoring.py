@@ -22,7 +22,12 @@ async def status(db: Database) -> Status:
 
 async def gauges(db: Database, *, exact_up_to: int = GAUGES_EXACT_UP_TO) -> Status:
     """``status`` at a bounded cost: exact up to ``exact_up_to`` unsent events, estimated past it."""
-    params = {"exact_up_to": exact_up_to, "table_name": ".".join(f'"{part}"' for part in db.table.parts)}
+    params = {
+        "exact_up_to": exact_up_to,
+        "table_name": ".".join(f'"{part}"' for part in db.table.parts),
+        # The column whose statistics give the share of unsent rows (Debezium's layout prefixes the relay's).
+        "state_column": "relay_state" if db.layout.debezium else "state",
+    }
     row = (await db.fetch("gauges", params, dict_row, lane="stats"))[0]
     unsent = row["unsent"]
     if unsent > exact_up_to:

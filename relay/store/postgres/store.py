@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 from uuid import uuid4
 
@@ -13,8 +14,8 @@ import psycopg
 from psycopg.rows import RowMaker
 from psycopg.types.json import Jsonb
 
-from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
-from relay.errors import ClaimTimeout, StoreUnavailable
+from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName
+from relay.errors import ClaimTimeout, SchemaError, StoreUnavailable
 from relay.events import Event
 from relay.store.base import Claim, Dead, Retry, Settlement, Status, chained_keys, in_key_order
 from relay.store.floor import FULL_SCAN_INTERVAL_SECONDS, ClaimFloor
@@ -44,12 +45,29 @@ _CLAIMED_COLUMNS = (
 )  # fmt: skip
 
 
-def claimed_row(cursor: Any) -> RowMaker[Claimed]:
+def debezium_headers(row_headers: dict[str, Any], field_headers: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """A Debezium row's message headers: ``id`` and each ``--field-header`` column that is not null.
+
+    The view's ``headers`` hold the id and the application's columns (see
+    :mod:`relay.store.debezium`).
+    """
+    headers = {"id": row_headers["id"]}
+    for column, header in field_headers:
+        value = row_headers.get(column)
+        if value is not None:
+            headers[header] = value
+    return headers
+
+
+def claimed_row(
+    cursor: Any, *, shape_headers: Callable[[dict[str, Any]], dict[str, str]] | None = None
+) -> RowMaker[Claimed]:
     """Claim rows as :class:`Claimed`, each column found by name once per query.
 
     A claim builds up to ``--batch-size`` events; this builds each one as its
     row is decoded, at the cost of the positional code it replaced (see the
-    commit that introduced it for the figures).
+    commit that introduced it for the figures). ``shape_headers`` turns the
+    row's headers into the message's (Debezium's layout).
     """
     index = {column.name: i for i, column in enumerate(cursor.description or ())}
     missing = [name for name in _CLAIMED_COLUMNS if name not in index]
@@ -68,7 +86,7 @@ def claimed_row(cursor: Any) -> RowMaker[Claimed]:
             key=values[i_key],
             # JSON as text, or (payload NULL) bytes as they are, with their content type.
             payload=payload.encode() if payload is not None else values[i_bytes],
-            headers=loads(headers) if headers else {},
+            headers=(loads(headers) if shape_headers is None else shape_headers(loads(headers))) if headers else {},
             idempotency_key=values[i_idem],
             attempts=values[i_attempts],
             created_at=values[i_created],
@@ -97,8 +115,15 @@ class PostgresStore(PostgresAdmin):
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
         statement_timeout: float | None = None,
         full_scan_interval: float = FULL_SCAN_INTERVAL_SECONDS,
+        layout: TableLayout = NATIVE,
     ) -> None:
-        super().__init__(dsn, table, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+        super().__init__(
+            dsn, table, connect_timeout=connect_timeout, statement_timeout=statement_timeout, layout=layout
+        )
+        self._rows: Any = claimed_row
+        if layout.debezium:
+            shape = functools.partial(debezium_headers, field_headers=layout.field_headers)
+            self._rows = functools.partial(claimed_row, shape_headers=shape)
         self._owner = owner
         self._lease_seconds = lease_seconds
         self._keep_sent = keep_sent
@@ -107,8 +132,15 @@ class PostgresStore(PostgresAdmin):
         self._floor = ClaimFloor(full_scan_interval)
 
     async def open(self) -> None:
-        """Connect, check the table, and LISTEN if enabled."""
+        """Connect, check the table (and the ``--field-header`` columns), and LISTEN if enabled."""
         await self._db.open(listen=self._listen_enabled)
+        wanted = {column for column, _ in self._db.layout.field_headers}
+        if wanted:
+            name = ".".join(f'"{part}"' for part in self.table.parts)
+            found = set(await self._db.fetch("table_columns", {"table_name": name}, column_of("name", str)))
+            if wanted - found:
+                missing = ", ".join(sorted(wanted - found))
+                raise SchemaError(f"--field-header: table {self.table} has no column {missing}")
 
     async def claim(
         self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
@@ -134,7 +166,7 @@ class PostgresStore(PostgresAdmin):
             params["priorities"] = priorities
         started = time.perf_counter()
         try:
-            rows = await self._db.fetch("claim" if priorities is None else "claim_hinted", params, claimed_row)
+            rows = await self._db.fetch("claim" if priorities is None else "claim_hinted", params, self._rows)
         except StoreUnavailable as exc:
             if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):  # the statement timeout
                 raise ClaimTimeout(f"claiming up to {limit} events: {exc}") from exc

@@ -1,0 +1,170 @@
+"""Debezium's outbox table, written as a Debezium user writes it, relayed as Debezium's event router would."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import psycopg
+import pytest
+
+from relay.config import TableLayout
+from tests.acceptance.cli import cli
+from tests.integration.kafka_support import consume
+from tests.relay_support import RelayThread, wait_until
+
+#: Debezium's default outbox table, as its documentation gives it.
+CREATE = """
+    CREATE TABLE {name} (
+        id            uuid         NOT NULL PRIMARY KEY,
+        aggregatetype varchar(255) NOT NULL,
+        aggregateid   varchar(255) NOT NULL,
+        type          varchar(255) NOT NULL,
+        payload       {payload}
+    )"""
+INSERT = "INSERT INTO {name} (id, aggregatetype, aggregateid, type, payload) VALUES (%s, %s, %s, %s, %s)"
+
+
+def execute(url: str, statement: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(statement, params)  # the test's own SQL
+        return cur.fetchall() if cur.description else []
+
+
+def columns(url: str, table: str) -> list[tuple[Any, ...]]:
+    return execute(
+        url,
+        "SELECT column_name, data_type, is_nullable, column_default, ordinal_position"
+        " FROM information_schema.columns WHERE table_name = %s ORDER BY ordinal_position",
+        [table],
+    )
+
+
+def migrate(url: str, table: str) -> str:
+    result = cli("migrate", "--database-url", url, "--table", table, "--table-layout", "debezium")
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_a_debezium_table_is_relayed_with_the_event_routers_topics_keys_values_and_headers(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    order, customer = f"Order{uuid.uuid4().hex[:8]}", f"Customer{uuid.uuid4().hex[:8]}"
+    execute(database_url, CREATE.format(name="outboxevent", payload="jsonb"))
+    # Rows written before the switch went out through Debezium: the relay leaves them.
+    for i in range(3):
+        execute(database_url, INSERT.format(name="outboxevent"), [uuid.uuid4(), order, "old", "Old", f'{{"i": {i}}}'])
+    assert "applied 1001" in migrate(database_url, "outboxevent")
+
+    written: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)  # key -> [(topic type, id, type, payload)]
+    with psycopg.connect(database_url) as conn:
+        for n in range(60):  # interleaved aggregates of two types, in several transactions
+            kind, key = (order, f"o-{n % 4}") if n % 3 else (customer, f"c-{n % 2}")
+            event_id, event_type, payload = uuid.uuid4(), f"Created{n}", json.dumps({"n": n, "é": [1, None]})
+            conn.execute(INSERT.format(name="outboxevent"), [event_id, kind, key, event_type, payload])
+            written[key].append((kind, str(event_id), event_type, payload))
+            if n % 7 == 0:
+                conn.commit()
+        # A second write of an event id is dropped, as a Debezium user dedups.
+        first_id = written["o-1"][0][1]
+        conn.execute(
+            "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload)"
+            " VALUES (%s, %s, 'o-1', 'Again', '{}') ON CONFLICT (id) DO NOTHING",
+            [first_id, order],
+        )
+    layout = TableLayout.parse("debezium", field_headers=["type=eventType"])
+    with RelayThread(database_url, f"kafka://{kafka_bootstrap}", table="outboxevent", layout=layout):
+        wait_until(lambda: execute(database_url, "SELECT count(*) FROM outboxevent") == [(3,)])
+        received = consume(kafka_bootstrap, [f"outbox.event.{order}", f"outbox.event.{customer}"], count=60)
+
+    assert len(received) == 60
+    got: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)
+    for m in received:
+        assert m.key is not None and m.topic.startswith("outbox.event.")
+        assert set(m.headers) == {"id", "eventType", "idempotency-key"}
+        assert m.headers["idempotency-key"] == m.headers["id"]
+        value = json.loads(m.value)
+        got[m.key.decode()].append(
+            (m.topic.removeprefix("outbox.event."), m.headers["id"].decode(), m.headers["eventType"].decode(), value)
+        )
+    # Each aggregate's events in the order written (Kafka keeps it per partition, and a key has one).
+    assert {key: [(k, i, t, json.loads(p)) for k, i, t, p in events] for key, events in written.items()} == got
+    # The value is the payload as PostgreSQL prints jsonb, byte for byte.
+    printed = execute(database_url, "SELECT %s::jsonb::text", [written["c-0"][0][3]])[0][0]
+    assert next(m.value for m in received if m.headers["id"].decode() == written["c-0"][0][1]) == printed.encode()
+    assert execute(database_url, "SELECT DISTINCT relay_state, aggregateid FROM outboxevent") == [("sent", "old")]
+
+
+@pytest.mark.parametrize(
+    ("payload_type", "payload", "value", "content_type"),
+    [
+        ("json", '{"b":  1, "a": 2}', b'{"b":  1, "a": 2}', None),  # json keeps the text as written
+        ("text", "plain text, not JSON: é", "plain text, not JSON: é".encode(), None),
+        ("bytea", b"\x00\xff\x80", b"\x00\xff\x80", b"application/octet-stream"),
+        ("jsonb", None, b"", None),  # a null payload: an empty value, not a tombstone
+    ],
+)
+def test_every_payload_type_goes_out_as_written(
+    database_url: str, kafka_bootstrap: str, payload_type: str, payload: object, value: bytes, content_type: bytes
+) -> None:
+    kind = f"T{uuid.uuid4().hex[:8]}"
+    execute(database_url, CREATE.format(name="events", payload=payload_type))
+    migrate(database_url, "events")
+    event_id = uuid.uuid4()
+    execute(database_url, INSERT.format(name="events"), [event_id, kind, "k", "Done", payload])
+    layout = TableLayout.parse("debezium", topic_template="shop.{aggregatetype}.events")
+    with RelayThread(database_url, f"kafka://{kafka_bootstrap}", table="events", layout=layout):
+        wait_until(lambda: execute(database_url, "SELECT count(*) FROM events") == [(0,)])
+        (message,) = consume(kafka_bootstrap, f"shop.{kind}.events", count=1)
+    assert (message.key, message.value, message.headers.get("id")) == (b"k", value, str(event_id).encode())
+    assert message.headers.get("content-type") == content_type
+
+
+def test_migrate_adds_only_the_relays_columns_and_never_rewrites_the_table(database_url: str) -> None:
+    execute(database_url, CREATE.format(name="shop_outbox", payload="jsonb"))
+    execute(database_url, "ALTER TABLE shop_outbox ADD COLUMN tenant text DEFAULT 'acme'")
+    execute(
+        database_url,
+        "INSERT INTO shop_outbox (id, aggregatetype, aggregateid, type, payload)"
+        " SELECT gen_random_uuid(), 'Order', 'o-' || g, 'Created', jsonb_build_object('g', g)"
+        " FROM generate_series(1, 5000) g",
+    )
+    before = columns(database_url, "shop_outbox")
+    file_before = execute(database_url, "SELECT pg_relation_filenode('shop_outbox')")
+
+    migrate(database_url, "shop_outbox")
+    assert "up to date" in migrate(database_url, "shop_outbox")
+
+    after = columns(database_url, "shop_outbox")
+    assert [c for c in after if not c[0].startswith("relay_")] == before
+    assert {c[0] for c in after} - {c[0] for c in before} == {
+        "relay_seq", "relay_state", "relay_attempts", "relay_last_error", "relay_lease_owner", "relay_claim_token",
+        "relay_lease_expires_at", "relay_deliver_at", "relay_priority", "relay_created_at", "relay_published_at",
+        "relay_failed_at",
+    }  # fmt: skip
+    assert execute(database_url, "SELECT pg_relation_filenode('shop_outbox')") == file_before
+    assert execute(database_url, "SELECT relay_state, count(*) FROM shop_outbox GROUP BY 1") == [("sent", 5000)]
+    # New rows are the relay's to send, in order.
+    execute(database_url, INSERT.format(name="shop_outbox"), [uuid.uuid4(), "Order", "o-1", "Paid", "{}"])
+    assert execute(database_url, "SELECT relay_state, relay_seq IS NOT NULL FROM shop_outbox WHERE type = 'Paid'") == [
+        ("pending", True)
+    ]
+
+
+def test_migrate_creates_a_missing_table_as_debezium_documents_it(empty_database: str) -> None:
+    migrate(empty_database, "outboxevent")
+    assert [c[:3] for c in columns(empty_database, "outboxevent") if not c[0].startswith("relay_")] == [
+        ("id", "uuid", "NO"),
+        ("aggregatetype", "character varying", "NO"),
+        ("aggregateid", "character varying", "NO"),
+        ("type", "character varying", "NO"),
+        ("payload", "jsonb", "YES"),
+    ]
+
+
+def test_a_table_that_is_not_debeziums_is_refused_in_one_line(database_url: str) -> None:
+    result = cli("migrate", "--database-url", database_url, "--table-layout", "debezium")  # the native outbox
+    assert result.returncode != 0
+    assert "is not a Debezium outbox table" in result.stderr and "Traceback" not in result.stderr
