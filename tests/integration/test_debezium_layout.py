@@ -10,9 +10,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay.config import TableLayout
+from relay.config import TableLayout, TableName
+from relay.store import sql as named
 from tests.acceptance.cli import cli
 from tests.integration.kafka_support import consume
+from tests.integration.rabbit_support import temp_queue
 from tests.relay_support import RelayThread, wait_until
 
 #: Debezium's default outbox table, as its documentation gives it.
@@ -168,3 +170,76 @@ def test_a_table_that_is_not_debeziums_is_refused_in_one_line(database_url: str)
     result = cli("migrate", "--database-url", database_url, "--table-layout", "debezium")  # the native outbox
     assert result.returncode != 0
     assert "is not a Debezium outbox table" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_retries_dead_letters_parking_and_the_admin_commands_work_as_on_the_native_table(
+    database_url: str, amqp_url: str
+) -> None:
+    lost, fine = f"Lost{uuid.uuid4().hex[:8]}", f"Fine{uuid.uuid4().hex[:8]}"
+    execute(database_url, CREATE.format(name="outboxevent", payload="jsonb"))
+    migrate(database_url, "outboxevent")
+    ids = [uuid.uuid4() for _ in range(3)]
+    with psycopg.connect(database_url) as conn:
+        conn.execute(INSERT.format(name="outboxevent"), [ids[0], lost, "k", "First", '{"n": 0}'])  # no queue yet
+        conn.execute(INSERT.format(name="outboxevent"), [ids[1], lost, "k", "Second", '{"n": 1}'])  # parked behind it
+        conn.execute(INSERT.format(name="outboxevent"), [ids[2], fine, "j", "Other", '{"n": 2}'])
+    admin = ["--database-url", database_url, "--table", "outboxevent", "--table-layout", "debezium"]
+
+    def status() -> dict[str, Any]:
+        result = cli("status", "--json", *admin)
+        assert result.returncode == 0, result.stderr
+        return dict(json.loads(result.stdout))
+
+    layout = TableLayout.parse("debezium")
+    with (
+        temp_queue(amqp_url, name=f"outbox.event.{fine}") as fine_queue,
+        RelayThread(database_url, amqp_url, table="outboxevent", layout=layout, max_attempts=3) as relay,
+    ):
+        wait_until(lambda: status()["failed"] == 1 and status()["pending"] == 1, timeout=30)
+        assert [json.loads(m.body) for m in fine_queue.collect(1)] == [{"n": 2}]
+        assert relay.relay is not None and relay.relay.metrics.dead_lettered._value.get() == 1
+        assert (status()["parked_keys"], status()["in_flight"]) == (1, 0)
+
+        dead = json.loads(cli("dead", "--json", *admin).stdout)
+        assert [(d["idempotency_key"], d["topic"], d["key"], d["attempts"], d["blocks_key"]) for d in dead] == [
+            (str(ids[0]), f"outbox.event.{lost}", "k", 3, "k")
+        ]
+        shown = json.loads(cli("inspect", str(dead[0]["id"]), "--json", *admin).stdout)
+        assert (shown["payload"], shown["headers"]["type"], shown["state"]) == ('{"n": 0}', "First", "failed")
+
+        with temp_queue(amqp_url, name=f"outbox.event.{lost}") as fixed:
+            result = cli("requeue", "--key", "k", *admin)
+            assert result.returncode == 0 and "requeued 1" in result.stdout, result.stderr
+            wait_until(lambda: execute(database_url, "SELECT count(*) FROM outboxevent") == [(0,)], timeout=30)
+            messages = fixed.collect(2)
+    assert [(m.message_id, m.headers["id"], json.loads(m.body)) for m in messages] == [
+        (str(ids[0]), str(ids[0]), {"n": 0}),
+        (str(ids[1]), str(ids[1]), {"n": 1}),
+    ]
+
+
+def test_the_claim_on_the_view_uses_the_tables_indexes(database_url: str) -> None:
+    execute(database_url, CREATE.format(name="outboxevent", payload="jsonb"))
+    migrate(database_url, "outboxevent")
+    table = TableName.parse("outboxevent")
+    claim = named.render(named.queries()["claim"], TableLayout.parse("debezium").relation(table))
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            """INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload, relay_state)
+               SELECT gen_random_uuid(), 'Order', 'k' || (g % 500), 'Created', '{}',
+                      CASE WHEN g % 10 = 0 THEN 'pending' ELSE 'sent' END
+               FROM generate_series(1, 20000) g"""
+        )
+        conn.execute("ANALYZE outboxevent")
+        plans = []
+        for after in (0, 15000):  # a full scan, and one from a keyset hint
+            params: dict[str, object] = {
+                "after": after, "limit": 100, "max_bytes": 16 * 2**20, "max_attempts": 5, "token": None,
+                "owner": "x", "lease_seconds": 30, "mine": [], "tails": "{}",
+            }  # fmt: skip
+            plans.append("\n".join(r[0] for r in conn.execute(psycopg.sql.SQL("EXPLAIN ") + claim, params)))
+        conn.rollback()
+    for plan in plans:
+        assert "outboxevent_claim_idx" in plan, plan
+        assert "outboxevent_key_idx" in plan, plan
+        assert "Seq Scan" not in plan, plan
