@@ -158,12 +158,13 @@ def test_the_gauges_query_reads_indexes_only(database_url: str) -> None:
             " FROM generate_series(1, 50000) AS g"
         )
         conn.execute("VACUUM ANALYZE outbox")
-        params = {"exact_up_to": 1000, "table_name": '"outbox"'}
+        params = {"exact_up_to": 1000, "table_name": '"outbox"', "state_column": "state"}
         custom = "\n".join(r[0] for r in conn.execute(psycopg.sql.SQL("EXPLAIN ") + query, params))
         text = query.as_string(conn).replace("%(exact_up_to)s", "$1").replace("%(table_name)s", "$2")
+        text = text.replace("%(state_column)s", "$3")
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE gauges (bigint, text) AS {text}")
-        generic = "\n".join(r[0] for r in conn.execute("EXPLAIN EXECUTE gauges (1000, '\"outbox\"')"))
+        conn.execute(f"PREPARE gauges (bigint, text, text) AS {text}")
+        generic = "\n".join(r[0] for r in conn.execute("EXPLAIN EXECUTE gauges (1000, '\"outbox\"', 'state')"))
     for plan in (custom, generic):
         assert "outbox_claim_idx" in plan, plan
         assert "outbox_failed_idx" in plan, plan
