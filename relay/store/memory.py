@@ -55,13 +55,7 @@ class Row:
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     published_at: datetime | None = None
     failed_at: datetime | None = None
-    #: Set for a bytes payload (``payload`` is then the bytes).
-    content_type: str | None = None
-
-    @property
-    def body(self) -> bytes:
-        """The message value: the JSON as UTF-8, or the bytes as they are."""
-        return self.payload if self.content_type is not None else json.dumps(self.payload).encode()
+    content_type: str | None = None  # set for a bytes payload (``payload`` is then the bytes)
 
     def as_dict(self) -> dict[str, Any]:
         """Every column by name, as ``inspect`` shows it on PostgreSQL."""
@@ -116,11 +110,7 @@ class MemoryStore:
         priority: int = 0,
         content_type: str | None = None,
     ) -> int:
-        """Add a committed event; returns its id (0 when the key already exists).
-
-        A ``bytes`` payload is kept as it is, of ``content_type`` (by default
-        ``application/octet-stream``), as ``producers.publish`` writes it.
-        """
+        """Add a committed event; returns its id (0 when the key already exists). Bytes as ``publish`` takes them."""
         idem = idempotency_key or str(uuid4())
         if any(r.idempotency_key == idem for r in self.rows.values()):
             return 0
@@ -235,7 +225,7 @@ class MemoryStore:
             if max_bytes is not None and size >= max_bytes:
                 break
             chosen.append(row)
-            size += len(row.body)
+            size += len(self._as_event(row).payload)
         reaped = 0
         events = []
         for row in in_key_order(chosen, lambda r: (-r.priority, r.id), event=lambda r: r):
@@ -252,7 +242,7 @@ class MemoryStore:
             id=row.id,
             topic=row.topic,
             key=row.key,
-            payload=row.body,
+            payload=row.payload if row.content_type is not None else json.dumps(row.payload).encode(),
             headers=dict(row.headers),
             idempotency_key=row.idempotency_key,
             attempts=row.attempts,
