@@ -243,3 +243,33 @@ def test_the_claim_on_the_view_uses_the_tables_indexes(database_url: str) -> Non
         assert "outboxevent_claim_idx" in plan, plan
         assert "outboxevent_key_idx" in plan, plan
         assert "Seq Scan" not in plan, plan
+
+
+def test_the_layout_flags_fall_back_to_the_environment_and_fail_in_one_line(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    execute(database_url, CREATE.format(name="outboxevent", payload="jsonb"))
+    url = ["--database-url", database_url, "--table", "outboxevent"]
+    assert "applied 1001" in cli("migrate", *url, RELAY_TABLE_LAYOUT="debezium").stdout
+    shown = cli("status", "--json", *url, RELAY_TABLE_LAYOUT="debezium")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["pending"] == 0, shown.stderr
+
+    for result, needle in [
+        (cli("status", *url, RELAY_TABLE_LAYOUT="cdc"), "unknown table layout 'cdc'"),
+        (cli("status", *url, RELAY_TOPIC_TEMPLATE="a.{aggregatetype}"), "go with --table-layout debezium"),
+        (
+            cli(
+                "run",
+                *url,
+                "--sink",
+                f"kafka://{kafka_bootstrap}",
+                RELAY_TABLE_LAYOUT="debezium",
+                RELAY_FIELD_HEADERS="type=eventType,nope=x",
+            ),
+            "--field-header: table outboxevent has no column nope",
+        ),
+    ]:
+        # One line names the problem (run logs its start-up before it).
+        last = result.stderr.strip().splitlines()[-1]
+        assert result.returncode != 0 and last.startswith("outbox-relay: error: ") and needle in last, result.stderr
+        assert "Traceback" not in result.stderr

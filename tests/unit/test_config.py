@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,7 @@ from relay.config import (
     AmqpSinkConfig,
     KafkaSinkConfig,
     RelaySettings,
+    TableLayout,
     TableName,
     check_database_url,
     parse_sink_url,
@@ -109,3 +111,33 @@ def test_log_scrubbing_removes_secrets_from_messages_and_tracebacks() -> None:
     ScrubSecrets(["hunter2"]).filter(record)
     assert "hunter2" not in record.getMessage()
     assert record.exc_text and "hunter2" not in record.exc_text and "***" in record.exc_text
+
+
+def test_table_layouts_and_their_options() -> None:
+    assert TableLayout.parse("native") == TableLayout()
+    debezium = TableLayout.parse("debezium", topic_template="events.{aggregatetype}", field_headers=["type=eventType"])
+    assert (debezium.debezium, debezium.topic_template, debezium.field_headers) == (
+        True,
+        "events.{aggregatetype}",
+        (("type", "eventType"),),
+    )
+    assert TableLayout.parse("debezium").topic_template == "outbox.event.{aggregatetype}"
+    assert str(debezium.relation(TableName.parse("app.outboxevent"))) == "app.outboxevent_relay"
+    assert TableLayout().relation(TableName.parse("outbox")) == TableName.parse("outbox")
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "needle"),
+    [
+        ("cdc", {}, "unknown table layout"),
+        ("native", {"topic_template": "x.{aggregatetype}"}, "go with --table-layout debezium"),
+        ("native", {"field_headers": ["type=t"]}, "go with --table-layout debezium"),
+        ("debezium", {"topic_template": "a b"}, "invalid topic template"),
+        ("debezium", {"topic_template": "x.{type}"}, "invalid topic template"),  # one placeholder only
+        ("debezium", {"field_headers": ["type"]}, "invalid field header"),
+        ("debezium", {"field_headers": ["ty pe=x"]}, "invalid field header"),
+    ],
+)
+def test_bad_table_layouts_are_refused(name: str, options: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        TableLayout.parse(name, **options)
