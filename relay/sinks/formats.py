@@ -121,10 +121,12 @@ def _amqp_clash(name: str) -> bool:
 
 def kafka_native(event: Event) -> KafkaMessage:
     """The relay's own Kafka message: the payload, the row's headers and ``idempotency-key``
-    (and ``content-type`` for a payload of raw bytes)."""
+    (and ``content-type`` for a payload of raw bytes: the column's, in place of a row header
+    of that name in any case, so that a consumer never sees two)."""
     if event.content_type is None:
         return event.payload, event.message_header_pairs()
-    return event.payload, [*event.message_header_pairs(), (CONTENT_TYPE_HEADER, event.content_type)]
+    pairs = [pair for pair in event.message_header_pairs() if pair[0].lower() != CONTENT_TYPE_HEADER]
+    return event.payload, [*pairs, (CONTENT_TYPE_HEADER, event.content_type)]
 
 
 def amqp_native(event: Event) -> AmqpMessage:
