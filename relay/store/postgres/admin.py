@@ -25,9 +25,15 @@ class PostgresAdmin:
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
         statement_timeout: float | None = None,
         layout: TableLayout = NATIVE,
+        columns_in_headers: bool = True,
     ) -> None:
         self._db = Database(
-            dsn, table, connect_timeout=connect_timeout, statement_timeout=statement_timeout, layout=layout
+            dsn,
+            table,
+            connect_timeout=connect_timeout,
+            statement_timeout=statement_timeout,
+            layout=layout,
+            columns_in_headers=columns_in_headers,
         )
 
     def __repr__(self) -> str:

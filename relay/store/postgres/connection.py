@@ -136,13 +136,16 @@ class Database:
         connect_timeout: float,
         statement_timeout: float | None,
         layout: TableLayout = NATIVE,
+        columns_in_headers: bool = True,
     ) -> None:
-        """``statement_timeout`` ``None`` is ``STATEMENT_TIMEOUT_SECONDS``; calls may take a margin longer."""
+        """``statement_timeout`` ``None`` is ``STATEMENT_TIMEOUT_SECONDS``; calls may take a margin longer.
+        ``columns_in_headers``: Debezium's view shows the application's columns in ``headers``."""
         if statement_timeout is None:
             statement_timeout = STATEMENT_TIMEOUT_SECONDS  # read now, so that a test can shorten it
         self.dsn = dsn
         self.table = table
         self.layout = layout
+        self._columns_in_headers = columns_in_headers
         relation = layout.relation(table)
         self.queries = {name: named.render(text, relation) for name, text in named.queries().items()}
         self._connect_timeout = connect_timeout
@@ -210,6 +213,8 @@ class Database:
         if self.layout.debezium:
             # The template is validated (letters, digits, ._- and braces): nothing to escape.
             kwargs["options"] += f" -c outbox_relay.topic_template={self.layout.topic_template}"
+            if self._columns_in_headers:
+                kwargs["options"] += " -c outbox_relay.columns_in_headers=on"
         with self.errors():
             return await psycopg.AsyncConnection.connect(self.dsn, **kwargs)
 

@@ -45,13 +45,15 @@ _CLAIMED_COLUMNS = (
 )  # fmt: skip
 
 
-def debezium_headers(row_headers: dict[str, Any], field_headers: Sequence[tuple[str, str]]) -> dict[str, str]:
+def debezium_headers(
+    row_headers: dict[str, Any], event_id: str, field_headers: Sequence[tuple[str, str]]
+) -> dict[str, str]:
     """A Debezium row's message headers: ``id`` and each ``--field-header`` column that is not null.
 
-    The view's ``headers`` hold the id and the application's columns (see
-    :mod:`relay.store.debezium`).
+    The view's ``headers`` hold the application's columns when a relay asks
+    for them (see :mod:`relay.store.debezium`); ``event_id`` is the row's id.
     """
-    headers = {"id": row_headers["id"]}
+    headers = {"id": event_id}
     for column, header in field_headers:
         value = row_headers.get(column)
         if value is not None:
@@ -60,14 +62,14 @@ def debezium_headers(row_headers: dict[str, Any], field_headers: Sequence[tuple[
 
 
 def claimed_row(
-    cursor: Any, *, shape_headers: Callable[[dict[str, Any]], dict[str, str]] | None = None
+    cursor: Any, *, shape_headers: Callable[[dict[str, Any], str], dict[str, str]] | None = None
 ) -> RowMaker[Claimed]:
     """Claim rows as :class:`Claimed`, each column found by name once per query.
 
     A claim builds up to ``--batch-size`` events; this builds each one as its
     row is decoded, at the cost of the positional code it replaced (see the
     commit that introduced it for the figures). ``shape_headers`` turns the
-    row's headers into the message's (Debezium's layout).
+    row's headers and its idempotency key into the message's headers (Debezium's layout).
     """
     index = {column.name: i for i, column in enumerate(cursor.description or ())}
     missing = [name for name in _CLAIMED_COLUMNS if name not in index]
@@ -86,7 +88,9 @@ def claimed_row(
             key=values[i_key],
             # JSON as text, or (payload NULL) bytes as they are, with their content type.
             payload=payload.encode() if payload is not None else values[i_bytes],
-            headers=(loads(headers) if shape_headers is None else shape_headers(loads(headers))) if headers else {},
+            headers=(loads(headers) if headers else {})
+            if shape_headers is None
+            else shape_headers(loads(headers) if headers else {}, values[i_idem]),
             idempotency_key=values[i_idem],
             attempts=values[i_attempts],
             created_at=values[i_created],
@@ -118,7 +122,13 @@ class PostgresStore(PostgresAdmin):
         layout: TableLayout = NATIVE,
     ) -> None:
         super().__init__(
-            dsn, table, connect_timeout=connect_timeout, statement_timeout=statement_timeout, layout=layout
+            dsn,
+            table,
+            connect_timeout=connect_timeout,
+            statement_timeout=statement_timeout,
+            layout=layout,
+            # Debezium's application columns only for the --field-header columns.
+            columns_in_headers=bool(layout.field_headers),
         )
         self._rows: Any = claimed_row
         if layout.debezium:
