@@ -148,6 +148,10 @@ def test_migrate_adds_only_the_relays_columns_and_never_rewrites_the_table(datab
     }  # fmt: skip
     assert execute(database_url, "SELECT pg_relation_filenode('shop_outbox')") == file_before
     assert execute(database_url, "SELECT relay_state, count(*) FROM shop_outbox GROUP BY 1") == [("sent", 5000)]
+    # Those rows have no place in the order: replay and purge leave them.
+    admin = ["--database-url", database_url, "--table", "shop_outbox", "--table-layout", "debezium"]
+    assert "replayed 0 events" in cli("replay", "--all", *admin).stdout
+    assert "purged 0 events" in cli("purge", "--older-than", "0s", *admin).stdout
     # New rows are the relay's to send, in order.
     execute(database_url, INSERT.format(name="shop_outbox"), [uuid.uuid4(), "Order", "o-1", "Paid", "{}"])
     assert execute(database_url, "SELECT relay_state, relay_seq IS NOT NULL FROM shop_outbox WHERE type = 'Paid'") == [
