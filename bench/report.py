@@ -35,6 +35,8 @@ def derive(results: dict[str, Any]) -> dict[str, float | None]:
         "ordered_over_unordered": ratio(dig(r, "s1_kafka.rate"), dig(r, "s1_kafka_unordered.rate")),
         "cloudevents_over_native": ratio(dig(r, "s1_kafka_cloudevents.rate"), dig(r, "s1_kafka.rate")),
         "structured_over_native": ratio(dig(r, "s1_kafka_cloudevents_structured.rate"), dig(r, "s1_kafka.rate")),
+        "bytes_over_native": ratio(dig(r, "s1_kafka_bytes.rate"), dig(r, "s1_kafka.rate")),
+        "debezium_over_native": ratio(dig(r, "s1_kafka_debezium.rate"), dig(r, "s1_kafka.rate")),
         "unordered_over_l_db": ratio(dig(r, "s1_kafka_unordered.rate"), dig(r, "baselines.l_db.rate")),
         "s3_kafka": dig(r, "s1_kafka.s3_ratio"),
         "s3_rmq": dig(r, "s1_rmq.s3_ratio"),
@@ -96,6 +98,8 @@ TARGETS = (
     Target(
         "CloudEvents structured >= 0.9 x native (Kafka S1)", "ratios.structured_over_native", lambda v: v >= 0.9, _x
     ),
+    Target("bytes payloads >= 0.9 x native (Kafka S1)", "ratios.bytes_over_native", lambda v: v >= 0.9, _x),
+    Target("Debezium table >= 0.9 x native (Kafka S1)", "ratios.debezium_over_native", lambda v: v >= 0.9, _x),
 )
 
 
@@ -199,6 +203,8 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     for key, name, share in (
         ("s1_kafka_cloudevents", "CloudEvents binary", "cloudevents_over_native"),
         ("s1_kafka_cloudevents_structured", "CloudEvents structured", "structured_over_native"),
+        ("s1_kafka_bytes", "bytes payloads", "bytes_over_native"),
+        ("s1_kafka_debezium", "Debezium table", "debezium_over_native"),
     ):
         add(
             f"S1 Kafka (keyed, {name})  10%-90%",

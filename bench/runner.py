@@ -32,7 +32,14 @@ WRITER_COST_SECONDS = 30.0
 L_LATENCY_SECONDS = 10.0
 BASELINE_RECEIVE_TIMEOUT_SECONDS = 120.0
 #: The short topic name of each template's events (the queue has the same name).
-_TOPICS = {"seed": "s1", "seedu": "s1u", "empty": "steady"}
+_TOPICS = {"seed": "s1", "seedu": "s1u", "empty": "steady", "seedb": "s1b", "seedd": "s1d"}
+#: What each template's rows hold: JSON (the others), bytes, or Debezium's table.
+_PAYLOADS = {"seedb": "bytes", "seedd": "debezium"}
+#: The drains of scenario s1bd: results key -> the template and the relay's extra flags (issue 18).
+LAYOUT_DRAINS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "s1_kafka_bytes": ("seedb", ()),
+    "s1_kafka_debezium": ("seedd", ("--table-layout", "debezium", "--topic-template", "{aggregatetype}")),
+}
 #: The drains of scenario s1ce: results key -> the sink URL's format= (issue 18).
 FORMAT_DRAINS = {"s1_kafka_cloudevents": "cloudevents", "s1_kafka_cloudevents_structured": "cloudevents-structured"}
 
@@ -80,12 +87,20 @@ class Run:
             self.tansu = None
 
     def template(self, name: str) -> str:
-        """Build the template ``name`` (seed: keyed events, seedu: null keys, empty) once."""
+        """Build the template ``name`` once (seed: keyed events, seedu: null keys, seedb: keyed bytes,
+        seedd: a keyed Debezium table, empty)."""
         if name not in self._templates:
             started = time.monotonic()
             events = 0 if name == "empty" else self.events
             self.progress(f"seeding template {name}: {events:,} events")
-            prepare_template(self.cleanup, name, events=events, topic=self.topic(name), keyed=name == "seed")
+            prepare_template(
+                self.cleanup,
+                name,
+                events=events,
+                topic=self.topic(name),
+                keyed=name != "seedu",
+                payloads=_PAYLOADS.get(name, "json"),
+            )
             self.progress(f"seeded {name} in {time.monotonic() - started:.1f}s")
             self._templates[name] = name
         return self._templates[name]
@@ -230,6 +245,22 @@ class Run:
     def _format_drains(self) -> None:
         for key, sink_format in FORMAT_DRAINS.items():
             self._kafka_drain(key, "seed", sink_format=sink_format)
+
+    def s1_layouts(self) -> None:
+        """The keyed S1 Kafka drain natively, with bytes payloads and from a Debezium table, moments apart.
+
+        With ``--repeat``, every other round runs the native drain last.
+        """
+        for turn in range(self.repeat):
+            if turn % 2:
+                self._layout_drains()
+            self._kafka_drain("s1_kafka", "seed")
+            if not turn % 2:
+                self._layout_drains()
+
+    def _layout_drains(self) -> None:
+        for key, (template, extra) in LAYOUT_DRAINS.items():
+            self._kafka_drain(key, template, *extra)
 
     def s1_unordered(self) -> None:
         """S1 Kafka with every key null: the unordered fast path."""

@@ -24,7 +24,7 @@ import psycopg
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from psycopg import sql
 
-from relay.config import TableName
+from relay.config import NATIVE, TableLayout, TableName
 from relay.store.migrate import migrate
 
 PG_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -35,17 +35,31 @@ ADMIN_TIMEOUT_SECONDS = 30.0
 DISTINCT_KEYS = 50_000
 
 # ~200 bytes of JSON per event, keyed by aggregate: 'order-' || (g % 50000).
-SEED_SQL = """
-INSERT INTO outbox (topic, key, payload, headers)
-SELECT %(topic)s,
-       CASE WHEN %(keyed)s THEN 'order-' || (g %% {keys}) END,
+#: The seeded events: one row each of topic, key, payload and headers.
+EVENTS_SQL = """
+SELECT %(topic)s AS topic,
+       CASE WHEN %(keyed)s THEN 'order-' || (g %% {keys}) END AS key,
        jsonb_build_object(
            'event', 'order.created', 'order_id', g, 'customer_id', 'customer-' || (g %% 9973),
            'amount_cents', (g * 7919) %% 100000, 'currency', 'EUR', 'items', (g %% 5) + 1,
-           'channel', 'web', 'created_at', '2024-05-01T12:00:00Z', 'status', 'new'),
-       '{{}}'::jsonb
+           'channel', 'web', 'created_at', '2024-05-01T12:00:00Z', 'status', 'new') AS payload,
+       '{{}}'::jsonb AS headers
 FROM generate_series(1, %(n)s::bigint) AS g  -- bigint: g * 7919 passes 2^31 from g = 271,189
 """
+SEED_SQL = "INSERT INTO outbox (topic, key, payload, headers)" + EVENTS_SQL
+#: The same events as bytes payloads (their JSON text, so each is as large), issue 18.
+SEED_BYTES_SQL = (
+    "INSERT INTO outbox (topic, key, payload_bytes, content_type, headers)"
+    " SELECT topic, key, convert_to(payload::text, 'UTF8'), 'application/octet-stream', headers"
+    " FROM (" + EVENTS_SQL + ") AS e"
+)
+#: The same events in Debezium's outbox table, issue 18: the relay reads it with
+#: --table-layout debezium and --topic-template {aggregatetype}, so the topics are the same.
+SEED_DEBEZIUM_SQL = (
+    "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)"
+    " SELECT gen_random_uuid(), topic, key, 'order.created', payload"
+    " FROM (" + EVENTS_SQL + ") AS e"
+)
 
 BUSINESS_SQL = """
 CREATE TABLE IF NOT EXISTS business (
@@ -189,19 +203,24 @@ class Cleanup:
         return problems
 
 
-def prepare_template(cleanup: Cleanup, name: str, *, events: int, topic: str, keyed: bool) -> str:
+def prepare_template(
+    cleanup: Cleanup, name: str, *, events: int, topic: str, keyed: bool, payloads: str = "json"
+) -> str:
     """A migrated database holding ``events`` outbox rows and a ``business`` table; its URL.
 
     It is vacuumed and analysed, then used only as a template, so every copy
-    starts from the same rows and the same statistics.
+    starts from the same rows and the same statistics. ``payloads``: ``json``,
+    ``bytes`` (the same events as bytes), or ``debezium`` (the same events in
+    a Debezium outbox table, keyed).
     """
     url = cleanup.create_database(name)
-    migrate(url, TABLE)
+    migrate(url, TABLE, layout=TableLayout.parse("debezium") if payloads == "debezium" else NATIVE)
+    seed = {"json": SEED_SQL, "bytes": SEED_BYTES_SQL, "debezium": SEED_DEBEZIUM_SQL}[payloads]
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(BUSINESS_SQL)
         if events:
             conn.execute(
-                sql.SQL(SEED_SQL).format(keys=sql.Literal(DISTINCT_KEYS)),
+                sql.SQL(seed).format(keys=sql.Literal(DISTINCT_KEYS)),
                 {"topic": topic, "keyed": keyed, "n": events},
             )
         conn.execute("VACUUM (ANALYZE) outbox")
