@@ -13,12 +13,15 @@ import psycopg
 from psycopg import sql
 
 from relay.config import NATIVE, TableLayout, TableName
+from relay.errors import SchemaError
 from relay.store import sql as named
 from relay.store.postgres.connection import connect_kwargs, translate_errors
 
 logger = logging.getLogger(__name__)
 
 _LOCK_NAMESPACE = "outbox-relay migrate "
+#: Debezium's layout numbers its steps from here (relay/store/debezium/), so the two never mix.
+DEBEZIUM_FIRST_STEP = 1001
 
 
 def migrate(dsn: str, table: TableName, *, notify: bool | None = None, layout: TableLayout = NATIVE) -> list[int]:
@@ -43,6 +46,8 @@ def migrate(dsn: str, table: TableName, *, notify: bool | None = None, layout: T
         )
         done = {row[0] for row in conn.execute(sql.SQL("SELECT version FROM {version_table}").format(**ids))}
         applied = []
+        if not layout.debezium and any(version >= DEBEZIUM_FIRST_STEP for version in done):
+            raise SchemaError(f"table {table} has Debezium's layout: pass --table-layout debezium")
         if layout.debezium:
             from relay.store import debezium
 

@@ -259,6 +259,7 @@ def test_the_layout_flags_fall_back_to_the_environment_and_fail_in_one_line(
     assert shown.returncode == 0 and json.loads(shown.stdout)["pending"] == 0, shown.stderr
 
     for result, needle in [
+        (cli("migrate", *url), "table outboxevent has Debezium's layout: pass --table-layout debezium"),
         (cli("status", *url, RELAY_TABLE_LAYOUT="cdc"), "unknown table layout 'cdc'"),
         (cli("status", *url, RELAY_TOPIC_TEMPLATE="a.{aggregatetype}"), "go with --table-layout debezium"),
         (
