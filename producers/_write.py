@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from producers import _mysql
 from producers._tracing import with_trace_context
 from relay.config import DEFAULT_TABLE, TableName
 
@@ -58,8 +59,8 @@ def _params(
     return {
         "topic": topic,
         "key": key,
-        "payload": Jsonb(payload),
-        "headers": Jsonb(with_trace_context(headers)),
+        "payload": payload,
+        "headers": with_trace_context(headers),
         "idempotency_key": idempotency_key or str(uuid.uuid4()),
         "deliver_at": deliver_at,
         "priority": priority,
@@ -78,8 +79,12 @@ def _check_deliver_at(deliver_at: object, max_ahead: timedelta) -> None:
         )
 
 
+def _for_postgres(params: dict[str, Any]) -> dict[str, Any]:
+    return {**params, "payload": Jsonb(params["payload"]), "headers": Jsonb(params["headers"])}
+
+
 def publish(
-    conn: psycopg.Connection[Any],
+    conn: psycopg.Connection[Any] | Any,
     topic: str,
     payload: Any,
     *,
@@ -99,14 +104,20 @@ def publish(
     ``priority`` orders due events of different keys (higher first);
     ``deliver_at`` (timezone-aware, at most ``max_deliver_ahead`` ahead, a year
     by default) holds an event back until that time.
+
+    ``conn`` is a psycopg ``Connection``, or a PyMySQL one for an outbox on
+    MySQL 8 or MariaDB (``pip install outbox-relay[mysql]``).
     """
     params = _params(topic, payload, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead)
-    conn.execute(_insert_for(table), params)
+    if _mysql.is_pymysql(conn):
+        _mysql.insert(conn, table, params)
+    else:
+        conn.execute(_insert_for(table), _for_postgres(params))
     return str(params["idempotency_key"])
 
 
 async def apublish(
-    conn: psycopg.AsyncConnection[Any],
+    conn: psycopg.AsyncConnection[Any] | Any,
     topic: str,
     payload: Any,
     *,
@@ -118,7 +129,10 @@ async def apublish(
     table: str = DEFAULT_TABLE,
     max_deliver_ahead: timedelta = MAX_DELIVER_AHEAD,
 ) -> str:
-    """The same as :func:`publish`, for a psycopg ``AsyncConnection``."""
+    """The same as :func:`publish`, for a psycopg ``AsyncConnection`` or an asyncmy connection."""
     params = _params(topic, payload, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead)
-    await conn.execute(_insert_for(table), params)
+    if _mysql.is_asyncmy(conn):
+        await _mysql.ainsert(conn, table, params)
+    else:
+        await conn.execute(_insert_for(table), _for_postgres(params))
     return str(params["idempotency_key"])

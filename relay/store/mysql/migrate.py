@@ -1,0 +1,109 @@
+"""``outbox-relay migrate`` on MySQL 8 and MariaDB: create or upgrade an outbox table.
+
+MySQL commits each DDL statement on its own, so the steps cannot share one
+transaction as on PostgreSQL. Instead a named lock (``GET_LOCK``) on the table
+name serialises migrations started at once: the second waits, then finds the
+steps applied and does nothing. Each step's version is recorded right after
+it; a step that fails half-way is reported, and its statements are written to
+be checked by hand (docs/mysql.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pymysql
+
+from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
+from relay.errors import StoreUnavailable
+from relay.store.mysql import sql as named
+from relay.store.mysql.connection import Target, translate
+
+logger = logging.getLogger(__name__)
+
+_LOCK_NAMESPACE = "outbox-relay migrate "
+#: How long a migration waits for another one of the same table to finish.
+LOCK_WAIT_SECONDS = 60
+
+
+@contextlib.contextmanager
+def connect(url: str, table: TableName) -> Iterator[Any]:
+    """A PyMySQL connection (autocommit, UTC), its errors translated without secrets."""
+    target = Target.parse(url)
+    try:
+        conn = pymysql.connect(
+            host=target.host,
+            port=target.port,
+            user=target.user,
+            password=target.password,
+            database=target.database,
+            connect_timeout=max(1, round(CONNECT_TIMEOUT_SECONDS)),
+            autocommit=True,
+            charset="utf8mb4",
+        )
+    except (pymysql.MySQLError, OSError) as exc:
+        raise translate(exc, url, table) from exc
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION time_zone = '+00:00'")
+        yield conn
+    except (pymysql.MySQLError, OSError) as exc:
+        raise translate(exc, url, table) from exc
+    finally:
+        conn.close()
+
+
+def _lock_name(table: TableName) -> str:
+    # GET_LOCK names are at most 64 characters.
+    return (_LOCK_NAMESPACE + str(table))[:64]
+
+
+def migrate(url: str, table: TableName) -> list[int]:
+    """Apply the migrations ``table`` lacks; return the versions applied."""
+    ids = named.identifiers(table)
+    with connect(url, table) as conn, conn.cursor() as cur:
+        cur.execute("SELECT GET_LOCK(%s, %s)", (_lock_name(table), LOCK_WAIT_SECONDS))
+        if (cur.fetchone() or (None,))[0] != 1:
+            raise StoreUnavailable(f"another migration of {table} held its lock for {LOCK_WAIT_SECONDS}s")
+        try:
+            if table.schema:
+                cur.execute(f"CREATE DATABASE IF NOT EXISTS {named.quote(table.schema)}")
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {ids['version_table']} ("
+                " version INT NOT NULL PRIMARY KEY, name VARCHAR(200) NOT NULL,"
+                " applied_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))) ENGINE = InnoDB"
+            )
+            cur.execute(f"SELECT version FROM {ids['version_table']}")  # noqa: S608 - identifiers only
+            done = {row[0] for row in cur.fetchall()}
+            applied = []
+            for step in named.migrations():
+                if step.version in done:
+                    continue
+                for statement in named.statements(named.render(step.template, table)):
+                    cur.execute(statement)
+                cur.execute(
+                    f"INSERT INTO {ids['version_table']} (version, name) VALUES (%s, %s)",  # noqa: S608
+                    (step.version, step.name),
+                )
+                applied.append(step.version)
+                logger.info(
+                    "applied migration %04d_%s",
+                    step.version,
+                    step.name,
+                    extra={"action": "migrate", "table": str(table)},
+                )
+        finally:
+            cur.execute("SELECT RELEASE_LOCK(%s)", (_lock_name(table),))
+    return applied
+
+
+def schema_version(url: str, table: TableName) -> int:
+    """The newest migration applied to ``table`` (0 when none)."""
+    ids = named.identifiers(table)
+    with connect(url, table) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT MAX(version) FROM {ids['version_table']}")  # noqa: S608 - identifiers only
+        row = cur.fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
