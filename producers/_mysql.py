@@ -19,7 +19,7 @@ _INSERT = (
     " COALESCE(%(deliver_at)s, UTC_TIMESTAMP(6)), %(priority)s)"
     # A duplicate idempotency key writes nothing. Not INSERT IGNORE: that would
     # also turn a failed check into a warning and drop the event.
-    " ON DUPLICATE KEY UPDATE id = id"
+    " ON DUPLICATE KEY UPDATE idempotency_key = idempotency_key"
 )
 
 

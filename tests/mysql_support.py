@@ -52,3 +52,8 @@ def mysql_database(server_url: str) -> Iterator[str]:
         yield f"{server_url}/{name}"
     finally:
         execute(server_url, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def outbox_counts(url: str, table: str = "outbox") -> dict[str, int]:
+    """Rows per state."""
+    return {state: int(n) for state, n in execute(url, f"SELECT state, COUNT(*) FROM `{table}` GROUP BY state")}

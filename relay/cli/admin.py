@@ -26,10 +26,10 @@ PUBLISH_OVERRUN_SECONDS = 10.0
 
 
 def _admin(args: argparse.Namespace) -> Admin:
-    from relay.store.postgres import PostgresAdmin
+    from relay.store.adapters import build_admin
 
     dsn, table = database(args)
-    return PostgresAdmin(dsn, table)
+    return build_admin(dsn, table)
 
 
 async def _with_admin(args: argparse.Namespace, work: Callable[[Admin], Awaitable[T]]) -> T:

@@ -107,3 +107,50 @@ def schema_version(url: str, table: TableName) -> int:
         cur.execute(f"SELECT MAX(version) FROM {ids['version_table']}")  # noqa: S608 - identifiers only
         row = cur.fetchone()
     return int(row[0]) if row and row[0] is not None else 0
+
+
+#: What writers may set: the application's columns. Everything else is the relay's.
+WRITER_COLUMNS = ("topic", "`key`", "payload", "headers", "idempotency_key", "deliver_at", "priority")
+#: What relays may change: the columns they own, and deliver_at (retries and held-back events wait).
+RELAY_COLUMNS = (
+    "state", "attempts", "last_error", "lease_owner", "claim_token", "lease_expires_at", "published_at", "failed_at",
+    "deliver_at",
+)  # fmt: skip
+#: "There is no such grant defined": a REVOKE of what a role never had.
+_NO_SUCH_GRANT = (1141, 1147)
+
+
+def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: str) -> None:
+    """Create (if missing) a relay role and a writer role with the least they need, column by column.
+
+    As on PostgreSQL (``relay.store.migrate.create_roles``), except that a
+    writer also needs UPDATE on ``idempotency_key``: ``publish()`` writes with
+    ``ON DUPLICATE KEY UPDATE idempotency_key = idempotency_key``, which MySQL
+    checks as an update. Grant the roles to your users (``GRANT outbox_relay TO
+    app@'%'``) and make them default (``SET DEFAULT ROLE``).
+    """
+    ids = named.identifiers(table)
+    relay, writer = named.quote(relay_role), named.quote(writer_role)
+    statements = [
+        f"GRANT SELECT, DELETE ON {ids['table']} TO {relay}",
+        f"GRANT UPDATE ({', '.join(RELAY_COLUMNS)}) ON {ids['table']} TO {relay}",
+        f"GRANT SELECT ON {ids['version_table']} TO {relay}",
+        f"GRANT INSERT ({', '.join(WRITER_COLUMNS)}) ON {ids['table']} TO {writer}",
+        f"GRANT SELECT (idempotency_key), UPDATE (idempotency_key) ON {ids['table']} TO {writer}",
+    ]
+    with connect(url, table) as conn, conn.cursor() as cur:
+        cur.execute("SELECT GET_LOCK(%s, %s)", (_lock_name(table), LOCK_WAIT_SECONDS))
+        try:
+            for role in (relay, writer):
+                cur.execute(f"CREATE ROLE IF NOT EXISTS {role}")
+                # Revoking table privileges revokes the column ones too; a role may have had none.
+                try:
+                    cur.execute(f"REVOKE ALL PRIVILEGES ON {ids['table']} FROM {role}")
+                except pymysql.MySQLError as exc:
+                    if exc.args[0] not in _NO_SUCH_GRANT:
+                        raise
+            for statement in statements:
+                cur.execute(statement)
+        finally:
+            cur.execute("SELECT RELEASE_LOCK(%s)", (_lock_name(table),))
+    logger.info("granted roles %s and %s", relay_role, writer_role, extra={"action": "create_roles"})
