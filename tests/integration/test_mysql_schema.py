@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from typing import Any
 
 import pymysql
@@ -13,7 +14,7 @@ from relay.config import TableName
 from relay.errors import SchemaError
 from relay.store.mysql import MySQLStore
 from relay.store.mysql import sql as named
-from relay.store.mysql.migrate import migrate, schema_version
+from relay.store.mysql.migrate import create_roles, migrate, schema_version
 from tests import mysql_support
 
 CATALOG = {
@@ -143,3 +144,24 @@ def test_the_claim_reads_the_claim_index(mysql_url: str) -> None:
     outer = plan[0]
     assert outer["table"] == "o" and outer["key"] == "outbox_claim_idx", plan
     assert "filesort" not in (outer["Extra"] or "").lower(), plan
+
+
+def test_create_roles_grants_the_least_each_role_needs_and_can_run_again(mysql_url: str) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    relay_role, writer_role = f"relay_t_{suffix}", f"writer_t_{suffix}"
+    table = TableName.parse("outbox")
+    try:
+        for _ in range(2):
+            create_roles(mysql_url, table, relay_role=relay_role, writer_role=writer_role)
+        grants = {
+            role: " ".join(row[0] for row in mysql_support.execute(mysql_url, f"SHOW GRANTS FOR `{role}`"))
+            for role in (relay_role, writer_role)
+        }
+    finally:
+        for role in (relay_role, writer_role):
+            mysql_support.execute(mysql_url, f"DROP ROLE IF EXISTS `{role}`")
+    relay, writer = grants[relay_role], grants[writer_role]
+    assert "SELECT" in relay and "DELETE" in relay and "UPDATE (" in relay and "`claim_token`" in relay
+    assert "outbox_schema_version" in relay
+    assert "INSERT (" in writer and "DELETE" not in writer and "`claim_token`" not in writer
+    assert "INSERT" not in relay
