@@ -114,6 +114,7 @@ def translate(exc: BaseException, url: str, table: TableName) -> StoreError:
     if (
         code in CONNECTION_LOST
         or code in TRANSIENT
+        or code in STATEMENT_TIMEOUT
         or isinstance(exc, my_errors.OperationalError | my_errors.InterfaceError | OSError)
     ):
         return StoreUnavailable(describe(exc, url))
