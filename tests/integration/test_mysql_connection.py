@@ -108,3 +108,31 @@ def test_relay_sessions_run_at_read_committed_in_utc(mysql_url: str) -> None:
 
     [(isolation, zone, timeout)] = asyncio.run(scenario())
     assert (isolation, zone, float(timeout)) == ("READ-COMMITTED", "+00:00", 30.0)
+
+
+def test_gauges_are_exact_under_the_bound_and_estimated_past_it(mysql_url: str) -> None:
+    rows = [("t", f"k{i % 3}", "{}") for i in range(30)]
+    conn = mysql_support.connect(mysql_url)
+    try:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", rows)
+            cur.execute("ANALYZE TABLE outbox")
+            cur.fetchall()
+    finally:
+        conn.close()
+
+    async def scenario() -> tuple[Any, Any, Any]:
+        store = store_for(mysql_url)
+        await store.open()
+        try:
+            await store.claim(2, max_attempts=3)
+            return await store.status(), await store.gauges(), await store.gauges(exact_up_to=10)
+        finally:
+            await store.close()
+
+    exact, gauges, bounded = asyncio.run(scenario())
+    assert (exact.pending, exact.in_flight) == (28, 2)
+    assert (gauges.pending, gauges.in_flight, gauges.failed) == (28, 2, 0)
+    # Past the bound: at least what it read, and InnoDB's row estimate beyond it.
+    assert bounded.pending + bounded.in_flight >= 11
+    assert bounded.in_flight <= 2

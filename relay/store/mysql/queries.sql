@@ -241,3 +241,54 @@ UPDATE {table}
 SET state = 'pending', attempts = 0, deliver_at = UTC_TIMESTAMP(6), published_at = NULL,
     lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
 WHERE id IN %(ids)s AND state = 'sent';
+
+-- name: gauges_head
+-- The status figures for the relays' gauges at a bounded cost: the first
+-- %(exact_up_to)s + 1 unsent events in claim order (the claim index). When
+-- that is all of them, the counts are exact, as in status; past it the caller
+-- takes the table's row estimate (gauges_estimate) for the unsent count.
+SELECT COUNT(*) AS unsent,
+       COALESCE(SUM(COALESCE(h.lease_expires_at >= UTC_TIMESTAMP(6), FALSE)), 0) AS in_flight,
+       COALESCE(SUM(h.deliver_at > UTC_TIMESTAMP(6) AND NOT COALESCE(h.lease_expires_at >= UTC_TIMESTAMP(6), FALSE)),
+                0) AS scheduled
+FROM (SELECT lease_expires_at, deliver_at FROM {table}
+      WHERE state = 'pending'
+      ORDER BY priority DESC, id
+      LIMIT %(limit)s) AS h;
+
+-- name: gauges_failed
+-- Dead letters and the keys they park: the failed index's range, always exact.
+SELECT COUNT(*) AS failed, COUNT(DISTINCT `key`) AS parked_keys
+FROM {table}
+WHERE state = 'failed';
+
+-- name: gauges_estimate
+-- InnoDB's estimate of the table's rows (kept ones included), for a backlog past the exact bound.
+SELECT COALESCE(MAX(table_rows), 0) AS estimate
+FROM information_schema.tables
+WHERE table_schema = COALESCE(%(schema)s, DATABASE()) AND table_name = %(name)s;
+
+-- name: gauges_keys_waiting
+-- keys_waiting_on_schedule as in status, for at most 1,000 of the keys with a
+-- scheduled event among the first %(limit)s unsent events: a lower bound past that.
+SELECT COUNT(*) AS waiting
+FROM (
+    SELECT k.`key`,
+           LEAST(COALESCE((SELECT MIN(p.id) FROM {table} AS p WHERE p.`key` = k.`key` AND p.state = 'pending'),
+                          4611686018427387904),
+                 COALESCE((SELECT MIN(d.id) FROM {table} AS d WHERE d.`key` = k.`key` AND d.state = 'failed'),
+                          4611686018427387904)) AS first_id
+    FROM (SELECT DISTINCT x.`key`
+          FROM (SELECT `key`, deliver_at FROM {table}
+                WHERE state = 'pending'
+                ORDER BY priority DESC, id
+                LIMIT %(limit)s) AS x
+          WHERE x.deliver_at > UTC_TIMESTAMP(6) AND x.`key` IS NOT NULL
+          LIMIT 1000) AS k
+) AS w
+JOIN {table} AS f ON f.id = w.first_id
+WHERE f.state = 'pending' AND f.deliver_at > UTC_TIMESTAMP(6)
+  AND NOT COALESCE(f.lease_expires_at >= UTC_TIMESTAMP(6), FALSE)
+  AND EXISTS (SELECT 1 FROM {table} AS later
+              WHERE later.`key` = w.`key` AND later.id > f.id
+                AND later.state = 'pending' AND later.deliver_at <= UTC_TIMESTAMP(6));

@@ -26,6 +26,9 @@ from relay.store.mysql.connection import STATEMENT_TIMEOUT, error_code, rows_of,
 
 logger = logging.getLogger(__name__)
 
+# The gauges count exactly up to this many unsent events and estimate past it.
+GAUGES_EXACT_UP_TO = 20_000
+
 
 class BinlogUnsafe(StoreError):
     """Binary logging is statement-based: ``SKIP LOCKED`` is unsafe to replicate that way."""
@@ -197,9 +200,25 @@ class MySQLStore(MySQLAdmin):
         await asyncio.sleep(timeout)
         return False
 
-    async def gauges(self) -> Status:
-        """The exact ``status`` (a pass over the unsent rows: see docs/mysql.md, limits)."""
-        return await self.status()
+    async def gauges(self, *, exact_up_to: int = GAUGES_EXACT_UP_TO) -> Status:
+        """``status`` at a bounded cost: exact up to ``exact_up_to`` unsent events, estimated past it."""
+        db, bound = self._db, {"limit": exact_up_to + 1}
+        head = (await db.fetch("gauges_head", bound, lane="stats"))[0]
+        failed = (await db.fetch("gauges_failed", lane="stats"))[0]
+        waiting = (await db.fetch("gauges_keys_waiting", bound, lane="stats"))[0]
+        unsent, in_flight = int(head["unsent"]), int(head["in_flight"])
+        if unsent > exact_up_to:
+            names = {"schema": db.table.schema, "name": db.table.name}
+            unsent = max(unsent, int((await db.fetch("gauges_estimate", names, lane="stats"))[0]["estimate"]))
+        return Status(
+            pending=unsent - in_flight,
+            in_flight=in_flight,
+            failed=int(failed["failed"]),
+            oldest_pending_age_seconds=await self.oldest_pending_age(),
+            parked_keys=int(failed["parked_keys"]),
+            scheduled=int(head["scheduled"]),
+            keys_waiting_on_schedule=int(waiting["waiting"]),
+        )
 
     async def check(self) -> None:
         """Raise ``StoreUnavailable`` unless the database answers, has the table and takes writes."""
