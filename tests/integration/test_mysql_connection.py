@@ -136,3 +136,29 @@ def test_gauges_are_exact_under_the_bound_and_estimated_past_it(mysql_url: str) 
     # Past the bound: at least what it read, and InnoDB's row estimate beyond it.
     assert bounded.pending + bounded.in_flight >= 11
     assert bounded.in_flight <= 2
+
+
+def test_concurrent_calls_on_one_store_each_read_their_own_results(mysql_url: str) -> None:
+    # A relay settles the batches of its pipeline at once, on one connection:
+    # interleaved on the wire, one settle once read another's row count.
+    rows = [("t", None, "{}") for _ in range(400)]
+    conn = mysql_support.connect(mysql_url)
+    try:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", rows)
+    finally:
+        conn.close()
+
+    async def scenario() -> list[Any]:
+        store = store_for(mysql_url)
+        await store.open()
+        try:
+            claims = [await store.claim(size, max_attempts=3) for size in (150, 50, 120, 80)]
+            settle = [store.settle(c, sent=[e.id for e in c.events], retry=[], dead=[]) for c in claims]
+            return list(await asyncio.gather(*settle, store.status(), store.gauges()))
+        finally:
+            await store.close()
+
+    *settled, status, gauges = asyncio.run(scenario())
+    assert [(s.sent, s.lost) for s in settled] == [(150, 0), (50, 0), (120, 0), (80, 0)]
+    assert status.failed == gauges.failed == 0

@@ -154,6 +154,10 @@ class Database:
         self.statement_timeout = STATEMENT_TIMEOUT_SECONDS if statement_timeout is None else statement_timeout
         self.call_timeout = self.statement_timeout + CALL_MARGIN_SECONDS
         self._lanes: dict[Lane, Any] = {}
+        # One call at a time on a connection: asyncmy does not serialise them
+        # itself (psycopg does), and two settles of a pipeline would otherwise
+        # interleave on the wire and read each other's results.
+        self._locks: dict[Lane, asyncio.Lock] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.mariadb = False
         self.server_version = ""
@@ -234,6 +238,7 @@ class Database:
             for conn in self._lanes.values():
                 conn.close()
             self._lanes.clear()
+            self._locks.clear()
             self._loop = loop
         existing = self._lanes.get(lane)
         if existing is not None:
@@ -256,6 +261,11 @@ class Database:
         self._lanes[lane] = conn
         return conn
 
+    def _lock(self, lane: Lane) -> asyncio.Lock:
+        if self._loop is not asyncio.get_running_loop():
+            self._locks.clear()  # locks belong to a loop too; connection() drops the old connections
+        return self._locks.setdefault(lane, asyncio.Lock())
+
     async def call(self, lane: Lane, work: Callable[[Any], Awaitable[R]]) -> R:
         """Run ``work(cursor)`` on the lane's connection under the deadline, retrying lock conflicts.
 
@@ -264,7 +274,7 @@ class Database:
         """
         for attempt in range(LOCK_RETRIES + 1):
             try:
-                async with self.deadline():
+                async with self.deadline(), self._lock(lane):
                     conn = await self.connection(lane)
                     try:
                         async with conn.cursor() as cur:
@@ -316,7 +326,10 @@ async def transaction(cur: Any, work: Callable[[], Awaitable[R]]) -> R:
     await cur.execute("START TRANSACTION")
     try:
         result = await work()
-    except BaseException:
+    except Exception:
+        # The server answered: roll back on this connection. A cancelled call
+        # (the deadline) does not wait for a ROLLBACK a frozen server would not
+        # answer: its connection is dropped, which rolls back.
         with contextlib.suppress(Exception):
             await cur.execute("ROLLBACK")
         raise

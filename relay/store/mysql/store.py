@@ -165,7 +165,7 @@ class MySQLStore(MySQLAdmin):
         token = str(claim.token)
         queries = self._db.queries
 
-        async def work(cur: Any) -> Settlement:
+        async def steps(cur: Any) -> Settlement:
             done = retried = buried = 0
             if sent:
                 done = await cur.execute(
@@ -182,6 +182,11 @@ class MySQLStore(MySQLAdmin):
                 )
             lost = len(sent) + len(retry) + len(dead) - done - retried - buried
             return Settlement(sent=done, retried=retried, dead=buried, lost=lost)
+
+        async def work(cur: Any) -> Settlement:
+            # One transaction: a deadlock retried runs every step again from the start,
+            # instead of finding the rows a first try deleted gone and counting them lost.
+            return await transaction(cur, lambda: steps(cur))
 
         return await self._db.call("settle", work)
 
