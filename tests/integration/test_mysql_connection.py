@@ -162,3 +162,21 @@ def test_concurrent_calls_on_one_store_each_read_their_own_results(mysql_url: st
     *settled, status, gauges = asyncio.run(scenario())
     assert [(s.sent, s.lost) for s in settled] == [(150, 0), (50, 0), (120, 0), (80, 0)]
     assert status.failed == gauges.failed == 0
+
+
+def test_a_very_long_error_is_cut_to_fit_last_error(mysql_url: str) -> None:
+    from relay.store.base import Dead
+
+    mysql_support.execute(mysql_url, "INSERT INTO outbox (topic, payload) VALUES ('t', '{}')")
+
+    async def scenario() -> Any:
+        store = store_for(mysql_url)
+        await store.open()
+        try:
+            claim = await store.claim(10, max_attempts=3)
+            return await store.settle(claim, sent=[], retry=[], dead=[Dead(claim.events[0].id, "é" * 100_000)])
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()).dead == 1
+    assert mysql_support.execute(mysql_url, "SELECT CHAR_LENGTH(last_error), state FROM outbox") == [(16000, "failed")]

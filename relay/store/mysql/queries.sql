@@ -85,15 +85,16 @@ SET state = 'sent', published_at = UTC_TIMESTAMP(6), lease_expires_at = NULL
 WHERE id IN %(ids)s AND claim_token = %(token)s;
 
 -- name: retry
+-- last_error is TEXT (64 kB): errors are cut to 16,000 characters, as every write of it below.
 UPDATE {table}
 SET lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL,
-    deliver_at = UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND, last_error = %(error)s
+    deliver_at = UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND, last_error = LEFT(%(error)s, 16000)
 WHERE id = %(id)s AND claim_token = %(token)s;
 
 -- name: dead_letter
 UPDATE {table}
 SET state = 'failed', failed_at = UTC_TIMESTAMP(6), lease_expires_at = NULL, claim_token = NULL,
-    last_error = %(error)s
+    last_error = LEFT(%(error)s, 16000)
 WHERE id = %(id)s AND claim_token = %(token)s;
 
 -- name: release
@@ -195,7 +196,7 @@ FOR UPDATE;
 -- name: skip
 UPDATE {table}
 SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL,
-    last_error = CONCAT(COALESCE(last_error, ''), ' [skipped by operator]')
+    last_error = CONCAT(LEFT(COALESCE(last_error, ''), 16000), ' [skipped by operator]')
 WHERE id = %(id)s;
 
 -- name: check_table
