@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from devservers import free_port
+from devservers import free_port, wait_for_port
 from tests import mysql_support
+from tests.acceptance.test_run_kafka import http_get, metric
 from tests.integration.kafka_support import consume, unique_topic
 from tests.relay_support import relay_process, stop_process, wait_until
 
@@ -101,3 +102,29 @@ def test_an_unknown_scheme_still_names_both_databases() -> None:
     done = cli("status", "--database-url", f"mongodb://app:{CANARY}@db/x")
     assert done.returncode == 2
     assert "postgresql:// or mysql://" in done.stderr and CANARY not in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_metrics_health_and_keep_sent_on_mysql(mysql_url: str, kafka_bootstrap: str) -> None:
+    topic = unique_topic()
+    rows = [(topic, f"k{n % 3}", json.dumps({"n": n})) for n in range(100)]
+    conn = mysql_support.connect(mysql_url)
+    try:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", rows)
+    finally:
+        conn.close()
+    port = free_port()
+    proc = relay_process(mysql_url, f"kafka://{kafka_bootstrap}", "--metrics-port", str(port), "--keep-sent")
+    try:
+        wait_for_port("127.0.0.1", port)
+        wait_until(lambda: mysql_support.outbox_counts(mysql_url) == {"sent": 100}, timeout=60)
+        assert http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+        status_code, text = http_get(f"http://127.0.0.1:{port}/metrics")
+        assert status_code == 200
+        assert metric(text, f'outbox_relay_published_total{{topic="{topic}"}}') == 100
+        assert "outbox_relay_pending" in text
+    finally:
+        assert stop_process(proc) == 0
+    replayed = json.loads(ok("replay", "--key", "k1", "--json", "--database-url", mysql_url))["replayed"]
+    assert len(replayed) == 33  # n % 3 == 1 for n below 100
