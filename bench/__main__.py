@@ -27,6 +27,7 @@ DOC_PATH = docs.PAGE_PATH
 SCENARIOS = {
     "s1": "S1 Kafka keyed drain + S3 + relay cost, with L_db and L_kafka",
     "s1u": "S1 Kafka drain with null keys (the unordered path)",
+    "s1ce": "S1 Kafka keyed drain in CloudEvents binary and structured mode, each beside a native one",
     "rmq": "S1 RabbitMQ drain, with L_rmq",
     "s2": "S2 steady load, NOTIFY on and off",
     "s4": "S4 steady load beside a long REPEATABLE READ transaction",
@@ -36,7 +37,7 @@ SCENARIOS = {
     "profile": "where S1 Kafka's time goes (py-spy, phase timers, EXPLAIN ANALYZE); not in the default set",
     "gauges": "status() vs the relay's gauges() on 100k and 1M unsent events (3M with --long); not in the default set",
 }
-DEFAULT = ("s1", "s1u", "rmq", "s2", "s4", "writer", "keys", "latency")
+DEFAULT = ("s1", "s1u", "s1ce", "rmq", "s2", "s4", "writer", "keys", "latency")
 #: The page sections a partial run rewrites, by the scenario that feeds them alone.
 OWN_SECTIONS = {"gauges": "gauges", "keys": "keys", "latency": "relay-latency", "writer": "publish-cost"}
 EVENTS, LONG_EVENTS = 200_000, 1_000_000
@@ -161,9 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         chosen = set(args.scenarios)
         if "s1" in chosen:
-            run.attempt("s1", lambda: run.s1(with_unordered="s1u" in chosen))
-        elif "s1u" in chosen:
-            run.attempt("s1u", run.s1_unordered)
+            run.attempt("s1", lambda: run.s1(with_unordered="s1u" in chosen, with_formats="s1ce" in chosen))
+        else:
+            if "s1u" in chosen:
+                run.attempt("s1u", run.s1_unordered)
+            if "s1ce" in chosen:
+                run.attempt("s1ce", run.s1_formats)
         if "rmq" in chosen:
             run.attempt("rmq", run.s1_rabbitmq)
         if "s2" in chosen:

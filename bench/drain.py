@@ -40,6 +40,8 @@ class Drain:
     partitions: int = KAFKA_PARTITIONS
     #: Stop the drain after this long (None: run until every event arrived).
     max_seconds: float | None = None
+    #: The sink URL option format= (issue 18): native, cloudevents or cloudevents-structured.
+    format: str = "native"
 
 
 def run_drain(drain: Drain, label: str, *extra: str) -> dict[str, Any]:
@@ -58,6 +60,8 @@ def run_drain(drain: Drain, label: str, *extra: str) -> dict[str, Any]:
     else:
         receiver = RabbitReceiver(AMQP_URL, drain.topic)
         sink_url = AMQP_URL
+    if drain.format != "native":
+        sink_url += f"?format={drain.format}"
     receiver.start()
     receiver.ready.wait(30)
     try:

@@ -33,6 +33,8 @@ def derive(results: dict[str, Any]) -> dict[str, float | None]:
         "s1_rmq_over_l_rmq": ratio(dig(r, "s1_rmq.rate"), dig(r, "baselines.l_rmq.rate")),
         "s1_rmq_over_l_db": ratio(dig(r, "s1_rmq.rate"), dig(r, "baselines.l_db.rate")),
         "ordered_over_unordered": ratio(dig(r, "s1_kafka.rate"), dig(r, "s1_kafka_unordered.rate")),
+        "cloudevents_over_native": ratio(dig(r, "s1_kafka_cloudevents.rate"), dig(r, "s1_kafka.rate")),
+        "structured_over_native": ratio(dig(r, "s1_kafka_cloudevents_structured.rate"), dig(r, "s1_kafka.rate")),
         "unordered_over_l_db": ratio(dig(r, "s1_kafka_unordered.rate"), dig(r, "baselines.l_db.rate")),
         "s3_kafka": dig(r, "s1_kafka.s3_ratio"),
         "s3_rmq": dig(r, "s1_rmq.s3_ratio"),
@@ -90,6 +92,10 @@ TARGETS = (
     Target("relay's own latency p99 <= 15 ms", "relay_latency.difference.p99_ms", lambda v: v <= 15, _ms),
     Target("relay peak RSS <= 150 MB", "s1_kafka.peak_rss_mb", lambda v: v <= 150, lambda v: f"{v:.0f} MB"),
     Target("ordered >= 0.8 x unordered", "ratios.ordered_over_unordered", lambda v: v >= 0.8, _x),
+    Target("CloudEvents binary >= 0.9 x native (Kafka S1)", "ratios.cloudevents_over_native", lambda v: v >= 0.9, _x),
+    Target(
+        "CloudEvents structured >= 0.9 x native (Kafka S1)", "ratios.structured_over_native", lambda v: v >= 0.9, _x
+    ),
 )
 
 
@@ -190,6 +196,15 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         f"{_num(q['s1_rmq_over_l_rmq'])} x L_rmq" + _repeats(dig(r, "s1_rmq.repeats")),
     )
     add("ordered / unordered (Kafka S1)", _num(q["ordered_over_unordered"], ".2f", "x"))
+    for key, name, share in (
+        ("s1_kafka_cloudevents", "CloudEvents binary", "cloudevents_over_native"),
+        ("s1_kafka_cloudevents_structured", "CloudEvents structured", "structured_over_native"),
+    ):
+        add(
+            f"S1 Kafka (keyed, {name})  10%-90%",
+            _rate(dig(r, f"{key}.rate")),
+            f"{_num(q[share])} x the native keyed drain" + _repeats(dig(r, f"{key}.repeats")),
+        )
     for key, name in (("s1_kafka", "Kafka"), ("s1_kafka_unordered", "Kafka null keys"), ("s1_rmq", "RabbitMQ")):
         add(
             f"S3 {name}: rate 80-90% / 10-20%",

@@ -33,6 +33,8 @@ L_LATENCY_SECONDS = 10.0
 BASELINE_RECEIVE_TIMEOUT_SECONDS = 120.0
 #: The short topic name of each template's events (the queue has the same name).
 _TOPICS = {"seed": "s1", "seedu": "s1u", "empty": "steady"}
+#: The drains of scenario s1ce: results key -> the sink URL's format= (issue 18).
+FORMAT_DRAINS = {"s1_kafka_cloudevents": "cloudevents", "s1_kafka_cloudevents_structured": "cloudevents-structured"}
 
 
 def in_child_process(function: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
@@ -182,22 +184,24 @@ class Run:
         self.results[key] = {**ordered[(len(ordered) - 1) // 2], "repeats": [run["rate"] for run in runs]}
         self.progress(f"{key}: {result['rate']:,.0f} events/s, S3 {result['s3_ratio'] or math.nan:.2f}")
 
-    def _kafka_drain(self, key: str, template: str, *extra: str) -> None:
+    def _kafka_drain(self, key: str, template: str, *extra: str, sink_format: str = "native") -> None:
         bootstrap = self.bootstrap
         topic = self.cleanup.create_topic(_TOPICS[template])
         drain = Drain(self.cleanup, self.template(template), topic, self.events, "kafka", bootstrap, self.progress)
+        drain.format = sink_format
         try:
             result = run_drain(drain, key, *extra)
         finally:
             self.cleanup.delete_topic(topic)
         self._record_drain(key, result)
 
-    def s1(self, *, with_unordered: bool = False) -> None:
+    def s1(self, *, with_unordered: bool = False, with_formats: bool = False) -> None:
         """S1 Kafka with keys (plus S3 and the relay's cost), between its two baselines.
 
         ``with_unordered`` runs the null-key drain right after each keyed one,
         so the ordered/unordered ratio compares drains moments apart rather
         than a minute or more, which on this machine can be 2x of noise.
+        ``with_formats`` does the same with the CloudEvents drains.
         """
         self.l_db()
         self.l_kafka()
@@ -205,8 +209,27 @@ class Run:
             self._kafka_drain("s1_kafka", "seed")
             if with_unordered:
                 self._kafka_drain("s1_kafka_unordered", "seedu")
+            if with_formats:
+                self._format_drains()
             self.l_kafka()
             self.l_db()
+
+    def s1_formats(self) -> None:
+        """The keyed S1 Kafka drain natively and in each CloudEvents mode, moments apart.
+
+        With ``--repeat``, every other round runs the CloudEvents drains first,
+        so neither side always has the first drain of the run (a cold broker).
+        """
+        for turn in range(self.repeat):
+            if turn % 2:
+                self._format_drains()
+            self._kafka_drain("s1_kafka", "seed")
+            if not turn % 2:
+                self._format_drains()
+
+    def _format_drains(self) -> None:
+        for key, sink_format in FORMAT_DRAINS.items():
+            self._kafka_drain(key, "seed", sink_format=sink_format)
 
     def s1_unordered(self) -> None:
         """S1 Kafka with every key null: the unordered fast path."""

@@ -9,7 +9,17 @@ import os
 import socket
 from dataclasses import dataclass
 
-from relay.config import KafkaSinkConfig, RelaySettings, RouteConfig, SinkConfig, TableName, redact_url
+from relay.config import (
+    Format,
+    KafkaSinkConfig,
+    RelaySettings,
+    RouteConfig,
+    SinkConfig,
+    TableName,
+    check_event_source,
+    default_event_source,
+    redact_url,
+)
 from relay.errors import ConfigError, RelayError
 from relay.health import HealthServer
 from relay.loop import Relay
@@ -47,10 +57,14 @@ class RunConfig:
     metrics_port: int | None = None
     startup_timeout_seconds: float = 0.0
     routes: tuple[RouteConfig, ...] = ()
+    #: The CloudEvents ``source`` (``--event-source``); None: :func:`relay.config.default_event_source`.
+    event_source: str | None = None
 
     def __post_init__(self) -> None:
         if self.sink is None and not self.routes:
             raise ConfigError("no sink configured: set --sink or --route (RELAY_SINK, RELAY_ROUTES)")
+        if self.event_source is not None:
+            check_event_source(self.event_source)
         slowest = max(self._sinks(), key=publish_grace_seconds)
         self.settings.check_lease(publish_grace_seconds(slowest), _kind(slowest))
 
@@ -58,6 +72,13 @@ class RunConfig:
         if self.routes:
             return [route.sink for route in self.routes]
         return [self.sink] if self.sink else []
+
+    @property
+    def source(self) -> str:
+        """The CloudEvents ``source`` of the events: ``--event-source``, or one naming the database and table."""
+        if self.event_source is not None:
+            return self.event_source
+        return default_event_source(self.database_url, self.table)
 
     @property
     def publish_grace_seconds(self) -> float:
@@ -74,8 +95,14 @@ class RunConfig:
     def describe_sinks(self) -> str:
         """Where events go, for the start-up log line (no secrets)."""
         if self.routes:
-            return ", ".join(f"{r.pattern} -> {_kind(r.sink)}" for r in self.routes)
-        return _kind(self.sink) if self.sink else "nowhere"
+            return ", ".join(f"{r.pattern} -> {_shape(r.sink)}" for r in self.routes)
+        return _shape(self.sink) if self.sink else "nowhere"
+
+
+def _shape(config: SinkConfig) -> str:
+    """The kind of sink, with its format unless native: ``kafka (cloudevents)``."""
+    kind = _kind(config)
+    return kind if config.format is Format.NATIVE else f"{kind} ({config.format.value})"
 
 
 def _kind(config: SinkConfig) -> str:
@@ -107,9 +134,9 @@ def build_relay(config: RunConfig) -> Relay:
     )
     timeout = config.settings.publish_timeout_seconds
     if config.sink is not None and not config.routes:
-        sink: Sink = build_sink(config.sink, publish_timeout_seconds=timeout)
+        sink: Sink = build_sink(config.sink, publish_timeout_seconds=timeout, event_source=config.source)
         return Relay(store, sink, config.settings, publish_grace_seconds=config.publish_grace_seconds)
-    router = build_router(config.routes, publish_timeout_seconds=timeout)
+    router = build_router(config.routes, publish_timeout_seconds=timeout, event_source=config.source)
     relay = Relay(store, router, config.settings, publish_grace_seconds=config.publish_grace_seconds)
     relay.metrics.track_sinks(router.states)
     return relay

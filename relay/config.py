@@ -12,7 +12,8 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from enum import StrEnum
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from relay.errors import ConfigError
 from relay.kafka_options import check_value, option_name
@@ -96,16 +97,44 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
 
 
+class Format(StrEnum):
+    """How a sink shapes its messages: the sink URL option ``format=``."""
+
+    #: The relay's own shape (CONTRACT.md, "What arrives downstream").
+    NATIVE = "native"
+    #: CloudEvents 1.0, binary content mode: attributes in headers, the payload as the value.
+    CLOUDEVENTS = "cloudevents"
+    #: CloudEvents 1.0, structured content mode: the value is an ``application/cloudevents+json`` envelope.
+    CLOUDEVENTS_STRUCTURED = "cloudevents-structured"
+
+
+#: The sink URL option that picks a :class:`Format`; the relay's own, never passed to a broker client.
+FORMAT_OPTION = "format"
+
+
+def parse_format(text: str) -> Format:
+    """The :class:`Format` named ``text``; ``ConfigError`` naming the allowed ones otherwise."""
+    try:
+        return Format(text)
+    except ValueError:
+        allowed = ", ".join(f.value for f in Format)
+        raise ConfigError(f"invalid sink option format={text[:40]!r}: use one of {allowed}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class KafkaSinkConfig:
     """Where and how to reach Kafka; ``options`` are extra librdkafka settings."""
 
     bootstrap_servers: str
     options: dict[str, str] = field(default_factory=dict, repr=False)
+    format: Format = Format.NATIVE
 
     def __repr__(self) -> str:
         shown = {k: ("***" if is_secret_option(k) else v) for k, v in self.options.items()}
-        return f"KafkaSinkConfig(bootstrap_servers={self.bootstrap_servers!r}, options={shown!r})"
+        return (
+            f"KafkaSinkConfig(bootstrap_servers={self.bootstrap_servers!r}, options={shown!r}, "
+            f"format={self.format.value!r})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +143,10 @@ class AmqpSinkConfig:
 
     url: str = field(repr=False)
     exchange: str = ""
+    format: Format = Format.NATIVE
 
     def __repr__(self) -> str:
-        return f"AmqpSinkConfig(url={redact_url(self.url)!r}, exchange={self.exchange!r})"
+        return f"AmqpSinkConfig(url={redact_url(self.url)!r}, exchange={self.exchange!r}, format={self.format.value!r})"
 
 
 SinkConfig = KafkaSinkConfig | AmqpSinkConfig
@@ -207,11 +237,15 @@ def _parse_kafka(url: str) -> KafkaSinkConfig:
         if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
             shown = Scrubber.of(url)(host)
             raise ConfigError(f"kafka broker {shown!r} in {redact_url(url)!r} is not host:port")
+    chosen = Format.NATIVE
     for key, value in parse_qsl(query, keep_blank_values=True):
+        if key == FORMAT_OPTION:
+            chosen = parse_format(value)
+            continue
         name = option_name(key)
         check_value(name, value)
         options[name] = value
-    return KafkaSinkConfig(bootstrap_servers=",".join(hosts), options=options)
+    return KafkaSinkConfig(bootstrap_servers=",".join(hosts), options=options, format=chosen)
 
 
 def _parse_amqp(url: str) -> AmqpSinkConfig:
@@ -224,14 +258,71 @@ def _parse_amqp(url: str) -> AmqpSinkConfig:
         raise ConfigError(f"amqp sink URL {redact_url(url)!r} names no host (amqp://user:pass@host:port/vhost)")
     query = parse_qsl(parts.query, keep_blank_values=True)
     exchange = ""
+    chosen = Format.NATIVE
     kept = []
     for key, value in query:
         if key == "exchange":
             exchange = value
+        elif key == FORMAT_OPTION:
+            chosen = parse_format(value)
         else:
             kept.append(f"{key}={value}")
     pika_url = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(kept), ""))
-    return AmqpSinkConfig(url=pika_url, exchange=exchange)
+    return AmqpSinkConfig(url=pika_url, exchange=exchange, format=chosen)
+
+
+#: What every default CloudEvents ``source`` starts with (see :func:`default_event_source`).
+EVENT_SOURCE_PREFIX = "/outbox-relay"
+EVENT_SOURCE_MAX_CHARS = 2048
+_DBNAME_KEYWORD = re.compile(r"(?:^|\s)dbname\s*=\s*('(?:\\.|[^'\\])*'|\S+)")
+
+
+def default_event_source(database_url: str, table: TableName) -> str:
+    """The CloudEvents ``source`` when ``--event-source`` is not given: ``/outbox-relay/<database>/<table>``.
+
+    Only the database name is taken from ``database_url``: never its user,
+    password or host. The name is percent-encoded, and anything in it that is
+    also a secret of the URL (a database named like its password) is masked.
+    """
+    database = ""
+    if "://" in database_url:
+        try:
+            parts = urlsplit(database_url)
+        except ValueError:
+            parts = None
+        if parts is not None:
+            query = dict(parse_qsl(parts.query))
+            database = query.get("dbname") or unquote(parts.path.lstrip("/"))
+    else:
+        match = _DBNAME_KEYWORD.search(database_url)
+        if match:
+            value = match.group(1)
+            database = re.sub(r"\\(.)", r"\1", value[1:-1]) if value.startswith("'") else value
+    names = [quote(database, safe=""), str(table)] if database else [str(table)]
+    source = "/".join([EVENT_SOURCE_PREFIX, *names])
+    return Scrubber.of(database_url)(source)
+
+
+def check_event_source(text: str) -> str:
+    """Return ``text`` if it can be a CloudEvents ``source``: a URI-reference with no credentials.
+
+    ``ConfigError`` if it is empty, holds whitespace or control characters, or
+    names a user or password (``scheme://user:pass@host``): the source goes
+    out with every event.
+    """
+    if not text:
+        raise ConfigError("--event-source is empty: give a URI-reference, e.g. /shop/orders or urn:shop:orders")
+    if len(text) > EVENT_SOURCE_MAX_CHARS or any(c.isspace() or not c.isprintable() for c in text):
+        raise ConfigError(
+            f"invalid --event-source {redact_url(text)[:80]!r}: a URI-reference of at most "
+            f"{EVENT_SOURCE_MAX_CHARS} characters, without spaces or control characters"
+        )
+    _, separator, rest = text.partition("://")
+    if separator and "@" in re.split(r"[/?#]", rest, maxsplit=1)[0]:
+        raise ConfigError(
+            f"--event-source {redact_url(text)[:80]!r} holds a user or password: it goes out with every event"
+        )
+    return text
 
 
 #: The URL schemes of the MySQL 8 / MariaDB store (relay.store.mysql).

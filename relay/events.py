@@ -29,6 +29,9 @@ class Event:
     #: batch or one before it, not settled yet): it may reach the broker only if
     #: that one is acknowledged. See :class:`relay.holds.KeyHolds`.
     chained: bool = False
+    #: None: ``payload`` is JSON, encoded as UTF-8 (``application/json``). Otherwise
+    #: ``payload`` holds raw bytes of this content type.
+    content_type: str | None = None
 
     def message_headers(self) -> dict[str, str]:
         """The headers a broker message carries: the row's plus the idempotency key."""

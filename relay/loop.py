@@ -29,7 +29,7 @@ from relay.events import Event, Outcome
 from relay.holds import KeyHolds, mark_chained
 from relay.metrics import Metrics
 from relay.outcomes import Verdict, judge
-from relay.settling import settle_within_lease
+from relay.settling import renewed, settle_within_lease
 from relay.sinks.base import Sink
 from relay.store.base import Claim, Store
 from relay.tracing import batch_span
@@ -330,11 +330,17 @@ class Relay:
             self._flying.pop(claim.token, None)
 
     async def _publish_and_settle(self, claim: Claim, claimed_at: float) -> None:
+        # A batch that waited (a slow claim, a stalled process) until its lease
+        # could end before the publish and the settle are done renews the lease
+        # of what it still holds, or goes back: publishing on the old lease
+        # could race the relay that takes it over.
+        if time.monotonic() - claimed_at > self._latest_publish_start:
+            renewing = time.monotonic()
+            if (fresh := await renewed(self.store, claim, self.holds)) is not None:
+                claim, claimed_at = fresh, renewing
+                self._flying[claim.token] = (claim, claimed_at)
         lease_ends = claimed_at + self.settings.lease_seconds
         everything = [e.id for e in claim.events]
-        # A batch that waited (a slow claim, a stalled process) until its lease
-        # could end before the publish and the settle are done goes back instead:
-        # publishing it now could race the relay that takes it over.
         if time.monotonic() - claimed_at > self._latest_publish_start:
             logger.warning(
                 "lease nearly over before publishing, releasing %d events",

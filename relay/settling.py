@@ -1,4 +1,5 @@
-"""Recording a batch's outcome while its lease lasts: settle, then release, through database outages."""
+"""Recording a batch's outcome while its lease lasts: settle, then release, through database outages;
+and renewing the lease of a batch that waited too long to publish."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type
 
 from relay.backoff import Backoff, log_before_sleep
 from relay.errors import StoreUnavailable
+from relay.holds import KeyHolds
 from relay.store.base import Claim, Dead, Retry, Settlement, Store
 
 logger = logging.getLogger(__name__)
@@ -68,3 +70,31 @@ async def settle_within_lease(
         )
         return None
     return settlement
+
+
+async def renewed(store: Store, claim: Claim, holds: KeyHolds) -> Claim | None:
+    """``claim`` with its lease started again, less the events it no longer holds; None if it holds none.
+
+    A batch whose claim was slow to come back (a payload of many megabytes) or
+    that waited in a stalled process has too little lease left to publish and
+    settle. Giving it back unpublished would not help: the next claim would
+    take as long, the event would never be tried and its key never move. So it
+    keeps what it still holds, from now, and goes on; the keys of the events
+    it lost are held (see :mod:`relay.holds`).
+    """
+    try:
+        kept = await store.renew(claim)
+    except StoreUnavailable as exc:
+        logger.warning("could not renew a stale batch's lease: %s", exc, extra={"action": "renew_failed"})
+        return None
+    if not kept:
+        return None
+    events = [e for e in claim.events if e.id in kept]
+    holds.hold([e for e in claim.events if e.id not in kept])
+    logger.warning(
+        "lease nearly over before publishing: renewed it for %d events (%d taken over meanwhile)",
+        len(events),
+        len(claim.events) - len(events),
+        extra={"action": "renew_stale", "batch_size": len(events)},
+    )
+    return Claim(claim.token, events, claim.reaped)

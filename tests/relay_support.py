@@ -50,6 +50,7 @@ class RelayThread:
             keep_sent=kw.pop("keep_sent", False),
             sink=parse_sink_url(sink_url) if sink_url else None,
             routes=resolve_routes(routes, sink_url or None),
+            event_source=kw.pop("event_source", None),
             settings=replace(settings, **kw),
         )
         self.relay: Relay | None = None

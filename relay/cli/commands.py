@@ -56,6 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         startup_timeout_seconds=args.startup_timeout,
+        event_source=args.event_source,
     )
     asyncio.run(serve(run_config))
     return 0

@@ -156,8 +156,16 @@ def _add_run(commands: Commands) -> None:
         run,
         "--sink",
         help="where events go (with --route: the catch-all route, tried last): "
-        "kafka://host:port[,host:port][?option=value] or amqp://user:pass@host:port/vhost[?exchange=NAME]",
+        "kafka://host:port[,host:port][?option=value] or amqp://user:pass@host:port/vhost[?exchange=NAME] "
+        "(either takes the option format=native, the default, cloudevents or cloudevents-structured)",
         metavar="URL",
+    )
+    env_flag(
+        run,
+        "--event-source",
+        help="the CloudEvents 'source' of every event, a URI-reference (for sinks with format=cloudevents or "
+        "cloudevents-structured; default: /outbox-relay/DATABASE/TABLE, never a user, password or host)",
+        metavar="URI",
     )
     routes_env = env_value("--routes")
     run.add_argument(

@@ -198,6 +198,15 @@ class Store(Protocol):
     ) -> Settlement:
         """Record the outcome of a published batch, only where the lease is still ours."""
 
+    async def renew(self, claim: Claim) -> set[int]:
+        """Start the lease of the claim's events again from now; return the ids it still holds.
+
+        For a batch that waited so long after its claim (a payload that takes
+        seconds to read, a stalled process) that its lease could end before
+        the publish and the settle are done. An event another relay took over,
+        or that was dead-lettered meanwhile, is not renewed and not returned.
+        """
+
     async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:
         """Give events back unpublished, without counting the attempt.
 

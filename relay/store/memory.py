@@ -271,6 +271,15 @@ class MemoryStore:
         lost = len(sent) + len(retry) + len(dead) - len(done) - retried - buried
         return Settlement(sent=len(done), retried=retried, dead=buried, lost=lost)
 
+    async def renew(self, claim: Claim) -> set[int]:
+        """Start the lease again for the claim's events it still holds."""
+        self._check()
+        lease_ends = self.now() + timedelta(seconds=self.lease_seconds)
+        kept = [r for r in self._owned(claim, [e.id for e in claim.events]) if r.state == "pending"]
+        for row in kept:
+            row.lease_expires_at = lease_ends
+        return {row.id for row in kept}
+
     async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:
         """Give events back without counting the attempt, due again after ``delay_seconds``."""
         self._check()

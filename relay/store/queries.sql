@@ -84,34 +84,27 @@ WITH candidates AS (
            AND EXISTS (SELECT 1 FROM {table} AS tail
                        WHERE tail.id = t.id AND tail.state = 'pending'
                          AND tail.claim_token = ANY(%(mine)s::uuid[]) AND tail.lease_expires_at > now()))
-), runs AS MATERIALIZED (
-    -- Where each run ends: before the first unsent event of the key after its
-    -- head that is not a candidate or goes to another topic (a key with one
-    -- candidate needs no walk: its run is its head).
-    SELECT h.key, h.n, h.head, h.flying,
-           CASE WHEN h.n > 1 THEN
-               (SELECT e.id FROM {table} AS e
-                WHERE e.key = h.key AND e.id > h.head AND e.state IN ('pending', 'failed')
-                  AND (e.topic <> h.topic OR e.id NOT IN (SELECT c.id FROM candidates AS c))
-                ORDER BY e.id
-                LIMIT 1)
-           END AS stop
+), members AS MATERIALIZED (
+    -- The events of the runs, and whether each is chained. A run takes the
+    -- key's unsent events from its head on while each is a candidate going to
+    -- the run's topic: one index walk, of at most the key's candidates, for a
+    -- key with several; none for a key with one (its run is its head).
+    SELECT h.head AS id, h.flying AS chained
     FROM heads AS h
     -- (IS TRUE keeps this a hashed lookup, not a join planned as a loop)
-    WHERE (h.head IN (SELECT c.id FROM candidates AS c)) IS TRUE
-), members AS MATERIALIZED (
-    -- The events of the runs (every one a candidate), and whether each is chained.
-    SELECT r.head AS id, r.flying AS chained
-    FROM runs AS r
-    WHERE r.n = 1
+    WHERE h.n = 1 AND (h.head IN (SELECT c.id FROM candidates AS c)) IS TRUE
     UNION ALL
-    SELECT e.id, r.flying OR e.id > r.head
-    FROM runs AS r
+    SELECT w.id, h.flying OR w.id > h.head
+    FROM heads AS h
     CROSS JOIN LATERAL (
-        SELECT e.id FROM {table} AS e
-        WHERE e.key = r.key AND e.id >= r.head AND (r.stop IS NULL OR e.id < r.stop)
-          AND e.state IN ('pending', 'failed')) AS e
-    WHERE r.n > 1
+        SELECT e.id,
+               bool_and((e.topic = h.topic AND e.id IN (SELECT c.id FROM candidates AS c)) IS TRUE)
+                   OVER (ORDER BY e.id ROWS UNBOUNDED PRECEDING) AS unbroken
+        FROM {table} AS e
+        WHERE e.key = h.key AND e.id >= h.head AND e.state IN ('pending', 'failed')
+        ORDER BY e.id
+        LIMIT h.n) AS w
+    WHERE h.n > 1 AND w.unbroken
 ), placed AS (
     -- Membership through hashed lookups: a join here is planned as a loop over the runs for each candidate.
     SELECT c.id, c.key, c.old_lease, c.bytes,
@@ -181,6 +174,16 @@ SET state = 'failed', failed_at = now(), lease_expires_at = NULL, claim_token = 
     last_error = r.error
 FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS r(id, error)
 WHERE o.id = r.id AND o.claim_token = %(token)s;
+
+-- name: renew
+-- Start a batch's lease again, for the events it still holds: a batch that
+-- waited past the point where its lease could end before its publish and
+-- settle were done (a payload that takes seconds to read, a stalled process).
+-- A row another relay claimed since has another token and is left alone.
+UPDATE {table}
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s AND state = 'pending'
+RETURNING id;
 
 -- name: release
 -- Give back events that were claimed but not published (graceful stop, broker

@@ -90,6 +90,8 @@ def test_invalid_table_name_is_refused_before_any_sql(database_url: str, table: 
         (f"redis://u:{CANARY}@h:1", "unknown sink scheme"),
         ("kafka://nohostport", "is not host:port"),
         (f"amqp://u:{CANARY}@h:notaport/", "invalid sink URL"),
+        ("kafka://h:1?format=avro", "format='avro': use one of native, cloudevents, cloudevents-structured"),
+        (f"amqp://u:{CANARY}@h:5672/?format=ce", "format='ce': use one of native, cloudevents"),
     ],
 )
 def test_bad_sink_url(database_url: str, sink: str, needle: str) -> None:
@@ -110,6 +112,16 @@ def test_bad_sink_url(database_url: str, sink: str, needle: str) -> None:
 def test_bad_route(database_url: str, route: str, needle: str) -> None:
     assert_one_line_error(cli("run", "--database-url", database_url, "--route", route), needle)
     assert_one_line_error(cli("run", "--database-url", database_url, RELAY_ROUTES=f"*.x=kafka://h:1 {route}"), needle)
+
+
+def test_an_event_source_with_credentials_is_refused(database_url: str) -> None:
+    source = f"https://app:{CANARY}@shop.example/orders"
+    sink = "kafka://h:1?format=cloudevents"
+    result = cli("run", "--database-url", database_url, "--sink", sink, "--event-source", source)
+    assert_one_line_error(result, "holds a user or password")
+    assert_one_line_error(
+        cli("run", "--database-url", database_url, "--sink", sink, RELAY_EVENT_SOURCE=source), "holds"
+    )
 
 
 def test_a_route_after_the_catch_all_is_refused(database_url: str) -> None:

@@ -116,3 +116,25 @@ def test_metrics_health_and_readiness(database_url: str, kafka_bootstrap: str) -
         assert http_get(f"http://127.0.0.1:{port}/nope")[0] == 404
     finally:
         assert stop_process(proc) == 0
+
+
+@pytest.mark.timeout(120)
+def test_cloudevents_from_the_command_line_with_the_source_from_the_environment(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    topic = unique_topic()
+    fill(database_url, topic, n=3)
+    proc = relay_process(
+        database_url, f"kafka://{kafka_bootstrap}?format=cloudevents", env={"RELAY_EVENT_SOURCE": "urn:shop:orders"}
+    )
+    try:
+        wait_until(lambda: remaining(database_url) == 0, timeout=60)
+    finally:
+        assert stop_process(proc) == 0
+    received = consume(kafka_bootstrap, topic, count=3)
+    assert sorted(m.headers["ce_id"] for m in received) == [b"e1", b"e2", b"e3"]
+    for message in received:
+        assert message.headers["ce_source"] == b"urn:shop:orders"
+        assert message.headers["ce_type"] == topic.encode()
+        assert message.headers["ce_partitionkey"] == message.key
+        assert message.headers["content-type"] == b"application/json"

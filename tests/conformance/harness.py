@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any, Protocol, TypeVar
+from uuid import UUID
 
 import psycopg
 
@@ -181,4 +182,13 @@ class MySQLHarness:
             " FROM outbox WHERE idempotency_key = %s",
             [idem],
         )
-        return tuple(rows[0])
+        # As PostgreSQL gives them: the token a UUID, the times aware (the columns hold UTC).
+        state, attempts, token, lease_expires_at, deliver_at, last_error = rows[0]
+        return (
+            state,
+            attempts,
+            UUID(token) if token else None,
+            lease_expires_at.replace(tzinfo=UTC) if lease_expires_at else None,
+            deliver_at.replace(tzinfo=UTC),
+            last_error,
+        )

@@ -348,3 +348,33 @@ def test_the_byte_cap_follows_priority_order_and_the_count_still_applies(h: Harn
         "low",
     ]
     assert [e.idempotency_key for e in run(h.store.claim(1, max_attempts=MAX, max_bytes=10**6)).events] == ["small"]
+
+
+def test_renew_restarts_the_lease_of_what_the_claim_still_holds_and_nothing_else(h: Harness) -> None:
+    h.insert("t", {}, key="b", idempotency_key="lost")
+    h.insert("t", {}, key="a", idempotency_key="mine")
+    h.insert("t", {}, key="c", idempotency_key="other")
+    claim = run(h.store.claim(2, max_attempts=MAX))
+    h.expire_leases(ago=5)  # a claim slow to come back: its lease already ran out
+    taken = run(h.store.claim(1, max_attempts=MAX))  # and another relay took one over
+    assert [e.idempotency_key for e in taken.events] == ["lost"]
+    before = {idem: h.snapshot(idem) for idem in ("lost", "other")}
+    assert run(h.store.renew(claim)) == {h.id_of("mine")}
+    state, attempts, token, lease_expires_at, _, _ = h.snapshot("mine")
+    assert (state, attempts, token) == ("pending", 1, claim.token)
+    assert lease_expires_at > datetime.now(UTC) + timedelta(seconds=20)  # both stores lease for 30 s
+    assert {idem: h.snapshot(idem) for idem in ("lost", "other")} == before
+    # Renewed, the claim settles as any other; the lost event stays the other relay's.
+    settled = run(h.store.settle(claim, sent=[h.id_of("mine"), h.id_of("lost")], retry=[], dead=[]))
+    assert (settled.sent, settled.lost) == (1, 1)
+    assert h.state_of("lost") == "pending"
+
+
+def test_renew_leaves_an_event_dead_lettered_meanwhile(h: Harness) -> None:
+    h.insert("t", {}, key="k", idempotency_key="x")
+    claim = run(h.store.claim(10, max_attempts=1))
+    h.expire_leases()
+    assert run(h.store.reap(max_attempts=1)) == 1
+    before = h.snapshot("x")
+    assert run(h.store.renew(claim)) == set()
+    assert h.snapshot("x") == before and before[0] == "failed"

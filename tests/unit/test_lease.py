@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import pytest
 
@@ -189,22 +191,36 @@ def test_run_refuses_a_lease_too_short_with_one_line(capsys: pytest.CaptureFixtu
     assert "--lease-seconds 8 is too short" in err and "10 s" in err and len(err.splitlines()) == 1, err
 
 
-class SlowFirstClaim(MemoryStore):
-    """The first claim takes ``seconds`` (a busy database); the others answer at once."""
+class SlowClaims(MemoryStore):
+    """Claims take ``seconds`` (a busy database, a payload of many megabytes), the first ``times`` of them.
 
-    def __init__(self, seconds: float, **kw: Any) -> None:
+    ``meanwhile`` runs during each slow claim, after the rows were leased: another relay's takeover, say.
+    """
+
+    def __init__(self, seconds: float, times: int = 1, meanwhile: Callable[[Claim], None] | None = None, **kw: Any):
         super().__init__(**kw)
-        self.seconds = seconds
+        self.seconds, self.times, self.meanwhile = seconds, times, meanwhile
         self.released: list[int] = []
+        self.renewed: list[set[int]] = []
 
     async def claim(
         self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
     ) -> Claim:
         claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
-        if claim.events and self.seconds:
+        if claim.events and self.times:
+            self.times -= 1
             await asyncio.sleep(self.seconds)
-            self.seconds = 0
+            if self.meanwhile:
+                self.meanwhile(claim)
         return claim
+
+    async def renew(self, claim: Claim) -> set[int]:
+        kept = await super().renew(claim)
+        self.renewed.append(kept)
+        for i in kept:  # the lease runs from now again
+            lease_left = (self.rows[i].lease_expires_at - self.now()).total_seconds()  # type: ignore[operator]
+            assert self.lease_seconds - 0.5 < lease_left <= self.lease_seconds
+        return kept
 
     async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:
         self.released.extend(ids)
@@ -220,13 +236,49 @@ class SlowFirstClaim(MemoryStore):
         (2.0, 1.8),
     ],
 )
-def test_a_batch_claimed_too_late_in_its_lease_goes_back_unpublished(grace: float, claim_seconds: float) -> None:
+def test_a_batch_claimed_too_late_in_its_lease_renews_it_and_goes_out_once(grace: float, claim_seconds: float) -> None:
     settings = replace(FAST, lease_seconds=3.0 + grace, publish_timeout_seconds=0.5)
     assert claim_seconds > settings.latest_publish_start_seconds(grace)
-    store, sink = SlowFirstClaim(claim_seconds, lease_seconds=settings.lease_seconds), MemorySink()
+    store, sink = SlowClaims(claim_seconds, lease_seconds=settings.lease_seconds), MemorySink()
     store.insert("t", {}, idempotency_key="late")
     relay = Relay(store, sink, settings, publish_grace_seconds=grace)
     asyncio.run(run_until(relay, lambda: not store.rows, timeout=claim_seconds + 3))
-    assert store.released == [1]
-    assert [e.idempotency_key for e in sink.attempted] == ["late"]
-    assert sink.attempted[0].attempts == 1, "the release gave the attempt back"
+    assert store.renewed == [{1}] and store.released == []
+    assert [e.idempotency_key for e in sink.delivered] == ["late"]
+    assert sink.delivered[0].attempts == 1
+
+
+@pytest.mark.parametrize("keys", [["k"] * 6, ["a", "b", "a", None, "b", "a"], [None] * 3])
+def test_claims_that_are_always_slower_than_the_lease_allows_never_stall_the_relay(keys: list[str | None]) -> None:
+    # Giving such a batch back would stall it for good: the next claim takes as long.
+    settings = replace(FAST, batch_size=2, lease_seconds=3.0, publish_timeout_seconds=0.5)
+    store, sink = SlowClaims(1.8, times=10**6, lease_seconds=settings.lease_seconds), MemorySink()
+    assert store.seconds > settings.latest_publish_start_seconds()
+    for n, key in enumerate(keys):
+        store.insert("t", {"n": n}, key=key)
+    asyncio.run(run_until(Relay(store, sink, settings), lambda: not store.rows, timeout=3 * len(keys)))
+    assert sorted(e.id for e in sink.delivered) == list(range(1, len(keys) + 1))
+    assert all(e.attempts == 1 for e in sink.delivered) and store.released == []
+    for key in set(keys) - {None}:
+        ids = [e.id for e in sink.delivered if e.key == key]
+        assert ids == sorted(ids)
+
+
+def test_a_stale_batch_publishes_none_of_what_another_relay_took_over_and_holds_its_key() -> None:
+    settings = replace(FAST, lease_seconds=3.0, publish_timeout_seconds=0.5)
+    other = uuid4()
+
+    def take_over_the_first(claim: Claim) -> None:  # another relay claims it after the lease lapsed
+        row = store.rows[claim.events[0].id]
+        row.claim_token, row.lease_expires_at = other, store.now() + timedelta(seconds=60)
+
+    store, sink = SlowClaims(2.0, meanwhile=take_over_the_first, lease_seconds=3.0), MemorySink()
+    store.insert("t", {}, key="a", idempotency_key="a1")
+    store.insert("t", {}, key="a", idempotency_key="a2")
+    store.insert("t", {}, key="b", idempotency_key="b1")
+    relay = Relay(store, sink, settings)
+    asyncio.run(run_until(relay, lambda: 3 not in store.rows and store.rows[2].claim_token is None, timeout=6))
+    assert store.renewed == [{2, 3}]
+    assert [e.idempotency_key for e in sink.delivered] == ["b1"], "a2 went out while a1 was another relay's"
+    assert store.rows[1].claim_token == other and store.released == [2]
+    assert store.rows[2].attempts == 0, "a2 was held, not tried"

@@ -35,6 +35,7 @@ from relay.events import Event, Failure, Outcome
 from relay.holds import KeyHolds
 from relay.secrets import Scrubber, secrets_of_options
 from relay.sinks.base import scrubbed
+from relay.sinks.formats import DEFAULT_EVENT_SOURCE, kafka_encoder
 from relay.sinks.kafka.batch import Batch
 from relay.sinks.kafka.client import Client
 from relay.sinks.kafka.errors import classify, describe, error_of, is_fatal, is_unreachable
@@ -78,8 +79,11 @@ class KafkaSink:
         publish_timeout_seconds: float,
         client_id: str = "outbox-relay",
         connect_timeout_seconds: float = CONNECT_TIMEOUT_SECONDS,
+        event_source: str = DEFAULT_EVENT_SOURCE,
     ) -> None:
         self._config = config
+        # The message shape (config.format), chosen once: called per event on the produce thread.
+        self._encode = kafka_encoder(config.format, event_source)
         self._publish_timeout_seconds = publish_timeout_seconds
         self._connect_timeout_seconds = connect_timeout_seconds
         self._settings = producer_config(config, publish_timeout_seconds=publish_timeout_seconds, client_id=client_id)
@@ -253,9 +257,10 @@ class KafkaSink:
     ) -> None:
         """Admit and enqueue every event, in order (runs on the produce thread)."""
         produce = client.producer.produce
+        encode = self._encode
         for index, event in enumerate(events):
             # confluent-kafka encodes str keys and header values as UTF-8 itself, in C.
-            headers = event.message_header_pairs()
+            value, headers = encode(event)
             callback = functools.partial(client.on_delivery, batch, index)
             with client.lock:
                 if client.broken is not None:
@@ -263,7 +268,7 @@ class KafkaSink:
                 if holds is not None and not self._admit(event, holds):
                     batch.refuse(index)
                     continue
-                error = _produce(produce, event, headers, callback)
+                error = _produce(produce, event, value, headers, callback)
             while error is QUEUE_FULL:
                 if time.monotonic() >= deadline:
                     full = Failure("kafka: local producer queue stayed full")
@@ -274,7 +279,7 @@ class KafkaSink:
                 with client.lock:
                     if client.broken is not None:
                         return
-                    error = _produce(produce, event, headers, callback)
+                    error = _produce(produce, event, value, headers, callback)
             if error is None:
                 continue
             if is_fatal(error):
@@ -300,12 +305,13 @@ QUEUE_FULL = KafkaError(KafkaError._QUEUE_FULL)
 def _produce(
     produce: Callable[..., None],
     event: Event,
+    value: bytes,
     headers: list[tuple[str, str | bytes | None]],
     callback: Callable[[KafkaError | None, Any], None],
 ) -> KafkaError | None:
     """Enqueue one message; the error that refused it, if any."""
     try:
-        produce(event.topic, event.payload, event.key, on_delivery=callback, headers=headers)
+        produce(event.topic, value, event.key, on_delivery=callback, headers=headers)
     except BufferError:
         return QUEUE_FULL
     except KafkaException as exc:

@@ -7,9 +7,11 @@ against pika's own encoding.
 
 from __future__ import annotations
 
+import functools
 import struct
 
 from relay.events import Event
+from relay.sinks.formats import AmqpEncoder, amqp_native
 
 SHORTSTR_MAX_BYTES = 255
 #: What a frame adds around its payload: type, channel and size before, the end octet after.
@@ -23,7 +25,6 @@ _MANDATORY = b"\x01"
 _CONTENT_HEADER = struct.Struct(">HHQ")  # class Basic, weight 0, body size
 # Property flags: content-type, headers, delivery-mode, message-id.
 _PROPERTY_FLAGS = struct.pack(">H", 0x8000 | 0x2000 | 0x1000 | 0x0080)
-_CONTENT_TYPE = b"\x10application/json"
 _PERSISTENT = b"\x02"
 _LONG = struct.Struct(">I")
 
@@ -49,16 +50,18 @@ def _frame(kind: int, channel: int, payload: bytes) -> bytes:
     return _FRAME_HEAD.pack(kind, channel, len(payload)) + payload + _FRAME_END
 
 
-def content_header(event: Event) -> bytes:
-    """The payload of ``event``'s content-header frame: body size and properties, headers included."""
+@functools.lru_cache(maxsize=64)
+def _content_type(text: str) -> bytes:
+    # A sink sends few content types, again and again: each is encoded once.
+    return short_string(text)
+
+
+def content_header(body_size: int, content_type: str, headers: dict[str, str], message_id: str) -> bytes:
+    """The payload of a content-header frame: body size and properties, headers included."""
     properties = (
-        _PROPERTY_FLAGS
-        + _CONTENT_TYPE
-        + _string_table(event.message_headers())
-        + _PERSISTENT
-        + short_string(event.idempotency_key)
+        _PROPERTY_FLAGS + _content_type(content_type) + _string_table(headers) + _PERSISTENT + short_string(message_id)
     )
-    return _CONTENT_HEADER.pack(60, 0, len(event.payload)) + properties
+    return _CONTENT_HEADER.pack(60, 0, body_size) + properties
 
 
 def check_header_fits(size: int, payload_max: int) -> None:
@@ -74,16 +77,19 @@ def check_header_fits(size: int, payload_max: int) -> None:
         )
 
 
-def publish_frames(channel: int, exchange: str, event: Event, body_max: int) -> bytes:
+def publish_frames(
+    channel: int, exchange: str, event: Event, body_max: int, encode: AmqpEncoder = amqp_native
+) -> bytes:
     """The frames pika's ``basic_publish`` sends for ``event``: persistent, mandatory,
-    ``application/json``, ``message_id`` the idempotency key, the message headers.
+    ``message_id`` the idempotency key, and the body, ``content_type`` and headers
+    that ``encode`` (the sink's format, :mod:`relay.sinks.formats`) gives.
 
     ``body_max`` is the negotiated frame size less a frame's overhead; ``ValueError``
     if a name is too long for AMQP or the properties do not fit one frame."""
     method = _BASIC_PUBLISH + short_string(exchange) + short_string(event.topic) + _MANDATORY
-    header = content_header(event)
+    body, content_type, headers = encode(event)
+    header = content_header(len(body), content_type, headers, event.idempotency_key)
     check_header_fits(len(header), body_max)
-    body = event.payload
     frames = [_frame(_METHOD, channel, method), _frame(_HEADER, channel, header)]
     frames.extend(_frame(_BODY, channel, body[start : start + body_max]) for start in range(0, len(body), body_max))
     return b"".join(frames)

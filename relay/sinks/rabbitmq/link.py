@@ -21,6 +21,7 @@ from pika.connection import Connection
 from pika.frame import Method
 
 from relay.events import Event, Failure, Outcome
+from relay.sinks.formats import AmqpEncoder, amqp_native
 from relay.sinks.rabbitmq.batch import Batch
 from relay.sinks.rabbitmq.frames import publish_frames
 from relay.sinks.rabbitmq.limits import too_large
@@ -52,10 +53,16 @@ class Link:
     """One AMQP connection and its confirm-mode channel, with the unconfirmed tags."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, exchange: str, url: str, learn_max_size: Callable[[int], None]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        exchange: str,
+        url: str,
+        learn_max_size: Callable[[int], None],
+        encode: AmqpEncoder = amqp_native,
     ) -> None:
         self._loop = loop
         self._exchange = exchange
+        self._encode = encode
         self._url = url
         self._learn_max_size = learn_max_size
         self._connection: CorkedConnection | None = None
@@ -93,7 +100,7 @@ class Link:
             raise pika.exceptions.ChannelWrongStateError("the channel is closed")
         # What pika splits bodies by: the negotiated frame size less a frame's header and end.
         body_max = connection.params.frame_max - spec.FRAME_HEADER_SIZE - spec.FRAME_END_SIZE
-        connection.send_frames(publish_frames(channel.channel_number, self._exchange, event, body_max))
+        connection.send_frames(publish_frames(channel.channel_number, self._exchange, event, body_max, self._encode))
 
     def corked(self) -> contextlib.AbstractContextManager[None]:
         """Write what is published inside the block in one go (see :class:`CorkedConnection`)."""

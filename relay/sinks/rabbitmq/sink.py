@@ -21,6 +21,7 @@ from relay.events import Event, Failure, Outcome
 from relay.holds import KeyHolds
 from relay.secrets import Scrubber, redact_url
 from relay.sinks.base import scrubbed
+from relay.sinks.formats import DEFAULT_EVENT_SOURCE, amqp_encoder
 from relay.sinks.rabbitmq.batch import Batch
 from relay.sinks.rabbitmq.handoff import hand_off
 from relay.sinks.rabbitmq.limits import refusal
@@ -60,10 +61,13 @@ class RabbitMQSink:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         heartbeat_seconds: int = HEARTBEAT_SECONDS,
         blocked_connection_timeout_seconds: float | None = None,
+        event_source: str = DEFAULT_EVENT_SOURCE,
     ) -> None:
         if publish_timeout_seconds <= 0 or connect_timeout_seconds <= 0 or max_message_bytes < 1:
             raise ConfigError("RabbitMQ sink timeouts and max message size must be positive")
         self._exchange = config.exchange
+        # The message shape (config.format), chosen once: called per event as it is sent.
+        self._encode = amqp_encoder(config.format, event_source)
         self._url = redact_url(config.url)
         self._redact = Scrubber.of(config.url)
         self._publish_timeout = publish_timeout_seconds
@@ -285,7 +289,7 @@ class RabbitMQSink:
                 delay = min(delay * 2, RECONNECT_BACKOFF_MAX_SECONDS)
             if loop.time() >= deadline:
                 break
-            link = Link(loop, self._exchange, self._url, self._learn_max_size)
+            link = Link(loop, self._exchange, self._url, self._learn_max_size, self._encode)
             try:
                 async with asyncio.timeout_at(min(deadline, loop.time() + self._connect_timeout)):
                     await link.open(self._params)

@@ -97,6 +97,19 @@ SET state = 'failed', failed_at = UTC_TIMESTAMP(6), lease_expires_at = NULL, cla
     last_error = LEFT(%(error)s, 16000)
 WHERE id = %(id)s AND claim_token = %(token)s;
 
+-- name: renew_select
+-- Renewing a batch's lease (a batch that waited so long after its claim that
+-- its lease could end before its publish and settle are done): the events it
+-- still holds, locked. A row another relay claimed since has another token.
+SELECT id FROM {table}
+WHERE id IN %(ids)s AND claim_token = %(token)s AND state = 'pending'
+FOR UPDATE;
+
+-- name: renew
+UPDATE {table}
+SET lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %(lease_us)s MICROSECOND
+WHERE id IN %(ids)s;
+
 -- name: release
 -- Give back events that were claimed but not published: the claim does not
 -- count as an attempt. A positive delay makes them due again only then; they

@@ -190,6 +190,25 @@ class MySQLStore(MySQLAdmin):
 
         return await self._db.call("settle", work)
 
+    async def renew(self, claim: Claim) -> set[int]:
+        """Start the lease again for the claim's events it still holds; their ids."""
+        if not claim.events:
+            return set()
+        queries = self._db.queries
+        params = {"ids": tuple(e.id for e in claim.events), "token": str(claim.token)}
+
+        async def work(cur: Any) -> set[int]:
+            async def steps() -> set[int]:
+                await cur.execute(queries["renew_select"], params)
+                held = tuple(int(row[0]) for row in await cur.fetchall())
+                if held:
+                    await cur.execute(queries["renew"], {"ids": held, "lease_us": micros(self._lease_seconds)})
+                return set(held)
+
+            return await transaction(cur, steps)
+
+        return await self._db.call("settle", work)
+
     async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:
         """Give unpublished events back without counting the attempt, due again after ``delay_seconds``."""
         if ids:

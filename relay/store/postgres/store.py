@@ -180,6 +180,15 @@ class PostgresStore(PostgresAdmin):
         lost = len(sent) + len(retry) + len(dead) - done - retried - buried
         return Settlement(sent=done, retried=retried, dead=buried, lost=lost)
 
+    async def renew(self, claim: Claim) -> set[int]:
+        """Start the lease again for the claim's events it still holds."""
+        params = {
+            "ids": id_array([e.id for e in claim.events]),
+            "token": claim.token,
+            "lease_seconds": self._lease_seconds,
+        }
+        return set(await self._db.fetch("renew", params, column_of("id", int), lane="settle"))
+
     async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:
         """Give unpublished events back without counting the attempt, due again after ``delay_seconds``."""
         self._floor.finished(claim.token)

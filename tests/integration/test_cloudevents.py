@@ -1,0 +1,210 @@
+"""CloudEvents on real brokers: the relay's messages read back with the CloudEvents SDK's bindings.
+
+Kafka (Tansu) and RabbitMQ, binary and structured mode, each picked per route
+by its sink URL's ``format=``; JSON rows relayed from PostgreSQL end to end,
+and payloads of raw bytes through the sinks themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+
+import psycopg
+import pytest
+from cloudevents.core.base import BaseCloudEvent
+from cloudevents.core.bindings import amqp, kafka
+from cloudevents.core.formats.json import JSONFormat
+
+import producers
+from relay.config import Format, TableName, default_event_source, parse_sink_url
+from relay.events import Event
+from relay.sinks import build_sink
+from tests.integration.kafka_support import Received, consume, make_event, unique_topic
+from tests.integration.rabbit_support import Message, temp_exchange, temp_queue
+from tests.relay_support import RelayThread, outbox_counts, wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+RAW = b"\x00\x01\x02\xfe\xff not json"
+
+
+def write_orders(database_url: str, topics: list[str]) -> dict[str, datetime]:
+    """Two events per topic (one keyed, with trace context; one without a key); their creation times."""
+    with psycopg.connect(database_url) as conn:
+        for topic in topics:
+            producers.publish(
+                conn,
+                topic,
+                {"order": 7, "total": "12.50", "é": "ü"},
+                key="order-7",
+                headers={"traceparent": TRACEPARENT, "tenant": "t1"},
+                idempotency_key=f"{topic}-keyed",
+            )
+            producers.publish(conn, topic, [1, 2, 3], idempotency_key=f"{topic}-unkeyed")
+        rows = conn.execute("SELECT idempotency_key, created_at FROM outbox").fetchall()
+    return {key: created for key, created in rows}
+
+
+def kafka_event(message: Received) -> BaseCloudEvent:
+    """A message as a Kafka consumer that knows CloudEvents reads it (the mode from its headers)."""
+    return kafka.from_kafka(
+        kafka.KafkaMessage(headers=message.headers, key=message.key, value=message.value), JSONFormat()
+    )
+
+
+def structured_event(message: Received) -> BaseCloudEvent:
+    """A message read as a structured-mode CloudEvent only."""
+    return kafka.from_structured(
+        kafka.KafkaMessage(headers=message.headers, key=message.key, value=message.value), JSONFormat()
+    )
+
+
+def amqp_event(message: Message) -> BaseCloudEvent:
+    """A message as a RabbitMQ consumer that knows CloudEvents reads it (the mode from its content type)."""
+    return amqp.from_amqp(
+        amqp.AMQPMessage(
+            properties={"content-type": message.content_type},
+            application_properties=message.headers,
+            application_data=message.body,
+        ),
+        JSONFormat(),
+    )
+
+
+def check_orders(events: dict[str, BaseCloudEvent], topic: str, created: dict[str, datetime], source: str) -> None:
+    keyed, unkeyed = events[f"{topic}-keyed"], events[f"{topic}-unkeyed"]
+    for ce, idempotency_key in ((keyed, f"{topic}-keyed"), (unkeyed, f"{topic}-unkeyed")):
+        assert ce.get_specversion() == "1.0"
+        assert ce.get_id() == idempotency_key
+        assert ce.get_type() == topic
+        assert ce.get_source() == source
+        assert ce.get_time() == created[idempotency_key]
+        assert ce.get_datacontenttype() == "application/json"
+    assert keyed.get_extension("partitionkey") == "order-7"
+    assert keyed.get_extension("traceparent") == TRACEPARENT
+    assert keyed.get_data() == {"order": 7, "total": "12.50", "é": "ü"}
+    assert unkeyed.get_extension("partitionkey") is None
+    assert unkeyed.get_extension("traceparent") is None
+    data: object = unkeyed.get_data()  # the SDK types data as a dict, but JSON may be an array
+    assert data == [1, 2, 3]
+
+
+def test_kafka_routes_each_in_its_own_format(database_url: str, kafka_bootstrap: str) -> None:
+    binary, structured, native = unique_topic("ce-bin"), unique_topic("ce-st"), unique_topic("native")
+    created = write_orders(database_url, [binary, structured, native])
+    routes = [
+        f"ce-bin-*=kafka://{kafka_bootstrap}?format=cloudevents",
+        f"ce-st-*=kafka://{kafka_bootstrap}?format=cloudevents-structured&linger.ms=1",
+    ]
+    with RelayThread(database_url, f"kafka://{kafka_bootstrap}", routes=routes):
+        wait_until(lambda: not outbox_counts(database_url))
+        received = consume(kafka_bootstrap, [binary, structured, native], count=6)
+    by_topic: dict[str, list[Received]] = {}
+    for message in received:
+        by_topic.setdefault(message.topic, []).append(message)
+    assert sorted(map(len, by_topic.values())) == [2, 2, 2]
+    source = default_event_source(database_url, TableName.parse("outbox"))
+    assert source.startswith("/outbox-relay/outbox_relay_t_") and source.endswith("/outbox")
+
+    for message in by_topic[binary]:
+        assert message.headers["content-type"] == b"application/json"
+        assert message.headers["ce_source"] == source.encode()
+        assert message.headers["idempotency-key"] == message.headers["ce_id"]
+    keyed = next(m for m in by_topic[binary] if m.key is not None)
+    assert keyed.headers["tenant"] == b"t1" and keyed.headers["traceparent"] == TRACEPARENT.encode()
+    check_orders(
+        {m.headers["idempotency-key"].decode(): kafka_event(m) for m in by_topic[binary]}, binary, created, source
+    )
+
+    for message in by_topic[structured]:
+        assert message.headers["content-type"] == b"application/cloudevents+json"
+        assert not [name for name in message.headers if name.startswith("ce_")]
+    # Read as structured whatever the headers say: the value alone must carry the event.
+    events = {m.headers["idempotency-key"].decode(): structured_event(m) for m in by_topic[structured]}
+    check_orders(events, structured, created, source)
+
+    for message in by_topic[native]:  # today's shape, untouched
+        assert set(message.headers) <= {"idempotency-key", "traceparent", "tenant"}
+        assert not message.value.startswith(b'{"specversion"')
+
+
+def test_rabbitmq_binary_and_structured(database_url: str, amqp_url: str) -> None:
+    binary, structured = unique_topic("ce-bin"), unique_topic("ce-st")
+    created = write_orders(database_url, [binary, structured])
+    source = "urn:shop:orders"
+    with (
+        temp_exchange(amqp_url) as exchange,
+        temp_queue(amqp_url, exchange=exchange, routing_keys=[binary, structured]) as queue,
+    ):
+        routes = [
+            f"ce-bin-*={amqp_url}?exchange={exchange}&format=cloudevents",
+            f"ce-st-*={amqp_url}?exchange={exchange}&format=cloudevents-structured",
+        ]
+        with RelayThread(database_url, "", routes=routes, event_source=source):
+            wait_until(lambda: not outbox_counts(database_url))
+            messages = queue.collect(4)
+    assert len(messages) == 4
+    for message in messages:
+        assert message.delivery_mode == 2
+        assert message.headers["idempotency-key"] == message.message_id
+    binaries = [m for m in messages if m.routing_key == binary]
+    for message in binaries:
+        assert message.content_type == "application/json"
+        assert message.headers["cloudEvents:id"] == message.message_id
+        assert message.headers["cloudEvents:source"] == source
+    check_orders({m.message_id or "": amqp_event(m) for m in binaries}, binary, created, source)
+    structureds = [m for m in messages if m.routing_key == structured]
+    for message in structureds:
+        assert message.content_type == "application/cloudevents+json"
+        assert not [name for name in message.headers if name.startswith("cloudEvents:")]
+    check_orders({m.message_id or "": amqp_event(m) for m in structureds}, structured, created, source)
+
+
+def bytes_events(topic: str) -> list[Event]:
+    raw = make_event(topic, key="k-1", payload=RAW)
+    raw.content_type = "application/x-protobuf"
+    return [raw, make_event(topic, key="k-1")]
+
+
+async def publish(sink_url: str, events: list[Event]) -> None:
+    sink = build_sink(parse_sink_url(sink_url), publish_timeout_seconds=5, event_source="/bytes")
+    await sink.start()
+    try:
+        assert await sink.publish(events) == [None] * len(events)
+    finally:
+        await sink.close()
+
+
+def check_bytes(events: list[Event], decoded: list[BaseCloudEvent]) -> None:
+    raw, json_event = decoded
+    assert raw.get_id() == events[0].idempotency_key
+    assert raw.get_datacontenttype() == "application/x-protobuf"
+    assert raw.get_data() == RAW
+    assert raw.get_source() == "/bytes"
+    assert json_event.get_datacontenttype() == "application/json"
+    assert json_event.get_data() == {"n": events[1].id}
+
+
+@pytest.mark.parametrize("chosen", [Format.CLOUDEVENTS, Format.CLOUDEVENTS_STRUCTURED])
+def test_kafka_bytes_payloads(kafka_bootstrap: str, chosen: Format) -> None:
+    topic = unique_topic()
+    events = bytes_events(topic)
+    asyncio.run(publish(f"kafka://{kafka_bootstrap}?format={chosen.value}", events))
+    received = consume(kafka_bootstrap, topic, count=2)
+    if chosen is Format.CLOUDEVENTS:
+        assert received[0].value == RAW
+        assert received[0].headers["content-type"] == b"application/x-protobuf"
+    check_bytes(events, [kafka_event(m) for m in received])
+
+
+@pytest.mark.parametrize("chosen", [Format.CLOUDEVENTS, Format.CLOUDEVENTS_STRUCTURED])
+def test_rabbitmq_bytes_payloads(amqp_url: str, chosen: Format) -> None:
+    with temp_queue(amqp_url) as queue:
+        events = bytes_events(queue.name)
+        asyncio.run(publish(f"{amqp_url}?format={chosen.value}", events))
+        messages = queue.collect(2)
+    if chosen is Format.CLOUDEVENTS:
+        assert (messages[0].body, messages[0].content_type) == (RAW, "application/x-protobuf")
+    check_bytes(events, [amqp_event(m) for m in messages])

@@ -1,0 +1,212 @@
+"""Events as CloudEvents: each encoder's message, read back with the CloudEvents SDK's own bindings."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime, timedelta, timezone
+
+import pika
+import pytest
+from cloudevents.core.base import BaseCloudEvent
+from cloudevents.core.bindings import amqp, kafka
+from cloudevents.core.formats.json import JSONFormat
+from pika import frame, spec
+
+from relay.config import Format
+from relay.events import Event
+from relay.sinks.formats import Rfc3339, amqp_encoder, kafka_encoder, rfc3339
+from relay.sinks.rabbitmq import publish_frames
+
+SOURCE = "/outbox-relay/shop/outbox"
+CREATED = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=UTC)
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+BODY_MAX = 131_072 - 8
+
+
+def event(
+    *,
+    key: str | None = "order-7",
+    payload: bytes = b'{"total": 12.5, "items": ["\xc3\xa9"]}',
+    headers: dict[str, str] | None = None,
+    content_type: str | None = None,
+) -> Event:
+    return Event(
+        id=1,
+        topic="orders.created",
+        key=key,
+        payload=payload,
+        headers=headers if headers is not None else {},
+        idempotency_key="idem-1",
+        attempts=0,
+        created_at=CREATED,
+        content_type=content_type,
+    )
+
+
+def from_kafka(e: Event, chosen: Format) -> tuple[BaseCloudEvent, dict[str, bytes]]:
+    value, pairs = kafka_encoder(chosen, SOURCE)(e)
+    headers = {name: v.encode() if isinstance(v, str) else (v or b"") for name, v in pairs}
+    assert len(headers) == len(pairs), f"duplicate headers in {pairs}"
+    key = e.key.encode() if e.key is not None else None
+    message = kafka.KafkaMessage(headers=headers, key=key, value=value)
+    if chosen is Format.CLOUDEVENTS:
+        return kafka.from_binary(message, JSONFormat()), headers
+    return kafka.from_structured(message, JSONFormat()), headers
+
+
+def from_amqp(e: Event, chosen: Format) -> tuple[BaseCloudEvent, str, dict[str, str]]:
+    body, content_type, headers = amqp_encoder(chosen, SOURCE)(e)
+    message = amqp.AMQPMessage(
+        properties={"content-type": content_type}, application_properties=dict(headers), application_data=body
+    )
+    return amqp.from_amqp(message, JSONFormat()), content_type, headers
+
+
+def assert_attributes(
+    ce: BaseCloudEvent, *, content_type: str = "application/json", key: str | None = "order-7"
+) -> None:
+    assert ce.get_specversion() == "1.0"
+    assert ce.get_id() == "idem-1"
+    assert ce.get_type() == "orders.created"
+    assert ce.get_source() == SOURCE
+    assert ce.get_time() == CREATED
+    assert ce.get_datacontenttype() == content_type
+    assert ce.get_extension("partitionkey") == key
+
+
+@pytest.mark.parametrize("chosen", [Format.CLOUDEVENTS, Format.CLOUDEVENTS_STRUCTURED])
+def test_kafka_json_event(chosen: Format) -> None:
+    ce, headers = from_kafka(event(headers={"traceparent": TRACEPARENT, "tenant": "t1"}), chosen)
+    assert_attributes(ce)
+    assert ce.get_data() == {"total": 12.5, "items": ["é"]}
+    assert ce.get_extension("traceparent") == TRACEPARENT
+    # The relay's own headers stay: the row's and the idempotency key.
+    assert headers["idempotency-key"] == b"idem-1"
+    assert headers["tenant"] == b"t1"
+    assert headers["traceparent"] == TRACEPARENT.encode()
+    expected = b"application/json" if chosen is Format.CLOUDEVENTS else b"application/cloudevents+json"
+    assert headers["content-type"] == expected
+
+
+def test_kafka_binary_mode_forwards_the_payload_untouched() -> None:
+    payload = b'{"b":1,  "a" : [1,2]}'
+    value, pairs = kafka_encoder(Format.CLOUDEVENTS, SOURCE)(event(payload=payload))
+    assert value is payload
+    assert dict(pairs)["ce_time"] == "2026-12-01T09:30:15.123456Z"
+    assert [name for name, _ in pairs if name.startswith("ce_")] == [
+        "ce_specversion",
+        "ce_id",
+        "ce_source",
+        "ce_type",
+        "ce_time",
+        "ce_partitionkey",
+    ]
+
+
+@pytest.mark.parametrize("chosen", [Format.CLOUDEVENTS, Format.CLOUDEVENTS_STRUCTURED])
+def test_kafka_bytes_event_keeps_its_bytes_and_content_type(chosen: Format) -> None:
+    raw = b"\x00\x01\xff protobuf"
+    ce, _ = from_kafka(event(payload=raw, content_type="application/x-protobuf", key=None), chosen)
+    assert_attributes(ce, content_type="application/x-protobuf", key=None)
+    assert ce.get_data() == raw
+
+
+def test_structured_mode_puts_bytes_in_data_base64_and_json_in_data() -> None:
+    encode = kafka_encoder(Format.CLOUDEVENTS_STRUCTURED, SOURCE)
+    raw = b'{"looks": "like json"}'
+    document = json.loads(encode(event(payload=raw, content_type="application/json"))[0])
+    assert base64.b64decode(document["data_base64"]) == raw
+    assert "data" not in document
+    document = json.loads(encode(event())[0])
+    assert document["data"] == {"total": 12.5, "items": ["é"]}
+    assert "data_base64" not in document
+    assert "traceparent" not in document
+
+
+def test_a_rows_headers_do_not_override_the_cloudevents_ones() -> None:
+    row = {"content-type": "text/plain", "ce_id": "forged", "CE_type": "forged", "cloudEvents:id": "forged"}
+    ce, headers = from_kafka(event(headers=row), Format.CLOUDEVENTS)
+    assert ce.get_id() == "idem-1"
+    assert ce.get_type() == "orders.created"
+    assert headers["content-type"] == b"application/json"
+    assert "CE_type" not in headers
+    assert headers["cloudEvents:id"] == b"forged"  # an AMQP name means nothing on Kafka
+    ce, _, amqp_headers = from_amqp(event(headers=row), Format.CLOUDEVENTS)
+    assert ce.get_id() == "idem-1"
+    assert amqp_headers["content-type"] == "text/plain"  # a plain header on AMQP: the property is content_type
+
+
+@pytest.mark.parametrize("chosen", [Format.CLOUDEVENTS, Format.CLOUDEVENTS_STRUCTURED])
+def test_amqp_json_event(chosen: Format) -> None:
+    ce, content_type, headers = from_amqp(event(headers={"traceparent": TRACEPARENT}), chosen)
+    assert_attributes(ce)
+    assert ce.get_data() == {"total": 12.5, "items": ["é"]}
+    assert ce.get_extension("traceparent") == TRACEPARENT
+    assert headers["idempotency-key"] == "idem-1"
+    if chosen is Format.CLOUDEVENTS:
+        assert content_type == "application/json"
+        assert headers["cloudEvents:id"] == "idem-1"
+        assert headers["cloudEvents:time"] == "2026-12-01T09:30:15.123456Z"
+    else:
+        assert content_type == "application/cloudevents+json"
+        assert not [name for name in headers if name.startswith("cloudEvents:")]
+
+
+def test_amqp_bytes_event() -> None:
+    raw = bytes(range(256))
+    body, content_type, _ = amqp_encoder(Format.CLOUDEVENTS, SOURCE)(event(payload=raw, content_type="image/png"))
+    assert (body, content_type) == (raw, "image/png")
+    ce, _, _ = from_amqp(event(payload=raw, content_type="image/png"), Format.CLOUDEVENTS_STRUCTURED)
+    assert ce.get_data() == raw
+    assert ce.get_datacontenttype() == "image/png"
+
+
+def test_native_is_todays_shape_plus_a_content_type_for_bytes() -> None:
+    e = event(headers={"tenant": "t1"})
+    assert kafka_encoder(Format.NATIVE)(e) == (e.payload, [("tenant", "t1"), ("idempotency-key", "idem-1")])
+    assert amqp_encoder(Format.NATIVE)(e) == (
+        e.payload,
+        "application/json",
+        {"tenant": "t1", "idempotency-key": "idem-1"},
+    )
+    raw = event(payload=b"\x00", content_type="application/octet-stream")
+    assert ("content-type", "application/octet-stream") in kafka_encoder(Format.NATIVE)(raw)[1]
+    assert amqp_encoder(Format.NATIVE)(raw)[1] == "application/octet-stream"
+
+
+@pytest.mark.parametrize(
+    ("moment", "text"),
+    [
+        (CREATED, "2026-12-01T09:30:15.123456Z"),
+        (CREATED.replace(microsecond=0), "2026-12-01T09:30:15.000000Z"),
+        (CREATED.replace(microsecond=999_999), "2026-12-01T09:30:15.999999Z"),
+        (CREATED.astimezone(timezone(timedelta(hours=9))), "2026-12-01T09:30:15.123456Z"),
+        (CREATED.astimezone(timezone(timedelta(hours=-3, minutes=-30))), "2026-12-01T09:30:15.123456Z"),
+        (CREATED.replace(tzinfo=None), "2026-12-01T09:30:15.123456Z"),
+        (datetime(1999, 12, 31, 23, 59, 59, 1, tzinfo=UTC), "1999-12-31T23:59:59.000001Z"),
+    ],
+)
+def test_rfc3339(moment: datetime, text: str) -> None:
+    assert rfc3339(moment) == text
+
+
+def test_rfc3339_keeps_each_seconds_part_apart() -> None:
+    clock = Rfc3339()
+    times = [CREATED + timedelta(microseconds=step) for step in range(0, 3_000_000, 250_001)]
+    assert [clock(t) for t in times] == [t.isoformat().replace("+00:00", "Z") for t in times]
+    assert clock(CREATED - timedelta(days=1)) == "2026-11-30T09:30:15.123456Z"
+
+
+@pytest.mark.parametrize("chosen", list(Format))
+def test_amqp_frames_are_pikas_byte_for_byte_in_every_format(chosen: Format) -> None:
+    e = event(headers={"traceparent": TRACEPARENT, "note": "ünïcode"})
+    encode = amqp_encoder(chosen, SOURCE)
+    body, content_type, headers = encode(e)
+    properties = pika.BasicProperties(
+        content_type=content_type, delivery_mode=2, message_id=e.idempotency_key, headers=headers
+    )
+    publish = spec.Basic.Publish(exchange="ex", routing_key=e.topic, mandatory=True)
+    expected = [frame.Method(3, publish).marshal(), frame.Header(3, len(body), properties).marshal()]
+    expected.append(frame.Body(3, body).marshal())
+    assert publish_frames(3, "ex", e, BODY_MAX, encode) == b"".join(expected)

@@ -1,0 +1,142 @@
+"""The sink URL option ``format=`` and the CloudEvents ``source``: parsed once, no secret in them."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.app import RunConfig
+from relay.config import (
+    AmqpSinkConfig,
+    Format,
+    KafkaSinkConfig,
+    RelaySettings,
+    TableName,
+    check_event_source,
+    default_event_source,
+    parse_route,
+    parse_sink_url,
+)
+from relay.errors import ConfigError
+from relay.sinks import build_router
+from relay.sinks.kafka import producer_config
+
+OUTBOX = TableName.parse("outbox")
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", Format.NATIVE),
+        ("?format=native", Format.NATIVE),
+        ("?format=cloudevents", Format.CLOUDEVENTS),
+        ("?linger.ms=2&format=cloudevents-structured", Format.CLOUDEVENTS_STRUCTURED),
+    ],
+)
+def test_kafka_format_is_taken_out_before_librdkafka_sees_the_options(query: str, expected: Format) -> None:
+    cfg = parse_sink_url(f"kafka://k:9092{query}")
+    assert isinstance(cfg, KafkaSinkConfig)
+    assert cfg.format is expected
+    assert "format" not in cfg.options
+    settings = producer_config(cfg, publish_timeout_seconds=30, client_id="t")
+    assert "format" not in settings
+    assert f"format={expected.value!r}" in repr(cfg)
+
+
+def test_amqp_format_is_taken_out_of_pikas_url() -> None:
+    cfg = parse_sink_url("amqp://u:pw@r:5672/v?format=cloudevents-structured&exchange=ev&heartbeat=5")
+    assert isinstance(cfg, AmqpSinkConfig)
+    assert cfg.format is Format.CLOUDEVENTS_STRUCTURED
+    assert cfg.exchange == "ev"
+    assert "format" not in cfg.url
+    assert cfg.url.endswith("?heartbeat=5")
+    assert parse_sink_url("amqp://r/").format is Format.NATIVE
+
+
+@pytest.mark.parametrize(
+    "url", ["kafka://k:9092?format=json", "amqp://u:pw@r/?format=CloudEvents", "kafka://k:9092?format="]
+)
+def test_an_unknown_format_names_the_allowed_ones(url: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_sink_url(url)
+    message = str(caught.value)
+    assert "format=" in message
+    assert "native, cloudevents, cloudevents-structured" in message
+    assert "pw" not in message
+
+
+def test_a_bad_format_in_a_route_names_the_route() -> None:
+    with pytest.raises(ConfigError, match=r"route 'billing\.\*': invalid sink option format='json'"):
+        parse_route("billing.*=kafka://k:9092?format=json")
+
+
+def test_routes_with_other_formats_get_sinks_of_their_own() -> None:
+    routes = [
+        parse_route("ce.*=kafka://k:9092?format=cloudevents"),
+        parse_route("st.*=kafka://k:9092?format=cloudevents-structured"),
+        parse_route("*=kafka://k:9092"),
+    ]
+    router = build_router(routes, publish_timeout_seconds=5, event_source="/s")
+    sinks = {id(target.sink) for target in router._targets}
+    assert len(sinks) == 3
+    assert {target.sink._config.format for target in router._targets} == set(Format)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgresql://app:s3cret-pw@db.internal:5432/shop", "/outbox-relay/shop/outbox"),
+        ("postgresql://app@db/shop?sslmode=require&password=s3cret-pw", "/outbox-relay/shop/outbox"),
+        ("postgresql://db.internal/?dbname=sales", "/outbox-relay/sales/outbox"),
+        ("host=db.internal user=app password=s3cret-pw dbname=shop", "/outbox-relay/shop/outbox"),
+        ("host=db dbname='my shop' password='a b'", "/outbox-relay/my%20shop/outbox"),
+        ("postgresql://app:pw@db/", "/outbox-relay/outbox"),
+        ("host=db user=app", "/outbox-relay/outbox"),
+        ("postgresql://app@db/caf%C3%A9/x", "/outbox-relay/caf%C3%A9%2Fx/outbox"),
+    ],
+)
+def test_the_default_source_names_the_database_and_table_only(dsn: str, expected: str) -> None:
+    source = default_event_source(dsn, OUTBOX)
+    assert source == expected
+    for secret in ("s3cret", "app", "db.internal", "a b"):
+        assert secret not in source
+
+
+def test_the_default_source_masks_a_database_named_like_its_password() -> None:
+    source = default_event_source("postgresql://app:hunter2hunter2@db/hunter2hunter2", TableName.parse("ev.outbox"))
+    assert "hunter2" not in source
+    assert source == "/outbox-relay/***/ev.outbox"
+    # Even a password cut by a parser that misread a raw '/' in it leaves no piece behind.
+    broken = default_event_source("postgresql://app:pa/ss@wordy@db/shop", OUTBOX)
+    assert "ss@wordy" not in broken and "wordy" not in broken
+
+
+@pytest.mark.parametrize("text", ["/shop/orders", "urn:shop:orders", "https://shop.example/orders", "orders"])
+def test_event_sources_that_are_uri_references(text: str) -> None:
+    assert check_event_source(text) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("", "empty"),
+        ("/shop orders", "without spaces"),
+        ("/shop\x00", "control characters"),
+        ("https://app:s3cret@shop.example/orders", "user or password"),
+        ("https://app@shop.example/orders", "user or password"),
+    ],
+)
+def test_bad_event_sources_are_refused_without_the_password(text: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle) as caught:
+        check_event_source(text)
+    assert "s3cret" not in str(caught.value)
+
+
+def test_run_config_takes_the_flag_or_the_default() -> None:
+    sink = parse_sink_url("kafka://k:9092?format=cloudevents")
+    dsn = "postgresql://app:s3cret@db/shop"
+    assert RunConfig(dsn, OUTBOX, sink, RelaySettings()).source == "/outbox-relay/shop/outbox"
+    given = RunConfig(dsn, OUTBOX, sink, RelaySettings(), event_source="urn:shop")
+    assert given.source == "urn:shop"
+    assert given.describe_sinks() == "kafka (cloudevents)"
+    with pytest.raises(ConfigError, match="user or password"):
+        RunConfig(dsn, OUTBOX, sink, RelaySettings(), event_source="https://a:s3cret@h/x")

@@ -1,0 +1,27 @@
+"""Each test suite has a ``make`` target that runs it (the Makefile once declared two with no recipe)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("suite", ["unit", "integration", "acceptance"])
+def test_make_suite_runs_pytest_on_that_suite(suite: str) -> None:
+    make = shutil.which("make")
+    assert make is not None, "make is not installed: apt-get install make"
+    # A make around this test run must not pass its own flags down.
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    # -n prints the recipe without running it; a target without one prints "Nothing to be done".
+    shown = subprocess.run(
+        [make, "-n", suite], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert shown.returncode == 0, shown.stderr
+    commands = shown.stdout.splitlines()
+    assert any(line.endswith(f"pytest tests/{suite}") for line in commands), shown.stdout
