@@ -39,7 +39,15 @@ from consumers import DEFAULT_INBOX_TABLE
 from examples.consumer import InboxConsumer
 from examples.flags import add_flag
 from examples.shop import TOPIC, Shop
-from relay.config import DEFAULT_TABLE, KafkaSinkConfig, TableName, check_database_url, parse_sink_url
+from relay.config import (
+    DEFAULT_TABLE,
+    KafkaSinkConfig,
+    TableName,
+    check_database_url,
+    is_mysql_url,
+    parse_sink_url,
+    redact_url,
+)
 from relay.errors import ConfigError
 from relay.logs import configure_from_flags as configure_logging
 from relay.signals import STOP_SIGNALS
@@ -333,6 +341,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             flag_env = env_name(args.command, "--database-url")
             raise ConfigError(f"no database configured: set --database-url, {flag_env} or DATABASE_URL")
         database_url = check_database_url(args.database_url)
+        if is_mysql_url(database_url):
+            raise ConfigError(
+                f"unknown database URL scheme for the example services in {redact_url(database_url)!r}: "
+                "they run on PostgreSQL only (postgresql://)"
+            )
         with stop_on_signals(stop):
             COMMANDS[args.command](args, database_url, stop)
     except ConfigError as exc:

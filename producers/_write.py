@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from producers import _mysql
 from producers._tracing import with_trace_context
 from relay.config import DEFAULT_TABLE, TableName
 
@@ -65,7 +66,7 @@ def _payload_params(payload: Any, content_type: str | None) -> dict[str, Any]:
             "content_type goes with a bytes payload only; a JSON payload is application/json (encode it to bytes "
             "to send it with another content type)"
         )
-    return {"payload": Jsonb(payload)}
+    return {"payload": payload}
 
 
 def _params(
@@ -93,7 +94,7 @@ def _params(
         "topic": topic,
         "key": key,
         **_payload_params(payload, content_type),
-        "headers": Jsonb(with_trace_context(headers)),
+        "headers": with_trace_context(headers),
         "idempotency_key": idempotency_key or str(uuid.uuid4()),
         "deliver_at": deliver_at,
         "priority": priority,
@@ -112,8 +113,14 @@ def _check_deliver_at(deliver_at: object, max_ahead: timedelta) -> None:
         )
 
 
+def _for_postgres(params: dict[str, Any]) -> dict[str, Any]:
+    if "content_type" in params:  # bytes, sent as they are
+        return {**params, "headers": Jsonb(params["headers"])}
+    return {**params, "payload": Jsonb(params["payload"]), "headers": Jsonb(params["headers"])}
+
+
 def publish(
-    conn: psycopg.Connection[Any],
+    conn: psycopg.Connection[Any] | Any,
     topic: str,
     payload: Any,
     *,
@@ -138,16 +145,22 @@ def publish(
     ``priority`` orders due events of different keys (higher first);
     ``deliver_at`` (timezone-aware, at most ``max_deliver_ahead`` ahead, a year
     by default) holds an event back until that time.
+
+    ``conn`` is a psycopg ``Connection``, or a PyMySQL one for an outbox on
+    MySQL 8 or MariaDB (``pip install outbox-relay[mysql]``).
     """
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
-    conn.execute(_statement(table, params), params)
+    if _mysql.is_pymysql(conn):
+        _mysql.insert(conn, table, params)
+    else:
+        conn.execute(_statement(table, params), _for_postgres(params))
     return str(params["idempotency_key"])
 
 
 async def apublish(
-    conn: psycopg.AsyncConnection[Any],
+    conn: psycopg.AsyncConnection[Any] | Any,
     topic: str,
     payload: Any,
     *,
@@ -160,9 +173,12 @@ async def apublish(
     max_deliver_ahead: timedelta = MAX_DELIVER_AHEAD,
     content_type: str | None = None,
 ) -> str:
-    """The same as :func:`publish`, for a psycopg ``AsyncConnection``."""
+    """The same as :func:`publish`, for a psycopg ``AsyncConnection`` or an asyncmy connection."""
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
-    await conn.execute(_statement(table, params), params)
+    if _mysql.is_asyncmy(conn):
+        await _mysql.ainsert(conn, table, params)
+    else:
+        await conn.execute(_statement(table, params), _for_postgres(params))
     return str(params["idempotency_key"])

@@ -29,7 +29,8 @@ from relay.retention import purge_forever
 from relay.signals import stop_on_signals
 from relay.sinks import build_router, build_sink, kafka, rabbitmq
 from relay.sinks.base import Sink
-from relay.store.postgres import PostgresStore
+from relay.store.adapters import build_store
+from relay.store.base import Admin
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def publish_grace_seconds(config: SinkConfig) -> float:
 
 def build_relay(config: RunConfig) -> Relay:
     """Wire a relay from ``config``."""
-    store = PostgresStore(
+    store = build_store(
         config.database_url,
         config.table,
         owner=owner_id(),
@@ -203,10 +204,9 @@ async def _relay_until_stopped(
         extra={"action": "start", "batch_size": config.settings.batch_size},
     )
     side_tasks = []
-    if config.keep_sent and config.retention_seconds is not None and isinstance(relay.store, PostgresStore):
-        side_tasks.append(
-            asyncio.create_task(purge_forever(relay.store, config.retention_seconds, stop), name="retention")
-        )
+    if config.keep_sent and config.retention_seconds is not None and hasattr(relay.store, "purge"):
+        admin: Admin = relay.store  # type: ignore[assignment]  # both database stores are also Admin
+        side_tasks.append(asyncio.create_task(purge_forever(admin, config.retention_seconds, stop), name="retention"))
     for task in side_tasks:
         # A side task that dies of a bug stops the relay loudly.
         task.add_done_callback(lambda t: stop.set() if not t.cancelled() and t.exception() else None)

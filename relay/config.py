@@ -381,8 +381,17 @@ def check_event_source(text: str) -> str:
     return text
 
 
+#: The URL schemes of the MySQL 8 / MariaDB store (relay.store.mysql).
+MYSQL_SCHEMES = ("mysql", "mariadb")
+
+
+def is_mysql_url(url: str) -> bool:
+    """Whether ``url`` is a ``mysql://`` or ``mariadb://`` URL."""
+    return "://" in url and url.split("://", 1)[0].lower() in MYSQL_SCHEMES
+
+
 def check_database_url(url: str) -> str:
-    """Return ``url`` if it looks like a libpq URL or keyword string."""
+    """Return ``url`` if it looks like a libpq URL or keyword string, or a ``mysql://`` URL."""
     if not url:
         raise ConfigError("no database configured: set --database-url, RELAY_DATABASE_URL or DATABASE_URL")
     if "://" in url:
@@ -391,8 +400,10 @@ def check_database_url(url: str) -> str:
             parts.port  # noqa: B018 - urlsplit checks the port lazily
         except ValueError as exc:
             raise ConfigError(f"invalid database URL {redact_url(url)!r}: {Scrubber.of(url)(str(exc))}") from None
-        if parts.scheme not in ("postgresql", "postgres"):
-            raise ConfigError(f"unknown database URL scheme {parts.scheme!r} in {redact_url(url)!r}: use postgresql://")
+        if parts.scheme not in ("postgresql", "postgres", *MYSQL_SCHEMES):
+            raise ConfigError(
+                f"unknown database URL scheme {parts.scheme!r} in {redact_url(url)!r}: use postgresql:// or mysql://"
+            )
     return url
 
 

@@ -18,7 +18,7 @@ import pytest
 from devservers import Tansu
 from relay.config import TableName
 from relay.store.migrate import migrate
-from tests.services import AMQP_URL, PG_URL, ensure_postgres, ensure_rabbitmq
+from tests.services import AMQP_URL, MYSQL_URL, PG_URL, ensure_mysql, ensure_postgres, ensure_rabbitmq
 
 TEMPLATE = f"outbox_relay_tpl_{os.getpid()}"
 
@@ -86,3 +86,30 @@ def amqp_url() -> str:
     if problem:
         pytest.fail(problem, pytrace=False)
     return AMQP_URL
+
+
+@pytest.fixture(scope="session")
+def mysql_server_url() -> str:
+    """A ``mysql://`` URL (no database) to a server where tests may CREATE DATABASE."""
+    problem = ensure_mysql()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    return MYSQL_URL.rstrip("/")
+
+
+@pytest.fixture
+def mysql_empty_url(mysql_server_url: str) -> Iterator[str]:
+    """A URL to a new, empty MySQL database ``relay_test_*``, dropped after the test."""
+    from tests.mysql_support import mysql_database
+
+    with mysql_database(mysql_server_url) as url:
+        yield url
+
+
+@pytest.fixture
+def mysql_url(mysql_empty_url: str) -> str:
+    """A URL to a new MySQL database with the ``outbox`` table migrated and empty."""
+    from relay.store.mysql.migrate import migrate as migrate_mysql
+
+    migrate_mysql(mysql_empty_url, TableName.parse("outbox"))
+    return mysql_empty_url

@@ -27,10 +27,10 @@ PUBLISH_OVERRUN_SECONDS = 10.0
 
 
 def _admin(args: argparse.Namespace) -> Admin:
-    from relay.store.postgres import PostgresAdmin
+    from relay.store.adapters import build_admin
 
     dsn, table = database(args)
-    return PostgresAdmin(dsn, table, layout=table_layout(args))
+    return build_admin(dsn, table, table_layout(args))
 
 
 async def _with_admin(args: argparse.Namespace, work: Callable[[Admin], Awaitable[T]]) -> T:

@@ -33,7 +33,7 @@ def table_layout(args: argparse.Namespace) -> TableLayout:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """``outbox-relay migrate``."""
-    from relay.store.migrate import migrate
+    from relay.store.adapters import create_roles, migrate
 
     dsn, table = database(args)
     layout = table_layout(args)
@@ -42,8 +42,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     applied = migrate(dsn, table, notify=args.notify, layout=layout)
     print(f"{table}: applied {', '.join(map(str, applied))}" if applied else f"{table}: up to date")
     if args.create_roles:
-        from relay.store.migrate import create_roles
-
         create_roles(dsn, table, relay_role=args.relay_role, writer_role=args.writer_role)
         print(f"{table}: roles {args.relay_role} (relay) and {args.writer_role} (writer) granted")
     return 0

@@ -119,7 +119,8 @@ def _command(commands: Commands, name: str) -> argparse.ArgumentParser:
     env_flag(
         parser,
         "--database-url",
-        help="libpq URL of the database holding the outbox (or DATABASE_URL)",
+        help="URL of the database holding the outbox: postgresql://... (libpq) or mysql://user:pass@host:3306/db "
+        "(MySQL 8 or MariaDB; mariadb:// too) (or DATABASE_URL)",
         metavar="URL",
     )
     env_flag(parser, "--table", help="outbox table, optionally schema-qualified", default=config.DEFAULT_TABLE)
@@ -204,7 +205,7 @@ def _add_run(commands: Commands) -> None:
         help="with --table-layout debezium: also send the value of COLUMN as header HEADER (e.g. type=eventType); "
         "repeat it for more. RELAY_FIELD_HEADERS holds them separated by commas or spaces [env RELAY_FIELD_HEADERS]",
     )
-    env_switch(run, "--listen", default=True, help="wake on NOTIFY as well as polling")
+    env_switch(run, "--listen", default=True, help="wake on NOTIFY as well as polling (PostgreSQL; MySQL always polls)")
     env_switch(run, "--keep-sent", default=False, help="keep acknowledged events as 'sent' instead of deleting them")
     env_flag(
         run,

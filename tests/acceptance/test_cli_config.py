@@ -57,7 +57,7 @@ def test_no_database_url() -> None:
 
 
 def test_unknown_database_scheme_hides_the_password() -> None:
-    assert_one_line_error(cli("status", "--database-url", f"mysql://u:{CANARY}@h/db"), "unknown database URL scheme")
+    assert_one_line_error(cli("status", "--database-url", f"mssql://u:{CANARY}@h/db"), "unknown database URL scheme")
 
 
 def test_unreachable_database_at_start_up() -> None:

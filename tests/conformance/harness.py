@@ -1,16 +1,17 @@
 """The conformance harness: each test gets every store through one fixture, ``h``.
 
 ``h.store`` is the relay's store (the ``Store`` port) and ``h.admin`` the
-operator's (the ``Admin`` port): the same object for the memory store, and a
-``PostgresAdmin`` of its own for PostgreSQL, opened as the CLI opens it.
+operator's (the ``Admin`` port): the same object for the memory store, and an
+admin of its own for PostgreSQL and MySQL, opened as the CLI opens it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any, Protocol, TypeVar
+from uuid import UUID
 
 import psycopg
 
@@ -18,7 +19,9 @@ import producers
 from relay.config import TableName
 from relay.store.base import Admin
 from relay.store.memory import MemoryStore
+from relay.store.mysql import MySQLAdmin, MySQLStore
 from relay.store.postgres import PostgresAdmin, PostgresStore
+from tests import mysql_support
 
 T = TypeVar("T")
 MAX = 3
@@ -26,8 +29,13 @@ MAX = 3
 GRACE = 40.0
 
 
+#: The event loop of the test under way (set by the ``h`` fixture): one loop per
+#: test, as in a relay, since asyncmy's connections belong to the loop that made them.
+runner: asyncio.Runner | None = None
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    return runner.run(coro) if runner is not None else asyncio.run(coro)
 
 
 class Harness(Protocol):
@@ -122,3 +130,65 @@ class PostgresHarness:
             [idem],
         )
         return tuple(rows[0])
+
+
+class MySQLHarness:
+    """MySQL 8 / MariaDB: events written by ``publish()`` on a PyMySQL connection, the rest in plain SQL."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        table = TableName.parse("outbox")
+        self.store = MySQLStore(url, table, owner="test", lease_seconds=30)
+        self.admin: Admin = MySQLAdmin(url, table)
+
+    def _execute(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+        return mysql_support.execute(self.url, statement, params)
+
+    def insert(self, topic: str, payload: Any, **kw: Any) -> None:
+        conn = mysql_support.connect(self.url, autocommit=False)
+        try:
+            producers.publish(conn, topic, payload, max_deliver_ahead=timedelta.max, **kw)
+            conn.commit()
+        finally:
+            conn.close()
+
+    def insert_sent(self, idem: str, *, key: str | None = None, topic: str = "t", sent_ago: float = 0) -> None:
+        self._execute(
+            "INSERT INTO outbox (topic, `key`, payload, idempotency_key, state, attempts, published_at)"
+            " VALUES (%s, %s, '{}', %s, 'sent', 1, UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND)",
+            [topic, key, idem, round(sent_ago * 1e6)],
+        )
+
+    def expire_leases(self, ago: float = 1) -> None:
+        self._execute(
+            "UPDATE outbox SET lease_expires_at = UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND"
+            " WHERE lease_expires_at IS NOT NULL",
+            [round(ago * 1e6)],
+        )
+
+    def make_due(self) -> None:
+        self._execute("UPDATE outbox SET deliver_at = UTC_TIMESTAMP(6) WHERE deliver_at > UTC_TIMESTAMP(6)")
+
+    def state_of(self, idem: str) -> str | None:
+        rows = self._execute("SELECT state FROM outbox WHERE idempotency_key = %s", [idem])
+        return rows[0][0] if rows else None
+
+    def id_of(self, idem: str) -> int:
+        return int(self._execute("SELECT id FROM outbox WHERE idempotency_key = %s", [idem])[0][0])
+
+    def snapshot(self, idem: str) -> tuple[Any, ...]:
+        rows = self._execute(
+            "SELECT state, attempts, claim_token, lease_expires_at, deliver_at, last_error"
+            " FROM outbox WHERE idempotency_key = %s",
+            [idem],
+        )
+        # As PostgreSQL gives them: the token a UUID, the times aware (the columns hold UTC).
+        state, attempts, token, lease_expires_at, deliver_at, last_error = rows[0]
+        return (
+            state,
+            attempts,
+            UUID(token) if token else None,
+            lease_expires_at.replace(tzinfo=UTC) if lease_expires_at else None,
+            deliver_at.replace(tzinfo=UTC),
+            last_error,
+        )

@@ -72,10 +72,12 @@ def test_bad_sink_urls(url: str, needle: str) -> None:
 
 def test_database_url_checks() -> None:
     assert check_database_url("postgresql://a@h/db")
+    assert check_database_url("mysql://u:s3cret@h:3306/db")
+    assert check_database_url("mariadb://u:s3cret@h/db")
     with pytest.raises(ConfigError, match="no database"):
         check_database_url("")
     with pytest.raises(ConfigError, match="unknown database URL scheme") as info:
-        check_database_url("mysql://u:s3cret@h/db")
+        check_database_url("mssql://u:s3cret@h/db")
     assert "s3cret" not in str(info.value)
 
 

@@ -48,6 +48,7 @@ PASSWORDS = {
 #: Where a password goes, by kind of URL.
 URLS = {
     "postgresql": "postgresql://app:{pw}@db.example:5432/shop",
+    "mysql": "mysql://app:{pw}@db.example:3306/shop",
     "amqp": "amqp://relay:{pw}@mq.example:5672/vhost?exchange=events",
     "kafka": "kafka://relay:{pw}@k1.example:9092,k2.example:9092",
 }

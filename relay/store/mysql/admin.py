@@ -1,0 +1,191 @@
+"""The operator's commands on MySQL: status, dead letters, requeue, skip, inspect, purge, replay."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from relay.config import CONNECT_TIMEOUT_SECONDS, TableName, redact_url
+from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, Skipped, Status
+from relay.store.mysql.connection import Database, rows_of, transaction
+
+PURGE_BATCH_SIZE = 1000
+#: At most this many distinct priorities are probed for the oldest pending age.
+MAX_PRIORITIES = 100
+
+
+def text(value: Any) -> Any:
+    """A VARBINARY column (``key``, ``idempotency_key``) as text."""
+    return value.decode() if isinstance(value, bytes | bytearray) else value
+
+
+def utc(value: Any) -> Any:
+    """A DATETIME(6) column (UTC, read naive) as an aware datetime."""
+    return value.replace(tzinfo=UTC) if isinstance(value, datetime) else value
+
+
+def naive_utc(value: datetime | None) -> datetime | None:
+    """An aware datetime as the naive UTC a DATETIME(6) column compares with."""
+    return value.astimezone(UTC).replace(tzinfo=None) if value is not None else None
+
+
+def micros(seconds: float) -> int:
+    """Seconds as the whole microseconds of an ``INTERVAL … MICROSECOND``."""
+    return max(0, round(seconds * 1_000_000))
+
+
+class MySQLAdmin:
+    """The outbox table as operators see it (the ``Admin`` port) on MySQL 8 or MariaDB."""
+
+    def __init__(
+        self,
+        url: str,
+        table: TableName,
+        *,
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        statement_timeout: float | None = None,
+    ) -> None:
+        self._db = Database(url, table, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({redact_url(self._db.url)!r}, table={str(self._db.table)!r})"
+
+    @property
+    def table(self) -> TableName:
+        """The outbox table these commands work on."""
+        return self._db.table
+
+    async def open(self) -> None:
+        """Connect and check the table; raise ``StoreUnavailable`` or ``SchemaError``."""
+        await self._db.open()
+
+    async def close(self) -> None:
+        """Close every connection. Safe to call twice."""
+        await self._db.close()
+
+    async def status(self) -> Status:
+        """Exact counts of pending, in-flight and dead-lettered events."""
+        row = (await self._db.fetch("status", lane="stats"))[0]
+        waiting = (await self._db.fetch("keys_waiting_on_schedule", lane="stats"))[0]
+        return Status(
+            pending=int(row["pending"]),
+            in_flight=int(row["in_flight"]),
+            failed=int(row["failed"]),
+            oldest_pending_age_seconds=await self.oldest_pending_age(),
+            parked_keys=int(row["parked_keys"]),
+            scheduled=int(row["scheduled"]),
+            keys_waiting_on_schedule=int(waiting["waiting"]),
+        )
+
+    async def oldest_pending_age(self) -> float:
+        """Seconds since the oldest due event that no live lease holds was written.
+
+        A loose index scan over the claim index, in Python: each distinct
+        priority (one probe each), then the lowest due id of each.
+        """
+
+        async def work(cur: Any) -> float:
+            queries = self._db.queries
+            oldest, below = 0.0, 2**31
+            for _ in range(MAX_PRIORITIES):
+                await cur.execute(queries["top_priority_below"], {"below": below})
+                priority = (await cur.fetchone())[0]
+                if priority is None:
+                    break
+                await cur.execute(queries["oldest_due_of_priority"], {"priority": priority})
+                found = await cur.fetchone()
+                if found is not None:
+                    oldest = max(oldest, float(found[0]))
+                below = priority
+            return oldest
+
+        return await self._db.call("stats", work)
+
+    async def dead(self, limit: int = 1000) -> list[DeadEvent]:
+        """Dead-lettered events, oldest first."""
+        rows = await self._db.fetch("dead", {"limit": limit})
+        return [
+            DeadEvent(
+                id=r["id"],
+                topic=r["topic"],
+                key=text(r["key"]),
+                idempotency_key=text(r["idempotency_key"]),
+                attempts=r["attempts"],
+                last_error=r["last_error"],
+                created_at=utc(r["created_at"]),
+                failed_at=utc(r["failed_at"]),
+                blocked_events=int(r["blocked_events"]),
+            )
+            for r in rows
+        ]
+
+    async def _select_then_update(self, select: str, update: str, params: dict[str, Any]) -> list[int]:
+        """Lock the rows ``select`` finds and run ``update`` on them, in one transaction; their ids."""
+
+        async def work(cur: Any) -> list[int]:
+            async def steps() -> list[int]:
+                await cur.execute(self._db.queries[select], params)
+                ids = [int(row[0]) for row in await cur.fetchall()]
+                if ids:
+                    await cur.execute(self._db.queries[update], {"ids": tuple(ids)})
+                return ids
+
+            return await transaction(cur, steps)
+
+        return await self._db.call("main", work)
+
+    async def requeue(self, selection: RequeueFilter) -> list[int]:
+        """Put matching dead-lettered events back to pending with their attempts reset."""
+        params = {"id": selection.id, "topic": selection.topic, "key": selection.key}
+        return await self._select_then_update("requeue_select", "requeue", params)
+
+    async def replay(self, selection: ReplayFilter) -> list[int]:
+        """Put kept, already-sent events back to pending; returns their ids."""
+        params = {
+            "since": naive_utc(selection.since),
+            "until": naive_utc(selection.until),
+            "key": selection.key,
+            "topic": selection.topic,
+        }
+        return await self._select_then_update("replay_select", "replay", params)
+
+    async def inspect(self, event_id: int) -> dict[str, Any] | None:
+        """Every column of one event, or None."""
+        rows = await self._db.fetch("inspect", {"id": event_id})
+        if not rows:
+            return None
+        row = {name: utc(text(value)) for name, value in rows[0].items()}
+        row["headers"] = json.loads(row["headers"])
+        row["claim_token"] = UUID(row["claim_token"]) if row["claim_token"] else None
+        return row
+
+    async def purge(self, older_than_seconds: float, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
+        """Delete sent and skipped events older than the cut-off, a small batch at a time."""
+        total = 0
+        while True:
+            deleted = await self._db.run("purge_batch", {"older_us": micros(older_than_seconds), "limit": batch_size})
+            total += deleted
+            if deleted < batch_size:
+                return total
+
+    async def skip(self, event_id: int, *, lease_grace_seconds: float) -> Skipped:
+        """Mark one dead-lettered or waiting event skipped, releasing its key; refuse one that may be in flight."""
+
+        async def work(cur: Any) -> Skipped:
+            async def steps() -> Skipped:
+                await cur.execute(
+                    self._db.queries["skip_select"], {"id": event_id, "grace_us": micros(lease_grace_seconds)}
+                )
+                found = rows_of(cur, await cur.fetchall())
+                if not found or not found[0]["unsent"]:
+                    return Skipped.NOT_FOUND
+                if found[0]["in_flight"]:
+                    return Skipped.IN_FLIGHT
+                await cur.execute(self._db.queries["skip"], {"id": event_id})
+                return Skipped.SKIPPED
+
+            return await transaction(cur, steps)
+
+        return await self._db.call("main", work)

@@ -1,0 +1,156 @@
+"""``outbox-relay migrate`` on MySQL 8 and MariaDB: create or upgrade an outbox table.
+
+MySQL commits each DDL statement on its own, so the steps cannot share one
+transaction as on PostgreSQL. Instead a named lock (``GET_LOCK``) on the table
+name serialises migrations started at once: the second waits, then finds the
+steps applied and does nothing. Each step's version is recorded right after
+it; a step that fails half-way is reported, and its statements are written to
+be checked by hand (docs/mysql.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pymysql
+
+from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
+from relay.errors import StoreUnavailable
+from relay.store.mysql import sql as named
+from relay.store.mysql.connection import Target, translate
+
+logger = logging.getLogger(__name__)
+
+_LOCK_NAMESPACE = "outbox-relay migrate "
+#: How long a migration waits for another one of the same table to finish.
+LOCK_WAIT_SECONDS = 60
+
+
+@contextlib.contextmanager
+def connect(url: str, table: TableName) -> Iterator[Any]:
+    """A PyMySQL connection (autocommit, UTC), its errors translated without secrets."""
+    target = Target.parse(url)
+    try:
+        conn = pymysql.connect(
+            host=target.host,
+            port=target.port,
+            user=target.user,
+            password=target.password,
+            database=target.database,
+            connect_timeout=max(1, round(CONNECT_TIMEOUT_SECONDS)),
+            autocommit=True,
+            charset="utf8mb4",
+        )
+    except (pymysql.MySQLError, OSError) as exc:
+        raise translate(exc, url, table) from exc
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION time_zone = '+00:00'")
+        yield conn
+    except (pymysql.MySQLError, OSError) as exc:
+        raise translate(exc, url, table) from exc
+    finally:
+        conn.close()
+
+
+def _lock_name(table: TableName) -> str:
+    # GET_LOCK names are at most 64 characters.
+    return (_LOCK_NAMESPACE + str(table))[:64]
+
+
+def migrate(url: str, table: TableName) -> list[int]:
+    """Apply the migrations ``table`` lacks; return the versions applied."""
+    ids = named.identifiers(table)
+    with connect(url, table) as conn, conn.cursor() as cur:
+        cur.execute("SELECT GET_LOCK(%s, %s)", (_lock_name(table), LOCK_WAIT_SECONDS))
+        if (cur.fetchone() or (None,))[0] != 1:
+            raise StoreUnavailable(f"another migration of {table} held its lock for {LOCK_WAIT_SECONDS}s")
+        try:
+            if table.schema:
+                cur.execute(f"CREATE DATABASE IF NOT EXISTS {named.quote(table.schema)}")
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {ids['version_table']} ("
+                " version INT NOT NULL PRIMARY KEY, name VARCHAR(200) NOT NULL,"
+                " applied_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))) ENGINE = InnoDB"
+            )
+            cur.execute(f"SELECT version FROM {ids['version_table']}")  # noqa: S608 - identifiers only
+            done = {row[0] for row in cur.fetchall()}
+            applied = []
+            for step in named.migrations():
+                if step.version in done:
+                    continue
+                for statement in named.statements(named.render(step.template, table)):
+                    cur.execute(statement)
+                cur.execute(
+                    f"INSERT INTO {ids['version_table']} (version, name) VALUES (%s, %s)",  # noqa: S608
+                    (step.version, step.name),
+                )
+                applied.append(step.version)
+                logger.info(
+                    "applied migration %04d_%s",
+                    step.version,
+                    step.name,
+                    extra={"action": "migrate", "table": str(table)},
+                )
+        finally:
+            cur.execute("SELECT RELEASE_LOCK(%s)", (_lock_name(table),))
+    return applied
+
+
+def schema_version(url: str, table: TableName) -> int:
+    """The newest migration applied to ``table`` (0 when none)."""
+    ids = named.identifiers(table)
+    with connect(url, table) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT MAX(version) FROM {ids['version_table']}")  # noqa: S608 - identifiers only
+        row = cur.fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+#: What writers may set: the application's columns. Everything else is the relay's.
+WRITER_COLUMNS = ("topic", "`key`", "payload", "headers", "idempotency_key", "deliver_at", "priority")
+#: What relays may change: the columns they own, and deliver_at (retries and held-back events wait).
+RELAY_COLUMNS = (
+    "state", "attempts", "last_error", "lease_owner", "claim_token", "lease_expires_at", "published_at", "failed_at",
+    "deliver_at",
+)  # fmt: skip
+#: "There is no such grant defined": a REVOKE of what a role never had.
+_NO_SUCH_GRANT = (1141, 1147)
+
+
+def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: str) -> None:
+    """Create (if missing) a relay role and a writer role with the least they need, column by column.
+
+    As on PostgreSQL (``relay.store.migrate.create_roles``), except that a
+    writer also needs UPDATE on ``idempotency_key``: ``publish()`` writes with
+    ``ON DUPLICATE KEY UPDATE idempotency_key = idempotency_key``, which MySQL
+    checks as an update. Grant the roles to your users (``GRANT outbox_relay TO
+    app@'%'``) and make them default (``SET DEFAULT ROLE``).
+    """
+    ids = named.identifiers(table)
+    relay, writer = named.quote(relay_role), named.quote(writer_role)
+    statements = [
+        f"GRANT SELECT, DELETE ON {ids['table']} TO {relay}",
+        f"GRANT UPDATE ({', '.join(RELAY_COLUMNS)}) ON {ids['table']} TO {relay}",
+        f"GRANT SELECT ON {ids['version_table']} TO {relay}",
+        f"GRANT INSERT ({', '.join(WRITER_COLUMNS)}) ON {ids['table']} TO {writer}",
+        f"GRANT SELECT (idempotency_key), UPDATE (idempotency_key) ON {ids['table']} TO {writer}",
+    ]
+    with connect(url, table) as conn, conn.cursor() as cur:
+        cur.execute("SELECT GET_LOCK(%s, %s)", (_lock_name(table), LOCK_WAIT_SECONDS))
+        try:
+            for role in (relay, writer):
+                cur.execute(f"CREATE ROLE IF NOT EXISTS {role}")
+                # Revoking table privileges revokes the column ones too; a role may have had none.
+                try:
+                    cur.execute(f"REVOKE ALL PRIVILEGES ON {ids['table']} FROM {role}")
+                except pymysql.MySQLError as exc:
+                    if exc.args[0] not in _NO_SUCH_GRANT:
+                        raise
+            for statement in statements:
+                cur.execute(statement)
+        finally:
+            cur.execute("SELECT RELEASE_LOCK(%s)", (_lock_name(table),))
+    logger.info("granted roles %s and %s", relay_role, writer_role, extra={"action": "create_roles"})

@@ -1,0 +1,308 @@
+-- Named queries of the MySQL store. "-- name: X" starts query X. {table} is
+-- an identifier in backticks (relay/store/mysql/sql.py); %(x)s are parameters
+-- the driver sends escaped. MySQL 8 dialect only (no RETURNING, no LATERAL,
+-- no FOR UPDATE OF), so that every statement runs on MariaDB 10.11 too.
+-- Times are UTC_TIMESTAMP(6): DATETIME(6) columns hold UTC.
+
+-- name: claim_candidates
+-- Step 1 of the claim (inside its short transaction): lock the first
+-- %(limit)s pending, due, unleased (or expired, with attempts left) rows in
+-- (priority, id) order, skipping rows another claim has locked. As on
+-- PostgreSQL (relay/store/queries.sql, claim), a keyed row goes in only if the
+-- oldest unsent event of its key is itself, is in flight, or could be claimed
+-- now and comes before it in that order: a key parked behind a dead letter or
+-- a retry takes no place in the batch. The subqueries lock nothing (InnoDB
+-- locks only the rows of the outer SELECT); the oldest unsent id is two
+-- probes of the key index, one per state.
+SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at IS NOT NULL AS reaped, LENGTH(o.payload) AS bytes
+FROM {table} AS o
+WHERE o.state = 'pending'
+  AND o.deliver_at <= UTC_TIMESTAMP(6)
+  AND (o.lease_expires_at IS NULL
+       OR (o.lease_expires_at < UTC_TIMESTAMP(6) AND o.attempts < %(max_attempts)s))
+  AND (o.`key` IS NULL OR EXISTS (
+        SELECT 1 FROM {table} AS f
+        WHERE f.id = LEAST(
+                  COALESCE((SELECT MIN(p.id) FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending'), o.id),
+                  COALESCE((SELECT MIN(d.id) FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed'), o.id))
+          AND (f.id = o.id
+               OR (f.state = 'pending' AND f.lease_expires_at >= UTC_TIMESTAMP(6))
+               OR (f.state = 'pending' AND f.priority >= o.priority AND f.deliver_at <= UTC_TIMESTAMP(6)
+                   AND (f.lease_expires_at IS NULL OR f.attempts < %(max_attempts)s)))))
+ORDER BY o.priority DESC, o.id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: claim_keys
+-- The unsent events of the candidates' keys up to the last candidate, in id
+-- order: where each key's run starts and ends (a plain read: no locks).
+SELECT id, `key`, topic
+FROM {table}
+WHERE `key` IN %(keys)s AND state IN ('pending', 'failed') AND id <= %(upto)s
+ORDER BY `key`, id;
+
+-- name: claim_tails
+-- Which of this relay's last events in flight (per key) still hold their lease.
+SELECT id
+FROM {table}
+WHERE id IN %(ids)s AND state = 'pending' AND claim_token IN %(mine)s AND lease_expires_at > UTC_TIMESTAMP(6);
+
+-- name: claim_lease
+-- Step 2: lease the chosen candidates (locked by step 1) to this claim.
+-- attempts counts claims, so a lease that expires because its relay died
+-- still counts as an attempt.
+UPDATE {table}
+SET claim_token = %(token)s,
+    lease_owner = %(owner)s,
+    lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %(lease_us)s MICROSECOND,
+    attempts = attempts + 1
+WHERE id IN %(ids)s;
+
+-- name: claimed
+-- Step 4, after the commit: the claimed rows, by token.
+SELECT id, topic, `key`, payload, headers, idempotency_key, attempts, created_at, priority
+FROM {table}
+WHERE id IN %(ids)s AND claim_token = %(token)s;
+
+-- name: reap_exhausted
+-- Dead-letter events whose lease expired with no attempts left: the relays
+-- holding them died or stalled every time, so another try would loop.
+UPDATE {table}
+SET state = 'failed', failed_at = UTC_TIMESTAMP(6), claim_token = NULL,
+    last_error = CONCAT('lease expired on attempt ', attempts, ': the relay holding it crashed or stalled'),
+    lease_expires_at = NULL
+WHERE state = 'pending'
+  AND lease_expires_at < UTC_TIMESTAMP(6)
+  AND attempts >= %(max_attempts)s;
+
+-- name: ack_delete
+DELETE FROM {table}
+WHERE id IN %(ids)s AND claim_token = %(token)s;
+
+-- name: ack_keep
+UPDATE {table}
+SET state = 'sent', published_at = UTC_TIMESTAMP(6), lease_expires_at = NULL
+WHERE id IN %(ids)s AND claim_token = %(token)s;
+
+-- name: retry
+-- last_error is TEXT (64 kB): errors are cut to 16,000 characters, as every write of it below.
+UPDATE {table}
+SET lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL,
+    deliver_at = UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND, last_error = LEFT(%(error)s, 16000)
+WHERE id = %(id)s AND claim_token = %(token)s;
+
+-- name: dead_letter
+UPDATE {table}
+SET state = 'failed', failed_at = UTC_TIMESTAMP(6), lease_expires_at = NULL, claim_token = NULL,
+    last_error = LEFT(%(error)s, 16000)
+WHERE id = %(id)s AND claim_token = %(token)s;
+
+-- name: renew_select
+-- Renewing a batch's lease (a batch that waited so long after its claim that
+-- its lease could end before its publish and settle are done): the events it
+-- still holds, locked. A row another relay claimed since has another token.
+SELECT id FROM {table}
+WHERE id IN %(ids)s AND claim_token = %(token)s AND state = 'pending'
+FOR UPDATE;
+
+-- name: renew
+UPDATE {table}
+SET lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %(lease_us)s MICROSECOND
+WHERE id IN %(ids)s;
+
+-- name: release
+-- Give back events that were claimed but not published: the claim does not
+-- count as an attempt. A positive delay makes them due again only then; they
+-- still block later events of their key.
+UPDATE {table}
+SET lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL,
+    attempts = GREATEST(attempts - 1, 0),
+    deliver_at = CASE WHEN %(delay_us)s > 0
+                      THEN UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND
+                      ELSE deliver_at END
+WHERE id IN %(ids)s AND claim_token = %(token)s;
+
+-- name: status
+-- Exact counts: one pass over the unsent rows (the claim index's 'pending'
+-- range and the dead letters' index).
+SELECT
+    COALESCE(SUM(state = 'pending' AND NOT COALESCE(lease_expires_at >= UTC_TIMESTAMP(6), FALSE)), 0) AS pending,
+    COALESCE(SUM(state = 'pending' AND COALESCE(lease_expires_at >= UTC_TIMESTAMP(6), FALSE)), 0) AS in_flight,
+    COALESCE(SUM(state = 'failed'), 0) AS failed,
+    COUNT(DISTINCT CASE WHEN state = 'failed' THEN `key` END) AS parked_keys,
+    COALESCE(SUM(state = 'pending' AND deliver_at > UTC_TIMESTAMP(6)
+                 AND NOT COALESCE(lease_expires_at >= UTC_TIMESTAMP(6), FALSE)), 0) AS scheduled
+FROM {table}
+WHERE state IN ('pending', 'failed');
+
+-- name: keys_waiting_on_schedule
+-- Among the keys with an event not due yet, those whose oldest unsent event
+-- is not due yet while a later event of the key is due.
+SELECT COUNT(*) AS waiting
+FROM (
+    SELECT k.`key`,
+           LEAST(COALESCE((SELECT MIN(p.id) FROM {table} AS p WHERE p.`key` = k.`key` AND p.state = 'pending'),
+                          4611686018427387904),
+                 COALESCE((SELECT MIN(d.id) FROM {table} AS d WHERE d.`key` = k.`key` AND d.state = 'failed'),
+                          4611686018427387904)) AS first_id
+    FROM (SELECT DISTINCT `key` FROM {table}
+          WHERE state = 'pending' AND deliver_at > UTC_TIMESTAMP(6) AND `key` IS NOT NULL) AS k
+) AS w
+JOIN {table} AS f ON f.id = w.first_id
+WHERE f.state = 'pending' AND f.deliver_at > UTC_TIMESTAMP(6)
+  AND NOT COALESCE(f.lease_expires_at >= UTC_TIMESTAMP(6), FALSE)
+  AND EXISTS (SELECT 1 FROM {table} AS later
+              WHERE later.`key` = w.`key` AND later.id > f.id
+                AND later.state = 'pending' AND later.deliver_at <= UTC_TIMESTAMP(6));
+
+-- name: top_priority_below
+-- The next priority of pending events below %(below)s: one probe of the claim index.
+SELECT MAX(priority) AS priority FROM {table} WHERE state = 'pending' AND priority < %(below)s;
+
+-- name: oldest_due_of_priority
+-- The oldest due event of one priority that no live lease holds.
+SELECT TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) / 1e6 AS age
+FROM {table}
+WHERE state = 'pending' AND priority = %(priority)s AND deliver_at <= UTC_TIMESTAMP(6)
+  AND (lease_expires_at IS NULL OR lease_expires_at < UTC_TIMESTAMP(6))
+ORDER BY priority DESC, id
+LIMIT 1;
+
+-- name: dead
+SELECT o.id, o.topic, o.`key`, o.idempotency_key, o.attempts, o.last_error, o.created_at, o.failed_at,
+       (SELECT COUNT(*) FROM {table} AS later
+         WHERE o.`key` IS NOT NULL AND later.`key` = o.`key` AND later.id > o.id
+           AND later.state = 'pending') AS blocked_events
+FROM {table} AS o
+WHERE o.state = 'failed'
+ORDER BY o.id
+LIMIT %(limit)s;
+
+-- name: requeue_select
+-- The dead letters a requeue takes (the filter refuses an empty selection before this runs).
+SELECT id FROM {table}
+WHERE state = 'failed'
+  AND (%(id)s IS NULL OR id = %(id)s)
+  AND (%(topic)s IS NULL OR topic = %(topic)s)
+  AND (%(key)s IS NULL OR `key` = %(key)s)
+ORDER BY id
+FOR UPDATE;
+
+-- name: requeue
+UPDATE {table}
+SET state = 'pending', attempts = 0, failed_at = NULL, deliver_at = UTC_TIMESTAMP(6),
+    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+WHERE id IN %(ids)s AND state = 'failed';
+
+-- name: skip_select
+-- Give up on one dead-lettered (or waiting, not in flight) event so the later
+-- events of its key can flow. An event whose lease is live, or ended less
+-- than %(grace_us)s microseconds ago, is refused: its relay may still be
+-- publishing it.
+SELECT state IN ('pending', 'failed') AS unsent,
+       state = 'pending'
+           AND COALESCE(lease_expires_at >= UTC_TIMESTAMP(6) - INTERVAL %(grace_us)s MICROSECOND, FALSE) AS in_flight
+FROM {table}
+WHERE id = %(id)s
+FOR UPDATE;
+
+-- name: skip
+UPDATE {table}
+SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL,
+    last_error = CONCAT(LEFT(COALESCE(last_error, ''), 16000), ' [skipped by operator]')
+WHERE id = %(id)s;
+
+-- name: check_table
+SELECT 1 FROM {table} LIMIT 0;
+
+-- name: check_writable
+-- The table is there and the relay may write it: a read-only server (1290),
+-- or a read-only transaction (1792), refuses this update though it matches no row.
+UPDATE {table} SET attempts = attempts WHERE id = -1;
+
+-- name: binlog
+SELECT @@global.log_bin AS log_bin, @@global.binlog_format AS binlog_format;
+
+-- name: inspect
+SELECT id, topic, `key`, payload, headers, idempotency_key, deliver_at, priority, state,
+       attempts, last_error, lease_owner, claim_token, lease_expires_at, created_at,
+       published_at, failed_at
+FROM {table}
+WHERE id = %(id)s;
+
+-- name: purge_batch
+-- Delete at most %(limit)s sent or skipped events older than the cut-off,
+-- each batch its own short statement. Unsent events are never touched.
+DELETE FROM {table}
+WHERE state IN ('sent', 'skipped')
+  AND COALESCE(published_at, failed_at, created_at) < UTC_TIMESTAMP(6) - INTERVAL %(older_us)s MICROSECOND
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: replay_select
+-- The kept events a replay takes (the filter refuses an empty selection before this runs).
+SELECT id FROM {table}
+WHERE state = 'sent'
+  AND (%(since)s IS NULL OR published_at >= %(since)s)
+  AND (%(until)s IS NULL OR published_at < %(until)s)
+  AND (%(key)s IS NULL OR `key` = %(key)s)
+  AND (%(topic)s IS NULL OR topic = %(topic)s)
+ORDER BY id
+FOR UPDATE;
+
+-- name: replay
+UPDATE {table}
+SET state = 'pending', attempts = 0, deliver_at = UTC_TIMESTAMP(6), published_at = NULL,
+    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+WHERE id IN %(ids)s AND state = 'sent';
+
+-- name: gauges_head
+-- The status figures for the relays' gauges at a bounded cost: the first
+-- %(exact_up_to)s + 1 unsent events in claim order (the claim index). When
+-- that is all of them, the counts are exact, as in status; past it the caller
+-- takes the table's row estimate (gauges_estimate) for the unsent count.
+SELECT COUNT(*) AS unsent,
+       COALESCE(SUM(COALESCE(h.lease_expires_at >= UTC_TIMESTAMP(6), FALSE)), 0) AS in_flight,
+       COALESCE(SUM(h.deliver_at > UTC_TIMESTAMP(6) AND NOT COALESCE(h.lease_expires_at >= UTC_TIMESTAMP(6), FALSE)),
+                0) AS scheduled
+FROM (SELECT lease_expires_at, deliver_at FROM {table}
+      WHERE state = 'pending'
+      ORDER BY priority DESC, id
+      LIMIT %(limit)s) AS h;
+
+-- name: gauges_failed
+-- Dead letters and the keys they park: the failed index's range, always exact.
+SELECT COUNT(*) AS failed, COUNT(DISTINCT `key`) AS parked_keys
+FROM {table}
+WHERE state = 'failed';
+
+-- name: gauges_estimate
+-- InnoDB's estimate of the table's rows (kept ones included), for a backlog past the exact bound.
+SELECT COALESCE(MAX(table_rows), 0) AS estimate
+FROM information_schema.tables
+WHERE table_schema = COALESCE(%(schema)s, DATABASE()) AND table_name = %(name)s;
+
+-- name: gauges_keys_waiting
+-- keys_waiting_on_schedule as in status, for at most 1,000 of the keys with a
+-- scheduled event among the first %(limit)s unsent events: a lower bound past that.
+SELECT COUNT(*) AS waiting
+FROM (
+    SELECT k.`key`,
+           LEAST(COALESCE((SELECT MIN(p.id) FROM {table} AS p WHERE p.`key` = k.`key` AND p.state = 'pending'),
+                          4611686018427387904),
+                 COALESCE((SELECT MIN(d.id) FROM {table} AS d WHERE d.`key` = k.`key` AND d.state = 'failed'),
+                          4611686018427387904)) AS first_id
+    FROM (SELECT DISTINCT x.`key`
+          FROM (SELECT `key`, deliver_at FROM {table}
+                WHERE state = 'pending'
+                ORDER BY priority DESC, id
+                LIMIT %(limit)s) AS x
+          WHERE x.deliver_at > UTC_TIMESTAMP(6) AND x.`key` IS NOT NULL
+          LIMIT 1000) AS k
+) AS w
+JOIN {table} AS f ON f.id = w.first_id
+WHERE f.state = 'pending' AND f.deliver_at > UTC_TIMESTAMP(6)
+  AND NOT COALESCE(f.lease_expires_at >= UTC_TIMESTAMP(6), FALSE)
+  AND EXISTS (SELECT 1 FROM {table} AS later
+              WHERE later.`key` = w.`key` AND later.id > f.id
+                AND later.state = 'pending' AND later.deliver_at <= UTC_TIMESTAMP(6));

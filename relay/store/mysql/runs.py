@@ -1,0 +1,107 @@
+"""Which locked candidates a MySQL claim leases: the per-key runs, and the byte cap.
+
+The PostgreSQL claim does this in its one statement (relay/store/queries.sql,
+``claim``); MySQL has no ``UPDATE … RETURNING`` and no ``LATERAL``, so the
+claim locks its candidates, reads its keys' unsent events, and decides here,
+by the same rules (the memory store, relay/store/memory.py, is the readable
+reference they all follow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A row the claim locked: due, unleased, and not parked behind its key's oldest event."""
+
+    id: int
+    key: str | None
+    topic: str
+    priority: int
+    bytes: int
+    reaped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Unsent:
+    """An unsent event of a candidate's key (pending or dead-lettered)."""
+
+    id: int
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """This relay's last event in flight of a key it may go on with."""
+
+    id: int
+    topic: str
+
+
+def runs(
+    candidates: Sequence[Candidate],
+    unsent: Mapping[str, Sequence[Unsent]],
+    tails: Mapping[str, Tail],
+    flying: Set[int],
+) -> dict[int, bool]:
+    """The candidates that make up runs, each with whether it is chained.
+
+    ``unsent`` holds each key's unsent events in id order (up to the last
+    candidate), ``tails`` the keys this relay may go on with, and ``flying``
+    the ids of those tails whose lease still holds. A key in flight here goes
+    on after its tail, to the same topic only; any other key starts at its
+    oldest unsent event, which must be a candidate. A run takes the key's
+    candidates from there on, up to the first unsent event that is not a
+    candidate or goes to another topic. Events without a key always go.
+    """
+    ids = {c.id for c in candidates}
+    chosen: dict[int, bool] = {}
+    for key in {c.key for c in candidates if c.key is not None}:
+        events = unsent.get(key, ())
+        tail = tails.get(key)
+        if tail is None:
+            after, chained = list(events[:1]), False
+        else:
+            if tail.id not in flying:
+                continue
+            after, chained = [e for e in events if e.id > tail.id][:1], True
+            if after and after[0].topic != tail.topic:
+                continue
+        if not after or after[0].id not in ids:
+            continue
+        head = after[0]
+        start = next(i for i, e in enumerate(events) if e.id == head.id)
+        for event in events[start:]:
+            if event.id not in ids or event.topic != head.topic:
+                break
+            chosen[event.id] = chained or event.id > head.id
+    for candidate in candidates:
+        if candidate.key is None:
+            chosen[candidate.id] = False
+    return chosen
+
+
+def within_bytes(placed: Sequence[Candidate], max_bytes: int | None) -> list[Candidate]:
+    """The events of ``placed`` (in claim order) that came while their sizes were under ``max_bytes``.
+
+    The first always goes in. A key's run is cut, never holed: an event counts
+    from the place of the latest of its run's earlier events.
+    """
+    place = {c.id: i for i, c in enumerate(placed)}
+    at: dict[int, int] = {}
+    latest: dict[str, int] = {}
+    for candidate in sorted(placed, key=lambda c: c.id):
+        if candidate.key is None:
+            at[candidate.id] = place[candidate.id]
+        else:
+            at[candidate.id] = latest[candidate.key] = max(latest.get(candidate.key, -1), place[candidate.id])
+    chosen, size = [], 0
+    for candidate in sorted(placed, key=lambda c: (at[c.id], c.id)):
+        if max_bytes is not None and size >= max_bytes:
+            break
+        chosen.append(candidate)
+        size += candidate.bytes
+    return chosen

@@ -1,0 +1,42 @@
+-- The full current schema of an outbox table on MySQL 8 / MariaDB 10.11,
+-- equivalent to applying every migration in migrations/ in order (a test
+-- checks that they agree). outbox-relay migrate applies the migrations; this
+-- file is for reading and for tools that want the whole schema at once.
+
+CREATE TABLE IF NOT EXISTS {version_table} (
+    version    INT          NOT NULL PRIMARY KEY,
+    name       VARCHAR(200) NOT NULL,
+    applied_at DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+) ENGINE = InnoDB;
+
+CREATE TABLE {table} (
+    id               BIGINT       NOT NULL AUTO_INCREMENT,
+    topic            VARCHAR(249) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    `key`            VARBINARY(1024),
+    payload          JSON         NOT NULL,
+    headers          JSON         NOT NULL DEFAULT ('{{}}'),
+    idempotency_key  VARBINARY(800) NOT NULL DEFAULT (UUID()),
+    deliver_at       DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    priority         INT          NOT NULL DEFAULT 0,
+    -- Relay-owned columns. "In flight" is state = 'pending' with a live lease.
+    state            VARCHAR(8)   CHARACTER SET ascii NOT NULL DEFAULT 'pending',
+    attempts         INT          NOT NULL DEFAULT 0,
+    last_error       TEXT         CHARACTER SET utf8mb4,
+    lease_owner      VARCHAR(255) CHARACTER SET utf8mb4,
+    claim_token      CHAR(36)     CHARACTER SET ascii,
+    lease_expires_at DATETIME(6),
+    created_at       DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    published_at     DATETIME(6),
+    failed_at        DATETIME(6),
+    PRIMARY KEY (id),
+    CONSTRAINT {topic_check} CHECK (topic <> ''),
+    CONSTRAINT {idempotency_key_check} CHECK (idempotency_key <> ''),
+    CONSTRAINT {headers_check} CHECK (JSON_TYPE(headers) = 'OBJECT'),
+    CONSTRAINT {state_check} CHECK (state IN ('pending', 'sent', 'failed', 'skipped')),
+    CONSTRAINT {idempotency_key_unique} UNIQUE (idempotency_key),
+    INDEX {claim_idx} (state, priority DESC, id),
+    INDEX {key_idx} (`key`, state, id),
+    INDEX {failed_idx} (state, `key`)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+INSERT INTO {version_table} (version, name) VALUES (1, 'initial');

@@ -1,0 +1,249 @@
+"""The relay's hot path on MySQL 8 and MariaDB: the two-step claim, settle, release, reap, polling.
+
+The claim (seed 004): in one short transaction, lock the candidates with
+``SELECT … FOR UPDATE SKIP LOCKED``, choose the runs (relay/store/mysql/runs.py),
+set the lease and claim token on the chosen ids, commit; then read the
+claimed rows by token. There is no LISTEN: ``wait`` sleeps, and the relay
+polls with its adaptive interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+from uuid import uuid4
+
+from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
+from relay.errors import ClaimTimeout, StoreError, StoreUnavailable
+from relay.events import Event
+from relay.store.base import Claim, Dead, Retry, Settlement, Status, chained_keys, in_key_order
+from relay.store.mysql import runs as planner
+from relay.store.mysql.admin import MySQLAdmin, micros, text, utc
+from relay.store.mysql.connection import STATEMENT_TIMEOUT, error_code, rows_of, transaction
+
+logger = logging.getLogger(__name__)
+
+# The gauges count exactly up to this many unsent events and estimate past it.
+GAUGES_EXACT_UP_TO = 20_000
+
+
+class BinlogUnsafe(StoreError):
+    """Binary logging is statement-based: ``SKIP LOCKED`` is unsafe to replicate that way."""
+
+
+def check_binlog(log_bin: object, binlog_format: object) -> str | None:
+    """Refuse statement-based binary logging; a warning (returned) for MIXED; None when safe.
+
+    With ``binlog_format=STATEMENT`` a replica replays ``SKIP LOCKED`` statements
+    against other locks than the source held, and may pick other rows (seed 004).
+    MIXED logs such unsafe statements as rows, so it is only warned about.
+    """
+    if not log_bin or str(log_bin) in ("0", "OFF"):
+        return None
+    form = str(binlog_format or "").upper()
+    if form == "ROW":
+        return None
+    if form == "STATEMENT":
+        raise BinlogUnsafe(
+            "binary logging is on with binlog_format=STATEMENT, under which SKIP LOCKED is unsafe to replicate: "
+            "set binlog_format=ROW (see docs/mysql.md)"
+        )
+    return f"binary logging is on with binlog_format={form}: ROW is the safe format for SKIP LOCKED (docs/mysql.md)"
+
+
+class MySQLStore(MySQLAdmin):
+    """The outbox table in MySQL 8 or MariaDB (the ``Store`` port, and ``Admin`` for retention)."""
+
+    def __init__(
+        self,
+        url: str,
+        table: TableName,
+        *,
+        owner: str,
+        lease_seconds: float,
+        keep_sent: bool = False,
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        statement_timeout: float | None = None,
+    ) -> None:
+        super().__init__(url, table, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+        self._owner = owner
+        self._lease_seconds = lease_seconds
+        self._keep_sent = keep_sent
+
+    async def open(self) -> None:
+        """Connect, check the table, and refuse statement-based binary logging."""
+        await self._db.open()
+        row = (await self._db.fetch("binlog"))[0]
+        warning = check_binlog(row["log_bin"], row["binlog_format"])
+        if warning:
+            logger.warning(warning, extra={"action": "binlog_format"})
+
+    async def claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
+    ) -> Claim:
+        """Lease up to ``limit`` due events (runs of each key's, at least one, their payloads up to
+        ``max_bytes``), by priority then id, each key's in id order; see :meth:`Store.claim`."""
+        token = uuid4()
+        tails = {key: planner.Tail(e.id, e.topic) for key, e in chained_keys(chain).items()}
+        mine = tuple(str(claim.token) for claim in chain)
+        queries = self._db.queries
+
+        async def lease(cur: Any) -> list[tuple[planner.Candidate, bool]]:
+            await cur.execute(queries["claim_candidates"], {"max_attempts": max_attempts, "limit": limit})
+            candidates = [
+                planner.Candidate(
+                    r["id"], text(r["key"]), r["topic"], r["priority"], int(r["bytes"]), bool(r["reaped"])
+                )
+                for r in rows_of(cur, await cur.fetchall())
+            ]
+            keys = tuple({c.key for c in candidates if c.key is not None})
+            unsent: dict[str, list[planner.Unsent]] = {}
+            if keys:
+                await cur.execute(queries["claim_keys"], {"keys": keys, "upto": max(c.id for c in candidates)})
+                for row in await cur.fetchall():
+                    unsent.setdefault(text(row[1]), []).append(planner.Unsent(row[0], row[2]))
+            flying: set[int] = set()
+            wanted = tuple(tail.id for key, tail in tails.items() if key in unsent)
+            if wanted and mine:
+                await cur.execute(queries["claim_tails"], {"ids": wanted, "mine": mine})
+                flying = {row[0] for row in await cur.fetchall()}
+            chosen = planner.runs(candidates, unsent, tails, flying)
+            placed = planner.within_bytes([c for c in candidates if c.id in chosen], max_bytes)
+            if placed:
+                await cur.execute(
+                    queries["claim_lease"],
+                    {
+                        "token": str(token),
+                        "owner": self._owner,
+                        "lease_us": micros(self._lease_seconds),
+                        "ids": tuple(c.id for c in placed),
+                    },
+                )
+            return [(c, chosen[c.id]) for c in placed]
+
+        async def work(cur: Any) -> tuple[list[tuple[planner.Candidate, bool]], list[dict[str, Any]]]:
+            placed = await transaction(cur, lambda: lease(cur))
+            if not placed:
+                return placed, []
+            await cur.execute(queries["claimed"], {"ids": tuple(c.id for c, _ in placed), "token": str(token)})
+            return placed, rows_of(cur, await cur.fetchall())
+
+        try:
+            placed, rows = await self._db.call("main", work)
+        except StoreUnavailable as exc:
+            if exc.__cause__ is not None and error_code(exc.__cause__) in STATEMENT_TIMEOUT:
+                raise ClaimTimeout(f"claiming up to {limit} events: {exc}") from exc
+            raise
+        chained, reaped = {c.id: flag for c, flag in placed}, {c.id for c, _ in placed if c.reaped}
+        events = [self._event(row, chained=chained.get(row["id"], False)) for row in rows]
+        priority = {row["id"]: row["priority"] for row in rows}
+        events = in_key_order(events, lambda e: (-priority[e.id], e.id), event=lambda e: e)
+        return Claim(token=token, events=events, reaped=sum(1 for e in events if e.id in reaped))
+
+    @staticmethod
+    def _event(row: dict[str, Any], *, chained: bool) -> Event:
+        headers = json.loads(row["headers"]) if row["headers"] else {}
+        return Event(
+            id=row["id"],
+            topic=row["topic"],
+            key=text(row["key"]),
+            payload=row["payload"].encode(),
+            headers={name: value if isinstance(value, str) else json.dumps(value) for name, value in headers.items()},
+            idempotency_key=text(row["idempotency_key"]),
+            attempts=row["attempts"],
+            created_at=utc(row["created_at"]),
+            chained=chained,
+        )
+
+    async def settle(
+        self, claim: Claim, *, sent: Sequence[int], retry: Sequence[Retry], dead: Sequence[Dead]
+    ) -> Settlement:
+        """Delete (or mark sent) the acknowledged events, reschedule or dead-letter the rest."""
+        token = str(claim.token)
+        queries = self._db.queries
+
+        async def steps(cur: Any) -> Settlement:
+            done = retried = buried = 0
+            if sent:
+                done = await cur.execute(
+                    queries["ack_keep" if self._keep_sent else "ack_delete"], {"ids": tuple(sent), "token": token}
+                )
+            for item in retry:
+                retried += await cur.execute(
+                    queries["retry"],
+                    {"id": item.id, "delay_us": micros(item.delay_seconds), "error": item.error, "token": token},
+                )
+            for grave in dead:
+                buried += await cur.execute(
+                    queries["dead_letter"], {"id": grave.id, "error": grave.error, "token": token}
+                )
+            lost = len(sent) + len(retry) + len(dead) - done - retried - buried
+            return Settlement(sent=done, retried=retried, dead=buried, lost=lost)
+
+        async def work(cur: Any) -> Settlement:
+            # One transaction: a deadlock retried runs every step again from the start,
+            # instead of finding the rows a first try deleted gone and counting them lost.
+            return await transaction(cur, lambda: steps(cur))
+
+        return await self._db.call("settle", work)
+
+    async def renew(self, claim: Claim) -> set[int]:
+        """Start the lease again for the claim's events it still holds; their ids."""
+        if not claim.events:
+            return set()
+        queries = self._db.queries
+        params = {"ids": tuple(e.id for e in claim.events), "token": str(claim.token)}
+
+        async def work(cur: Any) -> set[int]:
+            async def steps() -> set[int]:
+                await cur.execute(queries["renew_select"], params)
+                held = tuple(int(row[0]) for row in await cur.fetchall())
+                if held:
+                    await cur.execute(queries["renew"], {"ids": held, "lease_us": micros(self._lease_seconds)})
+                return set(held)
+
+            return await transaction(cur, steps)
+
+        return await self._db.call("settle", work)
+
+    async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:
+        """Give unpublished events back without counting the attempt, due again after ``delay_seconds``."""
+        if ids:
+            params = {"ids": tuple(ids), "token": str(claim.token), "delay_us": micros(delay_seconds)}
+            await self._db.run("release", params, lane="settle")
+
+    async def reap(self, *, max_attempts: int) -> int:
+        """Dead-letter events whose expired lease used their last attempt."""
+        return await self._db.run("reap_exhausted", {"max_attempts": max_attempts})
+
+    async def wait(self, timeout: float) -> bool:
+        """MySQL has no LISTEN: sleep ``timeout`` (the relay's adaptive poll interval)."""
+        await asyncio.sleep(timeout)
+        return False
+
+    async def gauges(self, *, exact_up_to: int = GAUGES_EXACT_UP_TO) -> Status:
+        """``status`` at a bounded cost: exact up to ``exact_up_to`` unsent events, estimated past it."""
+        db, bound = self._db, {"limit": exact_up_to + 1}
+        head = (await db.fetch("gauges_head", bound, lane="stats"))[0]
+        failed = (await db.fetch("gauges_failed", lane="stats"))[0]
+        waiting = (await db.fetch("gauges_keys_waiting", bound, lane="stats"))[0]
+        unsent, in_flight = int(head["unsent"]), int(head["in_flight"])
+        if unsent > exact_up_to:
+            names = {"schema": db.table.schema, "name": db.table.name}
+            unsent = max(unsent, int((await db.fetch("gauges_estimate", names, lane="stats"))[0]["estimate"]))
+        return Status(
+            pending=unsent - in_flight,
+            in_flight=in_flight,
+            failed=int(failed["failed"]),
+            oldest_pending_age_seconds=await self.oldest_pending_age(),
+            parked_keys=int(failed["parked_keys"]),
+            scheduled=int(head["scheduled"]),
+            keys_waiting_on_schedule=int(waiting["waiting"]),
+        )
+
+    async def check(self) -> None:
+        """Raise ``StoreUnavailable`` unless the database answers, has the table and takes writes."""
+        await self._db.run("check_writable")

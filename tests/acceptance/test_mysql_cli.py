@@ -1,0 +1,130 @@
+"""``outbox-relay`` on MySQL as a user runs it: migrate, run, and the operator's commands."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from devservers import free_port, wait_for_port
+from tests import mysql_support
+from tests.acceptance.test_run_kafka import http_get, metric
+from tests.integration.kafka_support import consume, unique_topic
+from tests.relay_support import relay_process, stop_process, wait_until
+
+CANARY = "s3cr3t-Pa55word"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "relay", *args], capture_output=True, text=True, timeout=60)
+
+
+def ok(*args: str) -> str:
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def status(url: str) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(ok("status", "--json", "--database-url", url))
+    return result
+
+
+def test_migrate_twice_then_run_delivers_and_sigterm_exits_0(mysql_empty_url: str, kafka_bootstrap: str) -> None:
+    url = mysql_empty_url.replace("mysql://", "mariadb://", 1)  # the same store by either name
+    assert ok("migrate", "--database-url", url).strip() == "outbox: applied 1"
+    assert ok("migrate", "--database-url", url).strip() == "outbox: up to date"
+    topic = unique_topic()
+    rows = [(topic, f"k{n % 7}", json.dumps({"n": n}), f"e{n}") for n in range(500)]
+    conn = mysql_support.connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO outbox (topic, `key`, payload, idempotency_key) VALUES (%s, %s, %s, %s)", rows)
+    finally:
+        conn.close()
+    assert status(url)["pending"] == 500
+    proc = relay_process(url, f"kafka://{kafka_bootstrap}")
+    try:
+        wait_until(lambda: not mysql_support.outbox_counts(url), timeout=60)
+    finally:
+        code = stop_process(proc, signal.SIGTERM)
+    assert code == 0
+    received = consume(kafka_bootstrap, topic, count=500, settle_seconds=0.5)
+    assert sorted(m.headers["idempotency-key"] for m in received) == sorted(f"e{n}".encode() for n in range(500))
+    assert status(url) | {"oldest_pending_age_seconds": 0} == {
+        "pending": 0,
+        "in_flight": 0,
+        "failed": 0,
+        "oldest_pending_age_seconds": 0,
+        "parked_keys": 0,
+        "scheduled": 0,
+        "keys_waiting_on_schedule": 0,
+    }
+
+
+def test_the_operators_commands_work_on_mysql(mysql_url: str) -> None:
+    mysql_support.execute(
+        mysql_url,
+        "INSERT INTO outbox (topic, `key`, payload, idempotency_key, state, attempts, last_error, failed_at)"
+        " VALUES ('t', 'k', '{}', 'dead-1', 'failed', 3, 'too large', UTC_TIMESTAMP(6)),"
+        " ('t', 'k', '{}', 'behind', 'pending', 0, NULL, NULL)",
+    )
+    dead = json.loads(ok("dead", "--json", "--database-url", mysql_url))
+    assert [(d["idempotency_key"], d["blocks_key"], d["blocked_events"]) for d in dead] == [("dead-1", "k", 1)]
+    shown = json.loads(ok("inspect", str(dead[0]["id"]), "--json", "--database-url", mysql_url))
+    assert (shown["state"], shown["last_error"]) == ("failed", "too large")
+    assert json.loads(ok("requeue", "--key", "k", "--json", "--database-url", mysql_url)) == {
+        "requeued": [dead[0]["id"]]
+    }
+    assert ok("skip", "--id", str(dead[0]["id"]), "--database-url", mysql_url).startswith("skipped")
+    assert json.loads(ok("purge", "--older-than", "0s", "--json", "--database-url", mysql_url)) == {"purged": 1}
+    assert status(mysql_url)["pending"] == 1
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["status"]])
+def test_a_wrong_password_or_a_dead_server_never_shows_the_password(command: list[str], mysql_url: str) -> None:
+    database = mysql_url.rsplit("/", 1)[1]
+    for url in (
+        f"mysql://nobody:{CANARY}@127.0.0.1:3306/{database}",
+        f"mysql://app:{CANARY}@127.0.0.1:{free_port()}/{database}",
+    ):
+        done = cli(*command, "--database-url", url)
+        assert done.returncode != 0
+        assert CANARY not in done.stdout + done.stderr
+        assert "error" in done.stderr
+
+
+def test_an_unknown_scheme_still_names_both_databases() -> None:
+    done = cli("status", "--database-url", f"mongodb://app:{CANARY}@db/x")
+    assert done.returncode == 2
+    assert "postgresql:// or mysql://" in done.stderr and CANARY not in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_metrics_health_and_keep_sent_on_mysql(mysql_url: str, kafka_bootstrap: str) -> None:
+    topic = unique_topic()
+    rows = [(topic, f"k{n % 3}", json.dumps({"n": n})) for n in range(100)]
+    conn = mysql_support.connect(mysql_url)
+    try:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", rows)
+    finally:
+        conn.close()
+    port = free_port()
+    proc = relay_process(mysql_url, f"kafka://{kafka_bootstrap}", "--metrics-port", str(port), "--keep-sent")
+    try:
+        wait_for_port("127.0.0.1", port)
+        wait_until(lambda: mysql_support.outbox_counts(mysql_url) == {"sent": 100}, timeout=60)
+        assert http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+        status_code, text = http_get(f"http://127.0.0.1:{port}/metrics")
+        assert status_code == 200
+        assert metric(text, f'outbox_relay_published_total{{topic="{topic}"}}') == 100
+        assert "outbox_relay_pending" in text
+    finally:
+        assert stop_process(proc) == 0
+    replayed = json.loads(ok("replay", "--key", "k1", "--json", "--database-url", mysql_url))["replayed"]
+    assert len(replayed) == 33  # n % 3 == 1 for n below 100

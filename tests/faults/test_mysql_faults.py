@@ -1,0 +1,127 @@
+"""Fault scenarios on MySQL (MariaDB here): SIGKILLed relays keep every key in order and lose nothing,
+and bad input is dead-lettered while the rest flows.
+
+Writers use ``publish()`` and plain SQL, 30% rolled back. The quick version
+runs in ``make test``; ``make faults`` (RELAY_FAULTS_FULL=1) runs the full counts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests import mysql_support
+from tests.faults.checker import KafkaCollector, verdict
+from tests.faults.conftest import FULL, Recorder
+from tests.faults.mysql_writers import MySQLWriters
+from tests.faults.schedule import FaultSchedule
+from tests.integration.kafka_support import consume, unique_topic
+from tests.relay_support import relay_process, stop_process, wait_until
+
+EVENTS = 20_000 if FULL else 2_000
+KILLS = 30 if FULL else 3
+RELAYS = 2
+BATCH = 200
+
+
+def start_relay(url: str, bootstrap: str, *extra: str) -> subprocess.Popen[str]:
+    return relay_process(
+        url,
+        f"kafka://{bootstrap}",
+        "--lease-seconds",
+        "9",
+        "--publish-timeout",
+        "2",
+        "--batch-size",
+        str(BATCH),
+        *extra,
+    )
+
+
+def left(url: str) -> list[tuple[object, ...]]:
+    return mysql_support.execute(
+        url,
+        "SELECT id, `key`, state, attempts, lease_expires_at, UTC_TIMESTAMP(6), deliver_at, last_error"
+        " FROM outbox ORDER BY id LIMIT 10",
+    )
+
+
+def remaining(url: str) -> int:
+    return sum(mysql_support.outbox_counts(url).values())
+
+
+@pytest.mark.timeout(900 if FULL else 300)
+def test_two_relays_with_random_sigkills_keep_every_key_in_order_on_mysql(
+    mysql_url: str, kafka_bootstrap: str, record: Recorder
+) -> None:
+    topic = unique_topic("mysql-order")
+    rng = random.Random(17)
+    relays = [start_relay(mysql_url, kafka_bootstrap) for _ in range(RELAYS)]
+    writers = MySQLWriters(mysql_url, topic, count=4, events=EVENTS, keys_per_writer=25, pause=0.005)
+    kills = 0
+    with KafkaCollector(kafka_bootstrap, topic) as collector:
+        try:
+            with FaultSchedule(writers) as schedule:
+                while kills < KILLS:
+                    time.sleep(rng.uniform(0.5, 1.5))
+                    victim = rng.randrange(RELAYS)
+                    with schedule.fault(f"kill {kills + 1}"):
+                        stop_process(relays[victim], signal.SIGKILL)
+                        kills += 1
+                        relays[victim] = start_relay(mysql_url, kafka_bootstrap)
+            try:
+                wait_until(lambda: remaining(mysql_url) == 0, timeout=120)
+            except AssertionError:
+                # Say why: what is left, and whether the relays still run (and what they said).
+                alive = [r.poll() is None for r in relays]
+                for r in relays:
+                    r.send_signal(signal.SIGTERM)
+                said = [(r.communicate(timeout=30)[1] or "")[-800:] for r in relays]
+                counts = mysql_support.outbox_counts(mysql_url)
+                raise AssertionError(f"not drained: {counts}; first rows {left(mysql_url)}; {alive=}; {said}") from None
+            committed = len(writers.ledger.committed)
+            collector.wait_for(lambda ds: len({d.idempotency_key for d in ds}) >= committed, timeout=60)
+            time.sleep(1.0)
+        finally:
+            codes = [stop_process(r) for r in relays]
+        result = verdict(writers.ledger, collector.deliveries)
+    print(f"mysql ordering under {kills} kills: {result}; {schedule.note()}")
+    record(f"1/ordering on MySQL: SIGKILL x{kills}, {RELAYS} relays, 4 writers (publish and SQL), 100 keys", result,
+           runs=kills, note=schedule.note())  # fmt: skip
+    assert codes == [0] * RELAYS
+    assert result.committed > EVENTS * 0.6
+    assert result.rolled_back > 0
+    assert result.ok, str(result)
+    assert result.duplicates <= BATCH * 2 * kills
+
+
+@pytest.mark.timeout(120)
+def test_a_payload_over_the_kafka_limit_is_dead_lettered_at_once_and_parks_only_its_key(
+    mysql_url: str, kafka_bootstrap: str
+) -> None:
+    topic = unique_topic("mysql-big")
+    big = json.dumps({"pad": "x" * (2 * 1024 * 1024)})  # over the relay's 1 MiB default message limit
+    rows = [(topic, "big", big, "huge"), (topic, "big", "{}", "behind-huge")]
+    rows += [(topic, f"k{n % 5}", json.dumps({"n": n}), f"e{n}") for n in range(50)]
+    conn = mysql_support.connect(mysql_url)
+    try:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO outbox (topic, `key`, payload, idempotency_key) VALUES (%s, %s, %s, %s)", rows)
+    finally:
+        conn.close()
+    relay = start_relay(mysql_url, kafka_bootstrap)
+    try:
+        wait_until(lambda: mysql_support.outbox_counts(mysql_url) == {"failed": 1, "pending": 1}, timeout=60)
+    finally:
+        assert stop_process(relay) == 0
+    received = consume(kafka_bootstrap, topic, count=50, settle_seconds=1.0)
+    assert sorted(m.headers["idempotency-key"] for m in received) == sorted(f"e{n}".encode() for n in range(50))
+    [(attempts, error)] = mysql_support.execute(
+        mysql_url, "SELECT attempts, last_error FROM outbox WHERE idempotency_key = 'huge'"
+    )
+    assert attempts == 1 and error

@@ -1,0 +1,124 @@
+"""producers.publish with PyMySQL and apublish with asyncmy write in the caller's transaction only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import asyncmy
+import pytest
+
+import producers
+from relay.config import TableName
+from relay.errors import ConfigError
+from relay.store.mysql import Target
+from relay.store.mysql.migrate import migrate
+from tests import mysql_support
+
+
+def count(url: str, table: str = "outbox") -> int:
+    return int(mysql_support.execute(url, f"SELECT COUNT(*) FROM {table}")[0][0])
+
+
+def test_publish_commits_with_the_business_transaction(mysql_url: str) -> None:
+    conn = mysql_support.connect(mysql_url, autocommit=False)
+    try:
+        key = producers.publish(conn, "orders", {"id": 1}, key="o-1", headers={"h": "v"}, priority=5)
+        assert count(mysql_url) == 0, "publish must not commit by itself"
+        conn.commit()
+    finally:
+        conn.close()
+    [(topic, event_key, payload, headers, priority)] = mysql_support.execute(
+        mysql_url, "SELECT topic, `key`, payload, headers, priority FROM outbox WHERE idempotency_key = %s", [key]
+    )
+    assert (topic, event_key, json.loads(payload), json.loads(headers), priority) == (
+        "orders",
+        b"o-1",
+        {"id": 1},
+        {"h": "v"},
+        5,
+    )
+
+
+def test_rolled_back_transaction_leaves_nothing(mysql_url: str) -> None:
+    conn = mysql_support.connect(mysql_url, autocommit=False)
+    try:
+        producers.publish(conn, "orders", {"id": 1})
+        conn.rollback()
+    finally:
+        conn.close()
+    assert count(mysql_url) == 0
+
+
+def test_same_idempotency_key_twice_writes_once_and_returns_the_key(mysql_url: str) -> None:
+    conn = mysql_support.connect(mysql_url, autocommit=False)
+    try:
+        assert producers.publish(conn, "t", {"v": 1}, idempotency_key="dup") == "dup"
+        conn.commit()
+        assert producers.publish(conn, "t", {"v": 2}, idempotency_key="dup") == "dup"
+        conn.commit()
+    finally:
+        conn.close()
+    assert [json.loads(p) for (p,) in mysql_support.execute(mysql_url, "SELECT payload FROM outbox")] == [{"v": 1}]
+
+
+async def _aconnect(url: str) -> Any:
+    target = Target.parse(url)
+    return await asyncmy.connect(
+        host=target.host, port=target.port, user=target.user, password=target.password, database=target.database
+    )
+
+
+def test_apublish_with_asyncmy_and_a_table_in_another_database(mysql_url: str, mysql_server_url: str) -> None:
+    other = mysql_url.rsplit("/", 1)[1] + "_events"
+    deliver_at = datetime.now(timezone(timedelta(hours=2))) + timedelta(minutes=5)
+    try:
+        migrate(mysql_url, TableName.parse(f"{other}.outbox"))
+
+        async def write(commit: bool) -> str:
+            conn = await _aconnect(mysql_url)
+            try:
+                key = await producers.apublish(conn, "t", [1, 2], table=f"{other}.outbox", deliver_at=deliver_at)
+                await (conn.commit() if commit else conn.rollback())
+                return key
+            finally:
+                conn.close()
+
+        key = asyncio.run(write(True))
+        asyncio.run(write(False))
+        rows = mysql_support.execute(mysql_url, f"SELECT payload, deliver_at FROM `{other}`.outbox")
+        assert [(json.loads(p), at) for p, at in rows] == [
+            ([1, 2], deliver_at.astimezone(UTC).replace(tzinfo=None))  # stored as UTC
+        ]
+        assert mysql_support.execute(
+            mysql_url, f"SELECT COUNT(*) FROM `{other}`.outbox WHERE idempotency_key = %s", [key]
+        ) == [(1,)]
+        assert count(mysql_url) == 0
+    finally:
+        mysql_support.execute(mysql_server_url, f"DROP DATABASE IF EXISTS `{other}`")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"topic": ""}, ValueError),
+        ({"headers": {"a": 1}}, TypeError),
+        ({"key": 5}, TypeError),
+        ({"deliver_at": datetime(2030, 1, 1)}, ValueError),
+        ({"deliver_at": datetime.now(UTC) + timedelta(days=400)}, ValueError),
+        ({"priority": "high"}, TypeError),
+        ({"table": "outbox`; drop table outbox;--"}, ConfigError),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_sql(mysql_url: str, kwargs: dict[str, Any], error: type) -> None:
+    args: dict[str, Any] = {"topic": "t", "payload": {}, **kwargs}
+    conn = mysql_support.connect(mysql_url, autocommit=False)
+    try:
+        with pytest.raises(error):
+            producers.publish(conn, **args)
+        conn.commit()
+    finally:
+        conn.close()
+    assert count(mysql_url) == 0

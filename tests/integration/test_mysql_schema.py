@@ -1,0 +1,167 @@
+"""Schema and migrations on real MariaDB (MySQL 8 dialect): the same checks as on PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from typing import Any
+
+import pymysql
+import pytest
+
+from relay.config import TableName
+from relay.errors import SchemaError
+from relay.store.mysql import MySQLStore
+from relay.store.mysql import sql as named
+from relay.store.mysql.migrate import create_roles, migrate, schema_version
+from tests import mysql_support
+
+CATALOG = {
+    "columns": """
+        SELECT table_name, column_name, column_type, is_nullable, column_default, character_set_name,
+               collation_name, extra
+        FROM information_schema.columns WHERE table_schema = DATABASE() ORDER BY 1, 2""",
+    "indexes": """
+        SELECT table_name, index_name, seq_in_index, column_name, non_unique, collation
+        FROM information_schema.statistics WHERE table_schema = DATABASE() ORDER BY 1, 2, 3""",
+    "checks": """
+        SELECT constraint_name, check_clause FROM information_schema.check_constraints
+        WHERE constraint_schema = DATABASE() ORDER BY 1""",
+    "tables": """
+        SELECT table_name, engine, table_collation FROM information_schema.tables
+        WHERE table_schema = DATABASE() ORDER BY 1""",
+}
+
+
+def catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    return {name: mysql_support.execute(url, query) for name, query in CATALOG.items()}
+
+
+def test_migrations_and_schema_sql_build_the_same_schema(mysql_url: str, mysql_server_url: str) -> None:
+    table = TableName.parse("outbox")
+    with mysql_support.mysql_database(mysql_server_url) as other:
+        for statement in named.statements(named.render(named.schema_template(), table)):
+            mysql_support.execute(other, statement)
+        assert catalog(other) == catalog(mysql_url)
+        assert catalog(other)["columns"]  # the comparison compared something
+        assert schema_version(other, table) == schema_version(mysql_url, table) == len(named.migrations())
+
+
+def test_migrate_is_idempotent_and_safe_when_two_run_at_once(mysql_empty_url: str) -> None:
+    table = TableName.parse("outbox")
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            results.append(migrate(mysql_empty_url, table))
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert sorted(results) == [[], [], [1]]
+    assert migrate(mysql_empty_url, table) == []
+    assert mysql_support.execute(mysql_empty_url, "SELECT version, name FROM outbox_schema_version") == [(1, "initial")]
+
+
+def test_a_table_in_another_database_is_created_there(mysql_empty_url: str, mysql_server_url: str) -> None:
+    database = mysql_empty_url.rsplit("/", 1)[1] + "_events"
+    try:
+        assert migrate(mysql_empty_url, TableName.parse(f"{database}.outbox")) == [1]
+        rows = mysql_support.execute(mysql_empty_url, f"SELECT COUNT(*) FROM `{database}`.`outbox`")
+        assert rows == [(0,)]
+    finally:
+        mysql_support.execute(mysql_server_url, f"DROP DATABASE IF EXISTS `{database}`")
+
+
+def test_a_missing_table_is_a_schema_error(mysql_empty_url: str) -> None:
+    store = MySQLStore(mysql_empty_url, TableName.parse("outbox"), owner="t", lease_seconds=30)
+    with pytest.raises(SchemaError, match="outbox-relay migrate"):
+        asyncio.run(store.open())
+
+
+def test_plain_sql_with_the_key_in_backticks_gets_the_defaults_in_utc(mysql_url: str) -> None:
+    conn = mysql_support.connect(mysql_url)
+    try:
+        with conn.cursor() as cur:
+            # A writer whose session is not in UTC: the defaults are UTC all the same.
+            cur.execute("SET SESSION time_zone = '+05:00'")
+            cur.execute("INSERT INTO outbox (topic, `key`, payload) VALUES ('orders', 'order-42', '{\"n\": 1}')")
+            cur.execute(
+                "SELECT TIMESTAMPDIFF(SECOND, created_at, UTC_TIMESTAMP(6)), TIMESTAMPDIFF(SECOND, deliver_at,"
+                " UTC_TIMESTAMP(6)), state, headers, idempotency_key <> '' FROM outbox"
+            )
+            created, deliver, state, headers, has_idem = cur.fetchone()
+    finally:
+        conn.close()
+    assert abs(created) <= 2 and abs(deliver) <= 2
+    assert (state, headers, has_idem) == ("pending", "{}", 1)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        "('', NULL, '{}', '{}')",  # empty topic
+        "('t', NULL, '{}', '[]')",  # headers not an object
+        "('t', NULL, 'not json', '{}')",
+    ],
+)
+def test_the_checks_refuse_bad_rows(mysql_url: str, values: str) -> None:
+    with pytest.raises(pymysql.err.MySQLError):
+        mysql_support.execute(mysql_url, f"INSERT INTO outbox (topic, `key`, payload, headers) VALUES {values}")
+    assert mysql_support.execute(mysql_url, "SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+def test_keys_and_idempotency_keys_compare_byte_for_byte(mysql_url: str) -> None:
+    for key, idem in (("A", "x"), ("a", "X"), ("a ", "x ")):
+        mysql_support.execute(
+            mysql_url,
+            "INSERT INTO outbox (topic, `key`, payload, idempotency_key) VALUES ('t', %s, '{}', %s)",
+            [key, idem],
+        )
+    assert mysql_support.execute(mysql_url, "SELECT COUNT(DISTINCT `key`), COUNT(*) FROM outbox") == [(3, 3)]
+
+
+def test_the_claim_reads_the_claim_index(mysql_url: str) -> None:
+    for i in range(200):
+        mysql_support.execute(mysql_url, "INSERT INTO outbox (topic, payload) VALUES ('t', %s)", [f'{{"i": {i}}}'])
+    mysql_support.execute(mysql_url, "ANALYZE TABLE outbox")
+    query = named.render(named.queries()["claim_candidates"], TableName.parse("outbox"))
+    conn = mysql_support.connect(mysql_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("EXPLAIN " + query, {"max_attempts": 3, "limit": 10})
+            names = [c[0] for c in cur.description]
+            plan = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    finally:
+        conn.close()
+    outer = plan[0]
+    assert outer["table"] == "o" and outer["key"] == "outbox_claim_idx", plan
+    assert "filesort" not in (outer["Extra"] or "").lower(), plan
+
+
+def test_create_roles_grants_the_least_each_role_needs_and_can_run_again(mysql_url: str) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    relay_role, writer_role = f"relay_t_{suffix}", f"writer_t_{suffix}"
+    table = TableName.parse("outbox")
+    try:
+        for _ in range(2):
+            create_roles(mysql_url, table, relay_role=relay_role, writer_role=writer_role)
+        grants = {
+            role: " ".join(row[0] for row in mysql_support.execute(mysql_url, f"SHOW GRANTS FOR `{role}`"))
+            for role in (relay_role, writer_role)
+        }
+    finally:
+        for role in (relay_role, writer_role):
+            mysql_support.execute(mysql_url, f"DROP ROLE IF EXISTS `{role}`")
+    relay, writer = grants[relay_role], grants[writer_role]
+    assert "SELECT" in relay and "DELETE" in relay and "UPDATE (" in relay and "`claim_token`" in relay
+    assert "outbox_schema_version" in relay
+    assert "INSERT (" in writer and "DELETE" not in writer and "`claim_token`" not in writer
+    assert "INSERT" not in relay

@@ -1,0 +1,121 @@
+"""The MySQL adapter's pure parts: URLs, error translation, the binlog check, runs and the byte cap."""
+
+from __future__ import annotations
+
+import pytest
+from asyncmy import errors as my_errors
+
+from relay.config import TableName
+from relay.errors import ConfigError, SchemaError, StoreError, StoreReadOnly, StoreUnavailable
+from relay.store.mysql import BinlogUnsafe, MySQLAdmin, Target, check_binlog
+from relay.store.mysql.connection import session_settings, translate
+from relay.store.mysql.runs import Candidate, Tail, Unsent, runs, within_bytes
+from relay.store.mysql.sql import identifiers, queries, statements
+
+URL = "mysql://app:s3cr%40t@db.example:3307/shop"
+TABLE = TableName.parse("outbox")
+
+
+def test_a_url_names_host_port_user_database_and_keeps_the_password_out_of_the_repr() -> None:
+    target = Target.parse(URL)
+    assert (target.host, target.port, target.user, target.database, target.password) == (
+        "db.example",
+        3307,
+        "app",
+        "shop",
+        "s3cr@t",
+    )
+    assert "s3cr" not in repr(target)
+    assert Target.parse("mariadb://db/x").port == 3306
+    assert "s3cr" not in repr(MySQLAdmin(URL, TABLE))
+
+
+@pytest.mark.parametrize(
+    "url", ["mysql://app:s3cr3t@db.example", "mysql://app:s3cr3t@/shop", "mysql://app:s3cr3t@h/shop?ssl=1"]
+)
+def test_a_url_without_host_or_database_or_with_options_is_refused_without_its_password(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Target.parse(url)
+    assert "s3cr3t" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [
+        (1146, SchemaError),
+        (1054, SchemaError),
+        (1290, StoreReadOnly),
+        (1792, StoreReadOnly),
+        (1836, StoreReadOnly),
+        (1213, StoreUnavailable),
+        (1205, StoreUnavailable),
+        (2013, StoreUnavailable),
+        (2006, StoreUnavailable),
+        (4031, StoreUnavailable),
+        (1064, StoreError),
+    ],
+)
+def test_driver_errors_become_the_relays_own_without_the_password(code: int, kind: type[StoreError]) -> None:
+    error_class = my_errors.OperationalError if code >= 2000 or code in (1213, 1205) else my_errors.ProgrammingError
+    translated = translate(error_class(code, f"failed at {URL}"), URL, TABLE)
+    assert type(translated) is kind
+    assert "s3cr" not in str(translated)
+
+
+def test_statement_based_binary_logging_is_refused_and_mixed_warned_about() -> None:
+    assert check_binlog(0, "STATEMENT") is None  # no binary log: nothing replicates
+    assert check_binlog(1, "ROW") is None
+    assert "MIXED" in (check_binlog(1, "MIXED") or "")
+    with pytest.raises(BinlogUnsafe, match="binlog_format=ROW"):
+        check_binlog("1", "STATEMENT")
+
+
+def test_sessions_are_read_committed_in_utc_with_each_servers_timeout() -> None:
+    maria, mysql = (
+        session_settings(mariadb=True, statement_timeout=2.5),
+        session_settings(mariadb=False, statement_timeout=2.5),
+    )
+    for settings in (maria, mysql):
+        assert "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED" in settings
+        assert "SET SESSION time_zone = '+00:00'" in settings
+    assert "SET SESSION max_statement_time = 2.500" in maria
+    assert "SET SESSION max_execution_time = 2500" in mysql
+
+
+def test_identifiers_are_backticked_and_every_query_quotes_the_key_column() -> None:
+    ids = identifiers(TableName.parse("events.outbox"))
+    assert ids["table"] == "`events`.`outbox`"
+    assert ids["version_table"] == "`events`.`outbox_schema_version`"
+    for name, text in queries().items():
+        assert " key " not in f" {text} ".replace("\n", " ").lower().replace(".`key`", ""), name
+    assert statements("SELECT 1;\n-- a comment\nSELECT 2; -- trailing\n") == ["SELECT 1", "SELECT 2"]
+
+
+def c(id: int, key: str | None, topic: str = "t", bytes: int = 10) -> Candidate:
+    return Candidate(id, key, topic, 0, bytes, False)
+
+
+def test_a_run_starts_at_the_keys_oldest_unsent_event_and_stops_at_a_gap_or_another_topic() -> None:
+    candidates = [c(1, "k"), c(2, "k"), c(4, "k"), c(5, "j"), c(6, "j", "other"), c(7, None)]
+    unsent = {
+        "k": [Unsent(1, "t"), Unsent(2, "t"), Unsent(3, "t"), Unsent(4, "t")],
+        "j": [Unsent(5, "t"), Unsent(6, "other")],
+    }
+    assert runs(candidates, unsent, {}, set()) == {1: False, 2: True, 5: False, 7: False}
+    # The oldest unsent is not a candidate (another claim holds it): the key waits.
+    assert runs([c(2, "k")], {"k": [Unsent(1, "t"), Unsent(2, "t")]}, {}, set()) == {}
+
+
+def test_a_key_in_flight_here_goes_on_after_its_tail_only_while_the_tail_holds_and_on_its_topic() -> None:
+    unsent = {"k": [Unsent(1, "t"), Unsent(2, "t"), Unsent(3, "t")]}
+    tails = {"k": Tail(2, "t")}
+    assert runs([c(3, "k")], unsent, tails, {2}) == {3: True}
+    assert runs([c(3, "k")], unsent, tails, set()) == {}
+    assert runs([c(3, "k", "b")], {"k": [Unsent(1, "t"), Unsent(2, "t"), Unsent(3, "b")]}, tails, {2}) == {}
+
+
+def test_the_byte_cap_keeps_at_least_one_and_cuts_a_run_never_holes_it() -> None:
+    assert [x.id for x in within_bytes([c(1, None, bytes=500)], 1)] == [1]
+    placed = [c(1, "k", bytes=100), c(2, None, bytes=100), c(3, "k", bytes=100)]
+    assert [x.id for x in within_bytes(placed, 150)] == [1, 2]
+    assert [x.id for x in within_bytes(placed, None)] == [1, 2, 3]
