@@ -18,12 +18,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # psycopg[binary] and confluent-kafka ship manylinux wheels with libpq and
-# librdkafka inside, so the slim base needs no compiler and no system packages.
+# librdkafka inside, and the MySQL drivers (the `mysql` extra: asyncmy, PyMySQL,
+# cryptography) wheels too, so the slim base needs no compiler and no system
+# packages. The image relays from PostgreSQL or MySQL.
 COPY pyproject.toml README.md /src/
 COPY relay /src/relay
 COPY producers /src/producers
 COPY consumers /src/consumers
-RUN pip install /src && rm -rf /src
+RUN pip install '/src[mysql]' && rm -rf /src
 
 RUN groupadd --system --gid 10001 relay \
     && useradd --system --uid 10001 --gid relay --home-dir /nonexistent --no-create-home \
