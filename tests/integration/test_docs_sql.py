@@ -1,4 +1,8 @@
-"""The docs' SQL runs against the current schema: every ```sql block, and every inline statement.
+"""The docs' SQL runs against the current schema: every ```sql block, and every inline statement,
+on PostgreSQL; every ```mysql block on MySQL (MariaDB here).
+
+docs/mysql.md's inline code names MySQL statements in passing (`SET DEFAULT
+ROLE`, no `UPDATE … RETURNING`): fragments, not run on either server.
 
 Each runs in a transaction that is rolled back, except the few statements that
 PostgreSQL will not run in one (VACUUM, the CONCURRENTLY forms), which run on
@@ -18,12 +22,15 @@ from consumers.inbox import create_inbox
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 BLOCK_RE = re.compile(r"```sql\n(.*?)```", re.S)
+MYSQL_BLOCK_RE = re.compile(r"```mysql\n(.*?)```", re.S)
+#: Pages whose inline SQL is MySQL's.
+MYSQL_PAGES = (ROOT / "docs" / "mysql.md",)
 #: An inline statement: a code span (it may wrap onto the next line) that starts with a statement's keywords.
 INLINE_RE = re.compile(
     r"`((?:GRANT|REVOKE|ALTER ROLE|ALTER TABLE|ANALYZE|VACUUM|REINDEX|CREATE INDEX|SET|UPDATE) [^`]+)`"
 )
 #: What the docs leave to the reader: not runnable as written.
-PLACEHOLDERS = ("...", "$1")
+PLACEHOLDERS = ("...", "…", "$1")
 OUTSIDE_A_TRANSACTION = ("VACUUM", "CONCURRENTLY")
 #: Settings that only PostgreSQL 17 has, which the docs introduce as such.
 SINCE_17 = ("transaction_timeout",)
@@ -37,17 +44,26 @@ def statements(block: str) -> list[str]:
     return [body.strip() for body in bodies if body.strip()]
 
 
-BLOCKS = [
-    pytest.param(block, id=f"{page.relative_to(ROOT)}:{page.read_text('utf-8')[: match.start()].count(chr(10)) + 1}")
-    for page in PAGES
-    for match in BLOCK_RE.finditer(page.read_text("utf-8"))
-    for block in [match.group(1)]
-]
+def blocks(pattern: re.Pattern[str]) -> list[object]:
+    """The blocks ``pattern`` finds in the pages, each with its page and line as the test id."""
+    return [
+        pytest.param(
+            block, id=f"{page.relative_to(ROOT)}:{page.read_text('utf-8')[: match.start()].count(chr(10)) + 1}"
+        )
+        for page in PAGES
+        for match in pattern.finditer(page.read_text("utf-8"))
+        for block in [match.group(1)]
+    ]
+
+
+BLOCKS = blocks(BLOCK_RE)
+MYSQL_BLOCKS = blocks(MYSQL_BLOCK_RE)
 
 
 INLINE = [
     pytest.param(" ".join(match.group(1).split()), id=f"{page.relative_to(ROOT)}: {' '.join(match.group(1).split())}")
     for page in PAGES
+    if page not in MYSQL_PAGES
     for match in INLINE_RE.finditer(page.read_text("utf-8"))
     if not any(placeholder in match.group(1) for placeholder in PLACEHOLDERS)
 ]
@@ -88,3 +104,21 @@ def test_a_sql_block_of_the_docs_runs(database_url: str, block: str) -> None:
                 continue
             conn.execute(statement)  # the docs' own text
         conn.rollback()
+
+
+@pytest.mark.parametrize("block", MYSQL_BLOCKS)
+def test_a_mysql_block_of_the_docs_runs(mysql_url: str, block: str) -> None:
+    from tests.mysql_support import connect
+
+    conn = connect(mysql_url, autocommit=False)
+    try:
+        with conn.cursor() as cur:
+            for statement in statements(block):
+                cur.execute(statement)  # the docs' own text
+        conn.rollback()
+    finally:
+        conn.close()
+
+
+def test_the_docs_have_mysql_blocks_to_run() -> None:
+    assert len(MYSQL_BLOCKS) >= 2  # docs/mysql.md and README.md: a fence renamed back to sql would fail on PostgreSQL
