@@ -21,6 +21,13 @@ _INSERT = (
     # also turn a failed check into a warning and drop the event.
     " ON DUPLICATE KEY UPDATE idempotency_key = idempotency_key"
 )
+#: A bytes payload: its own statement, so that a JSON publish sends what it always sent.
+_INSERT_BYTES = (
+    "INSERT INTO {table} (topic, `key`, payload_bytes, content_type, headers, idempotency_key, deliver_at, priority)"
+    " VALUES (%(topic)s, %(key)s, %(payload)s, %(content_type)s, %(headers)s, %(idempotency_key)s,"
+    " COALESCE(%(deliver_at)s, UTC_TIMESTAMP(6)), %(priority)s)"
+    " ON DUPLICATE KEY UPDATE idempotency_key = idempotency_key"
+)
 
 
 def _driver(conn: object) -> str:
@@ -38,16 +45,24 @@ def is_asyncmy(conn: object) -> bool:
 
 
 @cache
-def _insert_for(table: str) -> str:
+def _insert_for(table: str, *, as_bytes: bool = False) -> str:
     # The name is validated (letters, digits, underscores): backticks need no escaping.
-    return _INSERT.format(table=".".join(f"`{part}`" for part in TableName.parse(table).parts))
+    quoted = ".".join(f"`{part}`" for part in TableName.parse(table).parts)
+    return (_INSERT_BYTES if as_bytes else _INSERT).format(table=quoted)
+
+
+def _statement(table: str, params: dict[str, Any]) -> str:
+    # Bytes parameters (producers._write._payload_params) carry a content type; JSON ones never do.
+    return _insert_for(table, as_bytes="content_type" in params)
 
 
 def _values(params: dict[str, Any]) -> dict[str, Any]:
     deliver_at: datetime | None = params["deliver_at"]
+    as_bytes = "content_type" in params
     return {
         **params,
-        "payload": json.dumps(params["payload"]),
+        # Both drivers send bytes as a _binary literal: stored exactly, whatever the connection's charset.
+        "payload": params["payload"] if as_bytes else json.dumps(params["payload"]),
         "headers": json.dumps(params["headers"]),
         # DATETIME(6) holds UTC, without a zone.
         "deliver_at": deliver_at.astimezone(UTC).replace(tzinfo=None) if deliver_at is not None else None,
@@ -57,10 +72,10 @@ def _values(params: dict[str, Any]) -> dict[str, Any]:
 def insert(conn: Any, table: str, params: dict[str, Any]) -> None:
     """Write one event in ``conn``'s current transaction (PyMySQL)."""
     with conn.cursor() as cur:
-        cur.execute(_insert_for(table), _values(params))
+        cur.execute(_statement(table, params), _values(params))
 
 
 async def ainsert(conn: Any, table: str, params: dict[str, Any]) -> None:
     """Write one event in ``conn``'s current transaction (asyncmy)."""
     async with conn.cursor() as cur:
-        await cur.execute(_insert_for(table), _values(params))
+        await cur.execute(_statement(table, params), _values(params))
