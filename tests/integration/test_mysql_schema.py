@@ -10,6 +10,7 @@ from typing import Any
 import pymysql
 import pytest
 
+import producers
 from relay.config import TableName
 from relay.errors import SchemaError
 from relay.store.mysql import MySQLStore
@@ -110,15 +111,66 @@ def test_plain_sql_with_the_key_in_backticks_gets_the_defaults_in_utc(mysql_url:
 @pytest.mark.parametrize(
     "values",
     [
-        "('', NULL, '{}', '{}')",  # empty topic
-        "('t', NULL, '{}', '[]')",  # headers not an object
-        "('t', NULL, 'not json', '{}')",
+        "('', NULL, '{}', '{}', NULL, NULL)",  # empty topic
+        "('t', NULL, '{}', '[]', NULL, NULL)",  # headers not an object
+        "('t', NULL, 'not json', '{}', NULL, NULL)",
+        "('t', NULL, NULL, '{}', NULL, NULL)",  # no payload at all
+        "('t', NULL, '{}', '{}', X'00', 'a/b')",  # both forms
+        "('t', NULL, '{}', '{}', NULL, 'a/b')",  # a content type on a JSON event
+        "('t', NULL, NULL, '{}', X'00', NULL)",  # bytes without a content type
+        "('t', NULL, NULL, '{}', X'00', '')",  # an empty content type
+        "('t', NULL, NULL, '{}', X'00', REPEAT('é', 128))",  # 256 bytes: too long, though 128 characters
     ],
 )
 def test_the_checks_refuse_bad_rows(mysql_url: str, values: str) -> None:
     with pytest.raises(pymysql.err.MySQLError):
-        mysql_support.execute(mysql_url, f"INSERT INTO outbox (topic, `key`, payload, headers) VALUES {values}")
+        mysql_support.execute(
+            mysql_url,
+            f"INSERT INTO outbox (topic, `key`, payload, headers, payload_bytes, content_type) VALUES {values}",
+        )
     assert mysql_support.execute(mysql_url, "SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+def test_the_checks_take_a_bytes_row_with_a_content_type_of_255_bytes(mysql_url: str) -> None:
+    content_type = "é" * 127 + "c"  # 255 bytes of UTF-8
+    mysql_support.execute(
+        mysql_url,
+        "INSERT INTO outbox (topic, payload_bytes, content_type) VALUES ('t', X'', %s), ('t', X'80ff', ' ')",
+        [content_type],
+    )
+    rows = mysql_support.execute(mysql_url, "SELECT payload, payload_bytes, content_type FROM outbox ORDER BY id")
+    assert rows == [(None, b"", content_type), (None, b"\x80\xff", " ")]
+
+
+def test_migrate_upgrades_a_table_of_the_first_version_and_keeps_its_events(
+    mysql_empty_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = TableName.parse("outbox")
+    first = named.migrations()[0]
+    with monkeypatch.context() as patched:
+        patched.setattr(named, "migrations", lambda: (first,))
+        assert migrate(mysql_empty_url, table) == [1]
+    mysql_support.execute(
+        mysql_empty_url, "INSERT INTO outbox (topic, `key`, payload) VALUES ('t', 'k', '{\"n\": 1}'), ('t', NULL, '[]')"
+    )
+    assert migrate(mysql_empty_url, table) == [2]
+    assert schema_version(mysql_empty_url, table) == 2
+    conn = mysql_support.connect(mysql_empty_url, autocommit=False)
+    try:
+        producers.publish(conn, "t", b"\x00\xff", key="k", content_type="a/b", idempotency_key="raw")
+        conn.commit()
+    finally:
+        conn.close()
+    store = MySQLStore(mysql_empty_url, table, owner="t", lease_seconds=30)
+
+    async def claim() -> list[tuple[str | None, bytes, str | None]]:
+        await store.open()
+        try:
+            return [(e.key, e.payload, e.content_type) for e in (await store.claim(10, max_attempts=3)).events]
+        finally:
+            await store.close()
+
+    assert asyncio.run(claim()) == [("k", b'{"n": 1}', None), (None, b"[]", None), ("k", b"\x00\xff", "a/b")]
 
 
 def test_keys_and_idempotency_keys_compare_byte_for_byte(mysql_url: str) -> None:
@@ -167,4 +219,5 @@ def test_create_roles_grants_the_least_each_role_needs_and_can_run_again(mysql_u
     assert "SELECT" in relay and "DELETE" in relay and "UPDATE (" in relay and "`claim_token`" in relay
     assert "outbox_schema_version" in relay
     assert "INSERT (" in writer and "DELETE" not in writer and "`claim_token`" not in writer
+    assert "`payload_bytes`" in writer and "`content_type`" in writer
     assert "INSERT" not in relay

@@ -110,7 +110,10 @@ def schema_version(url: str, table: TableName) -> int:
 
 
 #: What writers may set: the application's columns. Everything else is the relay's.
-WRITER_COLUMNS = ("topic", "`key`", "payload", "headers", "idempotency_key", "deliver_at", "priority")
+WRITER_COLUMNS = (
+    "topic", "`key`", "payload", "payload_bytes", "content_type", "headers", "idempotency_key", "deliver_at",
+    "priority",
+)  # fmt: skip
 #: What relays may change: the columns they own, and deliver_at (retries and held-back events wait).
 RELAY_COLUMNS = (
     "state", "attempts", "last_error", "lease_owner", "claim_token", "lease_expires_at", "published_at", "failed_at",
