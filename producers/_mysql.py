@@ -2,6 +2,14 @@
 
 The drivers are optional (``outbox-relay[mysql]``): a connection is recognised
 by its class's module, so nothing here imports them.
+
+A duplicate idempotency key writes nothing: the plain INSERT fails with a
+duplicate-key error (1062), which InnoDB undoes alone (the caller's
+transaction goes on), and which is taken here as "already written". Not
+``ON DUPLICATE KEY UPDATE``: MariaDB then wants UPDATE on every inserted
+column, which the writer role (``migrate --create-roles``) rightly lacks. Not
+``INSERT IGNORE``: that would also turn a failed check into a warning and drop
+the event.
 """
 
 from __future__ import annotations
@@ -17,17 +25,15 @@ _INSERT = (
     "INSERT INTO {table} (topic, `key`, payload, headers, idempotency_key, deliver_at, priority)"
     " VALUES (%(topic)s, %(key)s, %(payload)s, %(headers)s, %(idempotency_key)s,"
     " COALESCE(%(deliver_at)s, UTC_TIMESTAMP(6)), %(priority)s)"
-    # A duplicate idempotency key writes nothing. Not INSERT IGNORE: that would
-    # also turn a failed check into a warning and drop the event.
-    " ON DUPLICATE KEY UPDATE idempotency_key = idempotency_key"
 )
 #: A bytes payload: its own statement, so that a JSON publish sends what it always sent.
 _INSERT_BYTES = (
     "INSERT INTO {table} (topic, `key`, payload_bytes, content_type, headers, idempotency_key, deliver_at, priority)"
     " VALUES (%(topic)s, %(key)s, %(payload)s, %(content_type)s, %(headers)s, %(idempotency_key)s,"
     " COALESCE(%(deliver_at)s, UTC_TIMESTAMP(6)), %(priority)s)"
-    " ON DUPLICATE KEY UPDATE idempotency_key = idempotency_key"
 )
+#: "Duplicate entry … for key …" (both servers, both drivers: the error's first argument).
+_DUPLICATE_KEY = 1062
 
 
 def _driver(conn: object) -> str:
@@ -69,13 +75,27 @@ def _values(params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _duplicate_idempotency_key(exc: Exception) -> bool:
+    # The table's only unique keys are its id (never written here) and the
+    # idempotency key, whose index name ends in idempotency_key_key.
+    return exc.args[:1] == (_DUPLICATE_KEY,) and "idempotency_key" in str(exc.args[1:2])
+
+
 def insert(conn: Any, table: str, params: dict[str, Any]) -> None:
     """Write one event in ``conn``'s current transaction (PyMySQL)."""
     with conn.cursor() as cur:
-        cur.execute(_statement(table, params), _values(params))
+        try:
+            cur.execute(_statement(table, params), _values(params))
+        except Exception as exc:
+            if not _duplicate_idempotency_key(exc):
+                raise
 
 
 async def ainsert(conn: Any, table: str, params: dict[str, Any]) -> None:
     """Write one event in ``conn``'s current transaction (asyncmy)."""
     async with conn.cursor() as cur:
-        await cur.execute(_statement(table, params), _values(params))
+        try:
+            await cur.execute(_statement(table, params), _values(params))
+        except Exception as exc:
+            if not _duplicate_idempotency_key(exc):
+                raise

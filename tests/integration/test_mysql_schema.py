@@ -13,7 +13,7 @@ import pytest
 import producers
 from relay.config import TableName
 from relay.errors import SchemaError
-from relay.store.mysql import MySQLStore
+from relay.store.mysql import MySQLStore, Target
 from relay.store.mysql import sql as named
 from relay.store.mysql.migrate import create_roles, migrate, schema_version
 from tests import mysql_support
@@ -221,3 +221,38 @@ def test_create_roles_grants_the_least_each_role_needs_and_can_run_again(mysql_u
     assert "INSERT (" in writer and "DELETE" not in writer and "`claim_token`" not in writer
     assert "`payload_bytes`" in writer and "`content_type`" in writer
     assert "INSERT" not in relay
+
+
+def test_a_user_with_the_writer_role_publishes_bytes_and_json_and_no_relay_column(mysql_url: str) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    relay_role, writer_role, user, password = f"relay_t_{suffix}", f"writer_t_{suffix}", f"app_{suffix}", suffix * 2
+    target = Target.parse(mysql_url)
+    try:
+        create_roles(mysql_url, TableName.parse("outbox"), relay_role=relay_role, writer_role=writer_role)
+        mysql_support.execute(mysql_url, f"CREATE USER `{user}`@'%' IDENTIFIED BY '{password}'")  # hex digits
+        mysql_support.execute(mysql_url, f"GRANT `{writer_role}` TO `{user}`@'%'")
+        mysql_support.execute(mysql_url, f"SET DEFAULT ROLE `{writer_role}` FOR `{user}`@'%'")
+        conn = mysql_support.connect(
+            f"mysql://{user}:{password}@{target.host}:{target.port}/{target.database}", autocommit=False
+        )
+        try:
+            producers.publish(conn, "t", {"json": 1}, idempotency_key="json")
+            producers.publish(conn, "t", b"\xc3\x28", content_type="a/b", idempotency_key="raw")
+            producers.publish(conn, "t", {"json": 2}, idempotency_key="json")  # a duplicate: written once
+            conn.commit()
+            for refused in (
+                "INSERT INTO outbox (topic, payload, state) VALUES ('t', '{}', 'sent')",
+                "UPDATE outbox SET payload_bytes = X'00' WHERE id > 0",
+            ):
+                with conn.cursor() as cur, pytest.raises(pymysql.err.OperationalError, match="denied"):
+                    cur.execute(refused)
+        finally:
+            conn.close()
+        rows = mysql_support.execute(
+            mysql_url, "SELECT idempotency_key, payload, payload_bytes, content_type FROM outbox ORDER BY id"
+        )
+        assert rows == [(b"json", '{"json": 1}', None, None), (b"raw", None, b"\xc3\x28", "a/b")]
+    finally:
+        mysql_support.execute(mysql_url, f"DROP USER IF EXISTS `{user}`@'%'")
+        for role in (relay_role, writer_role):
+            mysql_support.execute(mysql_url, f"DROP ROLE IF EXISTS `{role}`")

@@ -126,11 +126,12 @@ _NO_SUCH_GRANT = (1141, 1147)
 def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: str) -> None:
     """Create (if missing) a relay role and a writer role with the least they need, column by column.
 
-    As on PostgreSQL (``relay.store.migrate.create_roles``), except that a
-    writer also needs UPDATE on ``idempotency_key``: ``publish()`` writes with
-    ``ON DUPLICATE KEY UPDATE idempotency_key = idempotency_key``, which MySQL
-    checks as an update. Grant the roles to your users (``GRANT outbox_relay TO
-    app@'%'``) and make them default (``SET DEFAULT ROLE``).
+    As on PostgreSQL (``relay.store.migrate.create_roles``): a writer may
+    INSERT the application's columns and nothing else. ``publish()`` takes a
+    duplicate idempotency key's error 1062 as "already written";
+    ``ON DUPLICATE KEY UPDATE`` would need UPDATE on every inserted column on
+    MariaDB. Grant the roles to your users (``GRANT outbox_relay TO app@'%'``)
+    and make them default (``SET DEFAULT ROLE``).
     """
     ids = named.identifiers(table)
     relay, writer = named.quote(relay_role), named.quote(writer_role)
@@ -139,7 +140,6 @@ def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: st
         f"GRANT UPDATE ({', '.join(RELAY_COLUMNS)}) ON {ids['table']} TO {relay}",
         f"GRANT SELECT ON {ids['version_table']} TO {relay}",
         f"GRANT INSERT ({', '.join(WRITER_COLUMNS)}) ON {ids['table']} TO {writer}",
-        f"GRANT SELECT (idempotency_key), UPDATE (idempotency_key) ON {ids['table']} TO {writer}",
     ]
     with connect(url, table) as conn, conn.cursor() as cur:
         cur.execute("SELECT GET_LOCK(%s, %s)", (_lock_name(table), LOCK_WAIT_SECONDS))
