@@ -2,7 +2,8 @@
 
 Each runs in a transaction that is rolled back, except the few statements that
 PostgreSQL will not run in one (VACUUM, the CONCURRENTLY forms), which run on
-their own in the test's database.
+their own in the test's database. ```mysql blocks run on MariaDB, and the
+inline code of docs/mysql.md is MySQL's, not PostgreSQL's.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ import psycopg
 import pytest
 
 from consumers.inbox import create_inbox
+from tests import mysql_support
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 BLOCK_RE = re.compile(r"```sql\n(.*?)```", re.S)
+MYSQL_BLOCK_RE = re.compile(r"```mysql\n(.*?)```", re.S)
+#: Pages whose inline SQL is MySQL's.
+MYSQL_PAGES = ("mysql.md",)
 #: An inline statement: a code span (it may wrap onto the next line) that starts with a statement's keywords.
 INLINE_RE = re.compile(
     r"`((?:GRANT|REVOKE|ALTER ROLE|ALTER TABLE|ANALYZE|VACUUM|REINDEX|CREATE INDEX|SET|UPDATE) [^`]+)`"
@@ -45,9 +50,18 @@ BLOCKS = [
 ]
 
 
+MYSQL_BLOCKS = [
+    pytest.param(block, id=f"{page.relative_to(ROOT)}:{page.read_text('utf-8')[: match.start()].count(chr(10)) + 1}")
+    for page in PAGES
+    for match in MYSQL_BLOCK_RE.finditer(page.read_text("utf-8"))
+    for block in [match.group(1)]
+]
+
+
 INLINE = [
     pytest.param(" ".join(match.group(1).split()), id=f"{page.relative_to(ROOT)}: {' '.join(match.group(1).split())}")
     for page in PAGES
+    if page.name not in MYSQL_PAGES
     for match in INLINE_RE.finditer(page.read_text("utf-8"))
     if not any(placeholder in match.group(1) for placeholder in PLACEHOLDERS)
 ]
@@ -88,3 +102,15 @@ def test_a_sql_block_of_the_docs_runs(database_url: str, block: str) -> None:
                 continue
             conn.execute(statement)  # the docs' own text
         conn.rollback()
+
+
+@pytest.mark.parametrize("block", MYSQL_BLOCKS)
+def test_a_mysql_block_of_the_docs_runs_on_mariadb(mysql_url: str, block: str) -> None:
+    conn = mysql_support.connect(mysql_url, autocommit=False)
+    try:
+        with conn.cursor() as cur:
+            for statement in statements(block):
+                cur.execute(statement)  # the docs' own text (no parameters: a % stays a %)
+        conn.rollback()
+    finally:
+        conn.close()
