@@ -99,6 +99,20 @@ def test_inspect_shows_a_bytes_payload_as_bytes_with_its_content_type(h: Harness
     )
 
 
+def test_a_bytes_event_keeps_its_bytes_through_dead_letter_requeue_and_claim(h: Harness) -> None:
+    h.insert("t", b"\x00\xff\xc3\x28", key="k", content_type="application/x-avro", idempotency_key="raw")
+    h.insert("t", {}, key="k", idempotency_key="behind")
+    dead_letter(h, "raw", error="refused")
+    [listed] = run(h.admin.dead())
+    assert (listed.idempotency_key, listed.key, listed.blocked_events, listed.last_error) == ("raw", "k", 1, "refused")
+    assert run(h.admin.requeue(RequeueFilter(key="k"))) == [h.id_of("raw")]
+    events = run(h.store.claim(10, max_attempts=MAX)).events
+    assert [(e.idempotency_key, e.payload, e.content_type) for e in events] == [
+        ("raw", b"\x00\xff\xc3\x28", "application/x-avro"),
+        ("behind", b"{}", None),
+    ]
+
+
 def test_purge_deletes_only_kept_events_past_the_cut_off(h: Harness) -> None:
     h.insert_sent("old", sent_ago=7200)
     h.insert_sent("recent", sent_ago=60)

@@ -64,6 +64,62 @@ def test_same_idempotency_key_twice_writes_once_and_returns_the_key(mysql_url: s
     assert [json.loads(p) for (p,) in mysql_support.execute(mysql_url, "SELECT payload FROM outbox")] == [{"v": 1}]
 
 
+#: Not UTF-8 (a lone continuation byte, an invalid two-byte sequence), with NUL and every other byte value.
+NOT_UTF8 = b"\x80\xc3\x28" + bytes(range(256))
+
+
+def test_publish_and_apublish_write_bytes_exactly_with_their_content_type(mysql_url: str) -> None:
+    conn = mysql_support.connect(mysql_url, autocommit=False)
+    try:
+        producers.publish(conn, "t", NOT_UTF8, key="k", content_type="application/x-protobuf", idempotency_key="pb")
+        producers.publish(conn, "t", b"", idempotency_key="empty")  # application/octet-stream
+        producers.publish(conn, "t", b"again", idempotency_key="pb")  # a duplicate: nothing written
+        assert count(mysql_url) == 0, "publish must not commit by itself"
+        conn.commit()
+    finally:
+        conn.close()
+
+    async def awrite() -> None:
+        aconn = await _aconnect(mysql_url)
+        try:
+            await producers.apublish(aconn, "t", bytearray(NOT_UTF8[::-1]), content_type="a/b", idempotency_key="a")
+            await producers.apublish(aconn, "t", memoryview(b"x"), idempotency_key="a")  # a duplicate
+            await aconn.commit()
+        finally:
+            aconn.close()
+
+    asyncio.run(awrite())
+    rows = mysql_support.execute(
+        mysql_url, "SELECT idempotency_key, payload, payload_bytes, content_type FROM outbox ORDER BY id"
+    )
+    assert rows == [
+        (b"pb", None, NOT_UTF8, "application/x-protobuf"),
+        (b"empty", None, b"", "application/octet-stream"),  # empty, not NULL
+        (b"a", None, NOT_UTF8[::-1], "a/b"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("payload", "content_type", "error"),
+    [
+        ({"a": 1}, "application/json", TypeError),  # content_type is for bytes
+        (b"x", "", ValueError),
+        (b"x", "\u00e9" * 128, ValueError),  # 256 bytes of UTF-8
+    ],
+)
+def test_publish_refuses_a_content_type_it_cannot_keep(
+    mysql_url: str, payload: object, content_type: str, error: type[Exception]
+) -> None:
+    conn = mysql_support.connect(mysql_url, autocommit=False)
+    try:
+        with pytest.raises(error):
+            producers.publish(conn, "t", payload, content_type=content_type)
+        conn.commit()
+    finally:
+        conn.close()
+    assert count(mysql_url) == 0
+
+
 async def _aconnect(url: str) -> Any:
     target = Target.parse(url)
     return await asyncmy.connect(

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import time
+import uuid
 
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 import producers
 from tests import mysql_support
+from tests.acceptance.cli import cli
 from tests.integration.kafka_support import Received, consume, unique_topic
 from tests.relay_support import RelayThread, wait_until
 
@@ -136,3 +140,88 @@ def test_two_relays_share_the_work_and_keep_each_key_in_order(mysql_url: str, ka
     assert sum(published) == 2000 and min(published) > 0, published
     for key, order in in_key_order(received).items():
         assert order == sorted(order), f"key {key!r} out of order"
+
+
+#: Not UTF-8 (a lone continuation byte, an invalid two-byte sequence), with NUL and every other byte value.
+NOT_UTF8 = b"\x80\xc3\x28" + bytes(range(256))
+
+
+def messages_of(bootstrap: str, topic: str, count: int) -> list[Message]:
+    """The topic's first ``count`` messages, as the broker has them (headers as a list: a duplicate would show)."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"bytes-{uuid.uuid4().hex}", "enable.auto.commit": False}
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        messages: list[Message] = []
+        while len(messages) < count:
+            message = consumer.poll(10)
+            assert message is not None, f"only {len(messages)} messages arrived"
+            assert message.error() is None, message.error()
+            messages.append(message)
+        return messages
+    finally:
+        consumer.close()
+
+
+def test_bytes_reach_kafka_exactly_with_a_content_type_header(mysql_url: str, kafka_bootstrap: str) -> None:
+    topic = unique_topic()
+    conn = mysql_support.connect(mysql_url, autocommit=False)
+    try:
+        # All of one key, so that they arrive in this order.
+        producers.publish(
+            conn, topic, NOT_UTF8, key="k", content_type="application/x-protobuf", idempotency_key="pb",
+            headers={"Content-Type": "text/plain", "trace": "t1"},  # the column wins over a row header
+        )  # fmt: skip
+        producers.publish(conn, topic, b"", key="k", idempotency_key="empty")  # application/octet-stream
+        producers.publish(conn, topic, {"json": "é"}, key="k", idempotency_key="json", headers={"trace": "t2"})
+        with conn.cursor() as cur:  # plain SQL, as docs/bytes.md shows it for MySQL
+            cur.execute(
+                "INSERT INTO outbox (topic, `key`, payload_bytes, content_type, idempotency_key)"
+                " VALUES (%s, 'k', X'00ff', 'application/x-avro', 'sql')",
+                [topic],
+            )
+        conn.commit()
+    finally:
+        conn.close()
+    with RelayThread(mysql_url, f"kafka://{kafka_bootstrap}"):
+        wait_until(lambda: not mysql_support.outbox_counts(mysql_url))
+    messages = messages_of(kafka_bootstrap, topic, 4)
+    got = [(m.key(), m.value(), m.headers()) for m in messages]
+    # A JSON payload as always: no content-type header (its text as publish() wrote it: "é" escaped).
+    assert json.loads(got[2][1] or b"") == {"json": "é"}
+    assert got == [
+        (b"k", NOT_UTF8, [("trace", b"t1"), ("idempotency-key", b"pb"), ("content-type", b"application/x-protobuf")]),
+        # An empty value, not a null one (a tombstone).
+        (b"k", b"", [("idempotency-key", b"empty"), ("content-type", b"application/octet-stream")]),
+        (b"k", got[2][1], [("trace", b"t2"), ("idempotency-key", b"json")]),
+        (b"k", b"\x00\xff", [("idempotency-key", b"sql"), ("content-type", b"application/x-avro")]),
+    ]
+
+
+def test_admin_commands_show_and_replay_a_bytes_event(mysql_url: str, kafka_bootstrap: str) -> None:
+    topic = unique_topic()
+    conn = mysql_support.connect(mysql_url, autocommit=False)
+    try:
+        producers.publish(conn, topic, NOT_UTF8, content_type="application/x-protobuf", idempotency_key="pb")
+        conn.commit()
+    finally:
+        conn.close()
+    [(event_id,)] = mysql_support.execute(mysql_url, "SELECT id FROM outbox")
+    url = ["--database-url", mysql_url]
+
+    shown = json.loads(cli("inspect", str(event_id), "--json", *url).stdout)
+    assert (shown["payload"], shown["content_type"]) == (None, "application/x-protobuf")
+    assert base64.b64decode(shown["payload_bytes"]) == NOT_UTF8
+    assert f"payload_bytes: \\x{NOT_UTF8.hex()}\n" in cli("inspect", str(event_id), *url).stdout
+
+    with RelayThread(mysql_url, f"kafka://{kafka_bootstrap}", keep_sent=True):
+        wait_until(lambda: mysql_support.outbox_counts(mysql_url) == {"sent": 1})
+        result = cli("replay", "--all", *url)
+        assert result.returncode == 0 and "replayed 1" in result.stdout, result
+        wait_until(lambda: mysql_support.outbox_counts(mysql_url) == {"sent": 1})
+        messages = messages_of(kafka_bootstrap, topic, 2)
+    assert [(m.value(), dict(m.headers() or [])["content-type"]) for m in messages] == [
+        (NOT_UTF8, b"application/x-protobuf")
+    ] * 2

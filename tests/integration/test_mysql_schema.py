@@ -10,9 +10,10 @@ from typing import Any
 import pymysql
 import pytest
 
+import producers
 from relay.config import TableName
 from relay.errors import SchemaError
-from relay.store.mysql import MySQLStore
+from relay.store.mysql import MySQLStore, Target
 from relay.store.mysql import sql as named
 from relay.store.mysql.migrate import create_roles, migrate, schema_version
 from tests import mysql_support
@@ -65,15 +66,18 @@ def test_migrate_is_idempotent_and_safe_when_two_run_at_once(mysql_empty_url: st
     for thread in threads:
         thread.join(60)
     assert errors == []
-    assert sorted(results) == [[], [], [1]]
+    assert sorted(results) == [[], [], [1, 2]]
     assert migrate(mysql_empty_url, table) == []
-    assert mysql_support.execute(mysql_empty_url, "SELECT version, name FROM outbox_schema_version") == [(1, "initial")]
+    assert mysql_support.execute(mysql_empty_url, "SELECT version, name FROM outbox_schema_version ORDER BY 1") == [
+        (1, "initial"),
+        (2, "bytes_payloads"),
+    ]
 
 
 def test_a_table_in_another_database_is_created_there(mysql_empty_url: str, mysql_server_url: str) -> None:
     database = mysql_empty_url.rsplit("/", 1)[1] + "_events"
     try:
-        assert migrate(mysql_empty_url, TableName.parse(f"{database}.outbox")) == [1]
+        assert migrate(mysql_empty_url, TableName.parse(f"{database}.outbox")) == [1, 2]
         rows = mysql_support.execute(mysql_empty_url, f"SELECT COUNT(*) FROM `{database}`.`outbox`")
         assert rows == [(0,)]
     finally:
@@ -107,15 +111,66 @@ def test_plain_sql_with_the_key_in_backticks_gets_the_defaults_in_utc(mysql_url:
 @pytest.mark.parametrize(
     "values",
     [
-        "('', NULL, '{}', '{}')",  # empty topic
-        "('t', NULL, '{}', '[]')",  # headers not an object
-        "('t', NULL, 'not json', '{}')",
+        "('', NULL, '{}', '{}', NULL, NULL)",  # empty topic
+        "('t', NULL, '{}', '[]', NULL, NULL)",  # headers not an object
+        "('t', NULL, 'not json', '{}', NULL, NULL)",
+        "('t', NULL, NULL, '{}', NULL, NULL)",  # no payload at all
+        "('t', NULL, '{}', '{}', X'00', 'a/b')",  # both forms
+        "('t', NULL, '{}', '{}', NULL, 'a/b')",  # a content type on a JSON event
+        "('t', NULL, NULL, '{}', X'00', NULL)",  # bytes without a content type
+        "('t', NULL, NULL, '{}', X'00', '')",  # an empty content type
+        "('t', NULL, NULL, '{}', X'00', REPEAT('é', 128))",  # 256 bytes: too long, though 128 characters
     ],
 )
 def test_the_checks_refuse_bad_rows(mysql_url: str, values: str) -> None:
     with pytest.raises(pymysql.err.MySQLError):
-        mysql_support.execute(mysql_url, f"INSERT INTO outbox (topic, `key`, payload, headers) VALUES {values}")
+        mysql_support.execute(
+            mysql_url,
+            f"INSERT INTO outbox (topic, `key`, payload, headers, payload_bytes, content_type) VALUES {values}",
+        )
     assert mysql_support.execute(mysql_url, "SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+def test_the_checks_take_a_bytes_row_with_a_content_type_of_255_bytes(mysql_url: str) -> None:
+    content_type = "é" * 127 + "c"  # 255 bytes of UTF-8
+    mysql_support.execute(
+        mysql_url,
+        "INSERT INTO outbox (topic, payload_bytes, content_type) VALUES ('t', X'', %s), ('t', X'80ff', ' ')",
+        [content_type],
+    )
+    rows = mysql_support.execute(mysql_url, "SELECT payload, payload_bytes, content_type FROM outbox ORDER BY id")
+    assert rows == [(None, b"", content_type), (None, b"\x80\xff", " ")]
+
+
+def test_migrate_upgrades_a_table_of_the_first_version_and_keeps_its_events(
+    mysql_empty_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = TableName.parse("outbox")
+    first = named.migrations()[0]
+    with monkeypatch.context() as patched:
+        patched.setattr(named, "migrations", lambda: (first,))
+        assert migrate(mysql_empty_url, table) == [1]
+    mysql_support.execute(
+        mysql_empty_url, "INSERT INTO outbox (topic, `key`, payload) VALUES ('t', 'k', '{\"n\": 1}'), ('t', NULL, '[]')"
+    )
+    assert migrate(mysql_empty_url, table) == [2]
+    assert schema_version(mysql_empty_url, table) == 2
+    conn = mysql_support.connect(mysql_empty_url, autocommit=False)
+    try:
+        producers.publish(conn, "t", b"\x00\xff", key="k", content_type="a/b", idempotency_key="raw")
+        conn.commit()
+    finally:
+        conn.close()
+    store = MySQLStore(mysql_empty_url, table, owner="t", lease_seconds=30)
+
+    async def claim() -> list[tuple[str | None, bytes, str | None]]:
+        await store.open()
+        try:
+            return [(e.key, e.payload, e.content_type) for e in (await store.claim(10, max_attempts=3)).events]
+        finally:
+            await store.close()
+
+    assert asyncio.run(claim()) == [("k", b'{"n": 1}', None), (None, b"[]", None), ("k", b"\x00\xff", "a/b")]
 
 
 def test_keys_and_idempotency_keys_compare_byte_for_byte(mysql_url: str) -> None:
@@ -164,4 +219,40 @@ def test_create_roles_grants_the_least_each_role_needs_and_can_run_again(mysql_u
     assert "SELECT" in relay and "DELETE" in relay and "UPDATE (" in relay and "`claim_token`" in relay
     assert "outbox_schema_version" in relay
     assert "INSERT (" in writer and "DELETE" not in writer and "`claim_token`" not in writer
+    assert "`payload_bytes`" in writer and "`content_type`" in writer
     assert "INSERT" not in relay
+
+
+def test_a_user_with_the_writer_role_publishes_bytes_and_json_and_no_relay_column(mysql_url: str) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    relay_role, writer_role, user, password = f"relay_t_{suffix}", f"writer_t_{suffix}", f"app_{suffix}", suffix * 2
+    target = Target.parse(mysql_url)
+    try:
+        create_roles(mysql_url, TableName.parse("outbox"), relay_role=relay_role, writer_role=writer_role)
+        mysql_support.execute(mysql_url, f"CREATE USER `{user}`@'%' IDENTIFIED BY '{password}'")  # hex digits
+        mysql_support.execute(mysql_url, f"GRANT `{writer_role}` TO `{user}`@'%'")
+        mysql_support.execute(mysql_url, f"SET DEFAULT ROLE `{writer_role}` FOR `{user}`@'%'")
+        conn = mysql_support.connect(
+            f"mysql://{user}:{password}@{target.host}:{target.port}/{target.database}", autocommit=False
+        )
+        try:
+            producers.publish(conn, "t", {"json": 1}, idempotency_key="json")
+            producers.publish(conn, "t", b"\xc3\x28", content_type="a/b", idempotency_key="raw")
+            producers.publish(conn, "t", {"json": 2}, idempotency_key="json")  # a duplicate: written once
+            conn.commit()
+            for refused in (
+                "INSERT INTO outbox (topic, payload, state) VALUES ('t', '{}', 'sent')",
+                "UPDATE outbox SET payload_bytes = X'00' WHERE id > 0",
+            ):
+                with conn.cursor() as cur, pytest.raises(pymysql.err.OperationalError, match="denied"):
+                    cur.execute(refused)
+        finally:
+            conn.close()
+        rows = mysql_support.execute(
+            mysql_url, "SELECT idempotency_key, payload, payload_bytes, content_type FROM outbox ORDER BY id"
+        )
+        assert rows == [(b"json", '{"json": 1}', None, None), (b"raw", None, b"\xc3\x28", "a/b")]
+    finally:
+        mysql_support.execute(mysql_url, f"DROP USER IF EXISTS `{user}`@'%'")
+        for role in (relay_role, writer_role):
+            mysql_support.execute(mysql_url, f"DROP ROLE IF EXISTS `{role}`")

@@ -156,7 +156,8 @@ class MySQLAdmin:
         rows = await self._db.fetch("inspect", {"id": event_id})
         if not rows:
             return None
-        row = {name: utc(text(value)) for name, value in rows[0].items()}
+        # payload_bytes stays bytes, as PostgreSQL gives a bytea; the VARBINARY text columns are decoded.
+        row = {name: value if name == "payload_bytes" else utc(text(value)) for name, value in rows[0].items()}
         row["headers"] = json.loads(row["headers"])
         row["claim_token"] = UUID(row["claim_token"]) if row["claim_token"] else None
         return row

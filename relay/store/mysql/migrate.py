@@ -110,7 +110,10 @@ def schema_version(url: str, table: TableName) -> int:
 
 
 #: What writers may set: the application's columns. Everything else is the relay's.
-WRITER_COLUMNS = ("topic", "`key`", "payload", "headers", "idempotency_key", "deliver_at", "priority")
+WRITER_COLUMNS = (
+    "topic", "`key`", "payload", "payload_bytes", "content_type", "headers", "idempotency_key", "deliver_at",
+    "priority",
+)  # fmt: skip
 #: What relays may change: the columns they own, and deliver_at (retries and held-back events wait).
 RELAY_COLUMNS = (
     "state", "attempts", "last_error", "lease_owner", "claim_token", "lease_expires_at", "published_at", "failed_at",
@@ -123,11 +126,12 @@ _NO_SUCH_GRANT = (1141, 1147)
 def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: str) -> None:
     """Create (if missing) a relay role and a writer role with the least they need, column by column.
 
-    As on PostgreSQL (``relay.store.migrate.create_roles``), except that a
-    writer also needs UPDATE on ``idempotency_key``: ``publish()`` writes with
-    ``ON DUPLICATE KEY UPDATE idempotency_key = idempotency_key``, which MySQL
-    checks as an update. Grant the roles to your users (``GRANT outbox_relay TO
-    app@'%'``) and make them default (``SET DEFAULT ROLE``).
+    As on PostgreSQL (``relay.store.migrate.create_roles``): a writer may
+    INSERT the application's columns and nothing else. ``publish()`` takes a
+    duplicate idempotency key's error 1062 as "already written";
+    ``ON DUPLICATE KEY UPDATE`` would need UPDATE on every inserted column on
+    MariaDB. Grant the roles to your users (``GRANT outbox_relay TO app@'%'``)
+    and make them default (``SET DEFAULT ROLE``).
     """
     ids = named.identifiers(table)
     relay, writer = named.quote(relay_role), named.quote(writer_role)
@@ -136,7 +140,6 @@ def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: st
         f"GRANT UPDATE ({', '.join(RELAY_COLUMNS)}) ON {ids['table']} TO {relay}",
         f"GRANT SELECT ON {ids['version_table']} TO {relay}",
         f"GRANT INSERT ({', '.join(WRITER_COLUMNS)}) ON {ids['table']} TO {writer}",
-        f"GRANT SELECT (idempotency_key), UPDATE (idempotency_key) ON {ids['table']} TO {writer}",
     ]
     with connect(url, table) as conn, conn.cursor() as cur:
         cur.execute("SELECT GET_LOCK(%s, %s)", (_lock_name(table), LOCK_WAIT_SECONDS))

@@ -13,8 +13,10 @@
 -- now and comes before it in that order: a key parked behind a dead letter or
 -- a retry takes no place in the batch. The subqueries lock nothing (InnoDB
 -- locks only the rows of the outer SELECT); the oldest unsent id is two
--- probes of the key index, one per state.
-SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at IS NOT NULL AS reaped, LENGTH(o.payload) AS bytes
+-- probes of the key index, one per state. bytes is what the batch byte cap
+-- counts: a JSON payload's text, a bytes payload's length.
+SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at IS NOT NULL AS reaped,
+       COALESCE(LENGTH(o.payload), LENGTH(o.payload_bytes)) AS bytes
 FROM {table} AS o
 WHERE o.state = 'pending'
   AND o.deliver_at <= UTC_TIMESTAMP(6)
@@ -59,8 +61,9 @@ SET claim_token = %(token)s,
 WHERE id IN %(ids)s;
 
 -- name: claimed
--- Step 4, after the commit: the claimed rows, by token.
-SELECT id, topic, `key`, payload, headers, idempotency_key, attempts, created_at, priority
+-- Step 4, after the commit: the claimed rows, by token. A bytes event has
+-- payload NULL, and payload_bytes with its content_type.
+SELECT id, topic, `key`, payload, payload_bytes, content_type, headers, idempotency_key, attempts, created_at, priority
 FROM {table}
 WHERE id IN %(ids)s AND claim_token = %(token)s;
 
@@ -224,7 +227,7 @@ UPDATE {table} SET attempts = attempts WHERE id = -1;
 SELECT @@global.log_bin AS log_bin, @@global.binlog_format AS binlog_format;
 
 -- name: inspect
-SELECT id, topic, `key`, payload, headers, idempotency_key, deliver_at, priority, state,
+SELECT id, topic, `key`, payload, payload_bytes, content_type, headers, idempotency_key, deliver_at, priority, state,
        attempts, last_error, lease_owner, claim_token, lease_expires_at, created_at,
        published_at, failed_at
 FROM {table}

@@ -13,7 +13,8 @@ CREATE TABLE {table} (
     id               BIGINT       NOT NULL AUTO_INCREMENT,
     topic            VARCHAR(249) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     `key`            VARBINARY(1024),
-    payload          JSON         NOT NULL,
+    -- The JSON body; NULL for a bytes event.
+    payload          JSON,
     headers          JSON         NOT NULL DEFAULT ('{{}}'),
     idempotency_key  VARBINARY(800) NOT NULL DEFAULT (UUID()),
     deliver_at       DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
@@ -28,15 +29,24 @@ CREATE TABLE {table} (
     created_at       DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     published_at     DATETIME(6),
     failed_at        DATETIME(6),
+    -- A bytes payload and its content type; payload is then NULL.
+    payload_bytes    LONGBLOB,
+    content_type     VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
     PRIMARY KEY (id),
     CONSTRAINT {topic_check} CHECK (topic <> ''),
     CONSTRAINT {idempotency_key_check} CHECK (idempotency_key <> ''),
     CONSTRAINT {headers_check} CHECK (JSON_TYPE(headers) = 'OBJECT'),
     CONSTRAINT {state_check} CHECK (state IN ('pending', 'sent', 'failed', 'skipped')),
     CONSTRAINT {idempotency_key_unique} UNIQUE (idempotency_key),
+    -- Exactly one payload form: JSON, or bytes with their content type (1 to 255 bytes).
+    CONSTRAINT {payload_check} CHECK (
+        (payload IS NULL) <> (payload_bytes IS NULL)
+        AND (content_type IS NULL) = (payload_bytes IS NULL)
+        AND OCTET_LENGTH(content_type) BETWEEN 1 AND 255
+    ),
     INDEX {claim_idx} (state, priority DESC, id),
     INDEX {key_idx} (`key`, state, id),
     INDEX {failed_idx} (state, `key`)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
-INSERT INTO {version_table} (version, name) VALUES (1, 'initial');
+INSERT INTO {version_table} (version, name) VALUES (1, 'initial'), (2, 'bytes_payloads');

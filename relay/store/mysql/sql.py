@@ -87,6 +87,7 @@ def identifiers(table: TableName) -> dict[str, str]:
         "idempotency_key_check": quote(table.derived("idempotency_key_check")),
         "headers_check": quote(table.derived("headers_check")),
         "state_check": quote(table.derived("state_check")),
+        "payload_check": quote(table.derived("payload_check")),
         "idempotency_key_unique": quote(table.derived("idempotency_key_key")),
     }
 

@@ -146,16 +146,19 @@ class MySQLStore(MySQLAdmin):
     @staticmethod
     def _event(row: dict[str, Any], *, chained: bool) -> Event:
         headers = json.loads(row["headers"]) if row["headers"] else {}
+        payload = row["payload"]
         return Event(
             id=row["id"],
             topic=row["topic"],
             key=text(row["key"]),
-            payload=row["payload"].encode(),
+            # JSON as text, or (payload NULL) bytes as they are, with their content type.
+            payload=payload.encode() if payload is not None else bytes(row["payload_bytes"]),
             headers={name: value if isinstance(value, str) else json.dumps(value) for name, value in headers.items()},
             idempotency_key=text(row["idempotency_key"]),
             attempts=row["attempts"],
             created_at=utc(row["created_at"]),
             chained=chained,
+            content_type=row["content_type"],
         )
 
     async def settle(
