@@ -43,6 +43,20 @@ def execute(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...
         conn.close()
 
 
+#: An application's plain-SQL event: topic, key, payload (JSON text) and idempotency key.
+INSERT_EVENT = "INSERT INTO outbox (topic, `key`, payload, idempotency_key) VALUES (%s, %s, %s, %s)"
+
+
+def insert_many(url: str, statement: str, rows: list[tuple[Any, ...]]) -> None:
+    """Run ``statement`` once per row in one autocommitted session, as an application's plain SQL would."""
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.executemany(statement, rows)
+    finally:
+        conn.close()
+
+
 @contextlib.contextmanager
 def mysql_database(server_url: str) -> Iterator[str]:
     """A new database ``relay_test_<hex>`` on the server of ``server_url``; dropped afterwards."""

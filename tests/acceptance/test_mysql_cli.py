@@ -36,16 +36,11 @@ def status(url: str) -> dict[str, Any]:
 
 def test_migrate_twice_then_run_delivers_and_sigterm_exits_0(mysql_empty_url: str, kafka_bootstrap: str) -> None:
     url = mysql_empty_url.replace("mysql://", "mariadb://", 1)  # the same store by either name
-    assert ok("migrate", "--database-url", url).strip() == "outbox: applied 1"
+    assert ok("migrate", "--database-url", url).strip() == "outbox: applied 1, 2"
     assert ok("migrate", "--database-url", url).strip() == "outbox: up to date"
     topic = unique_topic()
     rows = [(topic, f"k{n % 7}", json.dumps({"n": n}), f"e{n}") for n in range(500)]
-    conn = mysql_support.connect(url)
-    try:
-        with conn.cursor() as cur:
-            cur.executemany("INSERT INTO outbox (topic, `key`, payload, idempotency_key) VALUES (%s, %s, %s, %s)", rows)
-    finally:
-        conn.close()
+    mysql_support.insert_many(url, mysql_support.INSERT_EVENT, rows)
     assert status(url)["pending"] == 500
     proc = relay_process(url, f"kafka://{kafka_bootstrap}")
     try:
@@ -108,12 +103,7 @@ def test_an_unknown_scheme_still_names_both_databases() -> None:
 def test_metrics_health_and_keep_sent_on_mysql(mysql_url: str, kafka_bootstrap: str) -> None:
     topic = unique_topic()
     rows = [(topic, f"k{n % 3}", json.dumps({"n": n})) for n in range(100)]
-    conn = mysql_support.connect(mysql_url)
-    try:
-        with conn.cursor() as cur:
-            cur.executemany("INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", rows)
-    finally:
-        conn.close()
+    mysql_support.insert_many(mysql_url, "INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", rows)
     port = free_port()
     proc = relay_process(mysql_url, f"kafka://{kafka_bootstrap}", "--metrics-port", str(port), "--keep-sent")
     try:

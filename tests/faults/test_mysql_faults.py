@@ -108,12 +108,7 @@ def test_a_payload_over_the_kafka_limit_is_dead_lettered_at_once_and_parks_only_
     big = json.dumps({"pad": "x" * (2 * 1024 * 1024)})  # over the relay's 1 MiB default message limit
     rows = [(topic, "big", big, "huge"), (topic, "big", "{}", "behind-huge")]
     rows += [(topic, f"k{n % 5}", json.dumps({"n": n}), f"e{n}") for n in range(50)]
-    conn = mysql_support.connect(mysql_url)
-    try:
-        with conn.cursor() as cur:
-            cur.executemany("INSERT INTO outbox (topic, `key`, payload, idempotency_key) VALUES (%s, %s, %s, %s)", rows)
-    finally:
-        conn.close()
+    mysql_support.insert_many(mysql_url, mysql_support.INSERT_EVENT, rows)
     relay = start_relay(mysql_url, kafka_bootstrap)
     try:
         wait_until(lambda: mysql_support.outbox_counts(mysql_url) == {"failed": 1, "pending": 1}, timeout=60)

@@ -142,12 +142,7 @@ def test_concurrent_calls_on_one_store_each_read_their_own_results(mysql_url: st
     # A relay settles the batches of its pipeline at once, on one connection:
     # interleaved on the wire, one settle once read another's row count.
     rows = [("t", None, "{}") for _ in range(400)]
-    conn = mysql_support.connect(mysql_url)
-    try:
-        with conn.cursor() as cur:
-            cur.executemany("INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", rows)
-    finally:
-        conn.close()
+    mysql_support.insert_many(mysql_url, "INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", rows)
 
     async def scenario() -> list[Any]:
         store = store_for(mysql_url)
