@@ -6,7 +6,7 @@ python -m bench --long                        # 1M events, 60 s steady, 10 min l
 python -m bench --only gauges                 # status vs the relay's gauges on big tables; updates its section
 python -m bench --only keys                   # key distributions (issue 16); updates its section
 python -m bench --only keys --keys-events 5000 --keys-seconds 20   # the same, small, in ~2 minutes
-python -m bench --only mysql                  # the Kafka drain on MySQL/MariaDB vs L_db_mysql (issue 17), ~2 minutes
+python -m bench --only mysql                  # the Kafka drain on MySQL/MariaDB vs L_db_mysql (issue 17), ~1 minute
 """
 
 from __future__ import annotations
