@@ -6,6 +6,7 @@ python -m bench --long                        # 1M events, 60 s steady, 10 min l
 python -m bench --only gauges                 # status vs the relay's gauges on big tables; updates its section
 python -m bench --only keys                   # key distributions (issue 16); updates its section
 python -m bench --only keys --keys-events 5000 --keys-seconds 20   # the same, small, in ~2 minutes
+python -m bench --only mysql                  # the Kafka drain on MySQL/MariaDB vs L_db_mysql (issue 17), ~1 minute
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import docs, gauges, keys, keys_report, latency, report
+from bench import docs, gauges, keys, keys_report, latency, mysql, report
 from bench.runner import Run
 from bench.services import machine, require_postgres
 
@@ -35,12 +36,19 @@ SCENARIOS = {
     "writer": "writer cost: business tx with and without publish(), NOTIFY on/off, vs a bare INSERT (L_commit)",
     "keys": "key distributions: null, one per event, 1,000, 8 and 1 key(s), to Kafka and RabbitMQ, vs L_db and L_rmq",
     "latency": "the relay's own latency: S2 commit-to-consume minus the raw client's, at 500 events/s",
+    "mysql": "the Kafka drain on MySQL/MariaDB over 5,000 keys and null keys, vs L_db_mysql (issue 17)",
     "profile": "where S1 Kafka's time goes (py-spy, phase timers, EXPLAIN ANALYZE); not in the default set",
     "gauges": "status() vs the relay's gauges() on 100k and 1M unsent events (3M with --long); not in the default set",
 }
-DEFAULT = ("s1", "s1u", "s1ce", "s1bd", "rmq", "s2", "s4", "writer", "keys", "latency")
+DEFAULT = ("s1", "s1u", "s1ce", "s1bd", "rmq", "s2", "s4", "writer", "keys", "latency", "mysql")
 #: The page sections a partial run rewrites, by the scenario that feeds them alone.
-OWN_SECTIONS = {"gauges": "gauges", "keys": "keys", "latency": "relay-latency", "writer": "publish-cost"}
+OWN_SECTIONS = {
+    "gauges": "gauges",
+    "keys": "keys",
+    "latency": "relay-latency",
+    "writer": "publish-cost",
+    "mysql": "mysql",
+}
 EVENTS, LONG_EVENTS = 200_000, 1_000_000
 
 
@@ -72,6 +80,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=keys.CAP_SECONDS,
         help=f"cut a key-distribution case after this long (default {keys.CAP_SECONDS:.0f})",
+    )
+    parser.add_argument(
+        "--mysql-events",
+        type=int,
+        default=mysql.EVENTS,
+        help=f"events per drain of the mysql scenario (default {mysql.EVENTS:,}, the issue's)",
     )
     parser.add_argument("--rate", type=float, help="S2/S4 offered events/s (default: half the S1 Kafka rate)")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "latest.json", help="results JSON")
@@ -156,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "s4_seconds": args.s4_seconds,
         "keys_events": args.keys_events,
         "keys_seconds": args.keys_seconds,
+        "mysql_events": args.mysql_events,
         "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
     }
     run.results["machine"] = machine()
@@ -189,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             run.attempt("keys", lambda: keys.measure(run, events=args.keys_events, cap_seconds=args.keys_seconds))
         if "latency" in chosen:
             run.attempt("latency", lambda: latency.measure(run, seconds=args.s2_seconds))
+        if "mysql" in chosen:
+            run.attempt("mysql", lambda: mysql.scenario(run, events=args.mysql_events))
     finally:
         run.close()
         save()
@@ -204,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     if "keys" in results:
         print()
         print(keys_report.keys_text(results["keys"]))
+    if "mysql" in results:
+        print()
+        print(mysql.mysql_text(results["mysql"]))
     print(f"\nresults: {args.output}")
     if args.write_doc:
         DOC_PATH.write_text(docs.render(results, DOC_PATH.read_text()))

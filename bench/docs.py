@@ -19,6 +19,7 @@ from bench import report
 from bench.baselines import RABBIT_WINDOW
 from bench.keys_report import keys_section
 from bench.latency import latency_text
+from bench.mysql import mysql_text
 from bench.writers import publish_cost_text
 from relay.config import BATCH_SIZE, PIPELINE_DEPTH
 from relay.sinks.kafka import LINGER_MS
@@ -74,6 +75,7 @@ def sections(results: dict[str, Any]) -> dict[str, str]:
         "keys": keys_section(results),
         "relay-latency": latency_text(results.get("relay_latency")),
         "publish-cost": publish_cost_text(results),
+        "mysql": mysql_text(results.get("mysql")),
     }
 
 

@@ -47,6 +47,8 @@ def derive(results: dict[str, Any]) -> dict[str, float | None]:
         "publish_overhead_notify": dig(r, "writer_cost.publish_overhead_notify"),
         "publish_overhead_no_notify": dig(r, "writer_cost.publish_overhead_no_notify"),
         "publish_over_bare_insert": dig(r, "writer_cost.publish_over_bare_insert"),
+        "mysql_keyed_over_l_db_mysql": dig(r, "mysql.keyed.ratio"),
+        "mysql_null_keys_over_l_db_mysql": dig(r, "mysql.null_keys.ratio"),
     }
 
 
@@ -100,6 +102,18 @@ TARGETS = (
     ),
     Target("bytes payloads >= 0.9 x native (Kafka S1)", "ratios.bytes_over_native", lambda v: v >= 0.9, _x),
     Target("Debezium table >= 0.9 x native (Kafka S1)", "ratios.debezium_over_native", lambda v: v >= 0.9, _x),
+    Target(
+        "MySQL Kafka drain, 5,000 keys >= 0.8 x L_db_mysql",
+        "ratios.mysql_keyed_over_l_db_mysql",
+        lambda v: v >= 0.8,
+        _x,
+    ),
+    Target(
+        "MySQL Kafka drain, null keys >= 0.8 x L_db_mysql",
+        "ratios.mysql_null_keys_over_l_db_mysql",
+        lambda v: v >= 0.8,
+        _x,
+    ),
 )
 
 
@@ -178,6 +192,14 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     add("L_kafka  raw confluent-kafka produce", _rate(dig(r, "baselines.l_kafka.rate")), "baseline")
     add("L_rmq  raw pika, confirms, persistent", _rate(dig(r, "baselines.l_rmq.rate")), "baseline")
     add("L_commit  one-row business tx, 1 conn", _rate(dig(r, "writer_cost.rates.plain")), "baseline")
+    add("L_db_mysql  bare SKIP LOCKED + DELETE loop", _rate(dig(r, "mysql.l_db_mysql")), "baseline (MySQL)")
+    for key, name in (("keyed", "5,000 keys"), ("null_keys", "null keys")):
+        add(
+            f"MySQL Kafka drain ({name})",
+            _rate(dig(r, f"mysql.{key}.rows_per_second")),
+            f"{_num(dig(r, f'mysql.{key}.ratio'))} x L_db_mysql; mean claim "
+            f"{_num(dig(r, f'mysql.{key}.mean_claim_ms'), '.0f', ' ms')}",
+        )
     floor = dig(r, "baselines.l_latency")
     if floor:
         add(

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from bench import attribution, cpu, docs, gauges, keys, keys_report, latency, report, stats, writers
+from bench import __main__ as bench_main
+from bench import attribution, cpu, docs, gauges, keys, keys_report, latency, mysql, report, stats, writers
 from bench.writers import connections_for, trimmed_mean
 
 PAGE = docs.PAGE_PATH.read_text(encoding="utf-8")
@@ -278,6 +279,34 @@ def test_the_gauges_section_renders_and_a_partial_run_replaces_only_it() -> None
     replaced = docs.fill(page, {"gauges": "NEW GAUGES"})
     assert "NEW GAUGES" in replaced and "420.0 ms" not in replaced
     assert replaced.replace("NEW GAUGES", text) == page
+
+
+MYSQL = {
+    "events": 50_000,
+    "keys": 5_000,
+    "target_ratio": 0.8,
+    "server": "10.11.19-MariaDB",
+    "l_db_mysql_runs": [30_000.0, 34_000.0],
+    "l_db_mysql": 32_000.0,
+    "keyed": {"rows_per_second": 6_400.0, "seconds": 7.8, "mean_claim_ms": 230.0, "ratio": 0.2},
+    "null_keys": {"rows_per_second": 25_600.0, "seconds": 2.0, "mean_claim_ms": 120.0, "ratio": 0.8},
+}
+
+
+def test_the_mysql_scenario_reports_both_drains_against_l_db_mysql_with_their_targets() -> None:
+    text = mysql.mysql_text(MYSQL)
+    assert "L_db_mysql 32,000 rows/s (the mean of 30,000, 34,000, before and after the drains)" in text
+    assert "| 5,000 keys | 6,400 | 0.20 | >= 0.8 (missed) | 230 ms |" in text
+    assert "| null keys | 25,600 | 0.80 | >= 0.8 (met) | 120 ms |" in text
+    assert "Not measured" in mysql.mysql_text(None)
+    verdicts = {v["target"]: v for v in report.evaluate({"mysql": MYSQL})}
+    assert verdicts["MySQL Kafka drain, 5,000 keys >= 0.8 x L_db_mysql"]["met"] is False
+    assert verdicts["MySQL Kafka drain, null keys >= 0.8 x L_db_mysql"]["met"] is True
+    assert verdicts["Kafka S1 >= 0.9 x L_db"]["met"] is None
+    assert "MySQL Kafka drain (5,000 keys)" in report.format_table({"mysql": MYSQL})
+    page = docs.render({**RESULTS, "mysql": MYSQL}, PAGE)
+    assert text in page and page.index("## On MySQL and MariaDB") < page.index(text)
+    assert "mysql" in bench_main.DEFAULT and bench_main.OWN_SECTIONS["mysql"] == "mysql"
 
 
 def test_filling_the_page_rewrites_only_its_marked_sections() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from asyncmy import errors as my_errors
 
@@ -9,7 +11,7 @@ from relay.config import TableName
 from relay.errors import ConfigError, SchemaError, StoreError, StoreReadOnly, StoreUnavailable
 from relay.store.mysql import BinlogUnsafe, MySQLAdmin, Target, check_binlog
 from relay.store.mysql.connection import session_settings, translate
-from relay.store.mysql.runs import Candidate, Tail, Unsent, runs, within_bytes
+from relay.store.mysql.runs import Candidate, Tail, Unsent, runs, unsent_of, within_bytes
 from relay.store.mysql.sql import identifiers, queries, statements
 
 URL = "mysql://app:s3cr%40t@db.example:3307/shop"
@@ -112,6 +114,39 @@ def test_a_key_in_flight_here_goes_on_after_its_tail_only_while_the_tail_holds_a
     assert runs([c(3, "k")], unsent, tails, {2}) == {3: True}
     assert runs([c(3, "k")], unsent, tails, set()) == {}
     assert runs([c(3, "k", "b")], {"k": [Unsent(1, "t"), Unsent(2, "t"), Unsent(3, "b")]}, tails, {2}) == {}
+
+
+def test_runs_from_the_candidates_and_their_prev_ids_are_the_runs_from_every_unsent_event() -> None:
+    # claim_candidates gives each keyed candidate the key's unsent event just
+    # before it; that must choose what reading all the keys' unsent events does.
+    rng = random.Random(17)
+    for _ in range(3000):
+        unsent: dict[str, list[Unsent]] = {}
+        candidates: list[Candidate] = []
+        for id in range(1, rng.randint(2, 14)):
+            key = rng.choice(["a", "b", "c", None])
+            topic = rng.choice(["t", "t", "t", "u"])
+            if key is not None:
+                unsent.setdefault(key, []).append(Unsent(id, topic))
+            if key is None or rng.random() < 0.7:
+                events = unsent.get(key, []) if key is not None else []
+                prev = events[-2].id if len(events) > 1 else 0
+                candidates.append(Candidate(id, key, topic, 0, 1, False, prev))
+        upto = max((x.id for x in candidates), default=0)
+        seen = {key: [e for e in events if e.id <= upto] for key, events in unsent.items()}
+        tails = {
+            key: Tail(rng.choice(events).id, rng.choice("tu"))
+            for key, events in seen.items()
+            if events and rng.random() < 0.4
+        }
+        flying = {tail.id for tail in tails.values() if rng.random() < 0.7}
+        assert runs(candidates, unsent_of(candidates), tails, flying) == runs(candidates, seen, tails, flying)
+
+
+def test_without_prev_ids_a_lone_candidate_is_its_keys_oldest_and_a_gap_stops_a_run() -> None:
+    candidates = [Candidate(1, "k", "t", 0, 1, False), Candidate(3, "k", "t", 0, 1, False, 2)]
+    assert unsent_of(candidates) == {"k": [Unsent(1, "t"), Unsent(2, ""), Unsent(3, "t")]}
+    assert runs(candidates, unsent_of(candidates), {}, set()) == {1: False}
 
 
 def test_the_byte_cap_keeps_at_least_one_and_cuts_a_run_never_holes_it() -> None:

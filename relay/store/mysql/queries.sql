@@ -15,8 +15,25 @@
 -- locks only the rows of the outer SELECT); the oldest unsent id is two
 -- probes of the key index, one per state. bytes is what the batch byte cap
 -- counts: a JSON payload's text, a bytes payload's length.
+-- prev_id is the key's unsent event just before the row (0: none), two more
+-- probes of the key index: from the candidates and their prev_id the claim
+-- knows where each key's runs start and stop without reading the keys again
+-- (relay/store/mysql/runs.py, unsent_of). The probes read the statement's
+-- snapshot, and the locking read may return a row committed after it: seen
+-- says whether the snapshot holds the row itself. When it does, it holds
+-- every event of the key committed before the row too, and prev_id is
+-- exact; when a keyed candidate was not seen, the claim reads its keys
+-- (claim_keys), as a later statement sees them. The row's own columns come
+-- along, so that no read by token follows the commit: locked until the
+-- commit, they are what the claim leases.
 SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at IS NOT NULL AS reaped,
-       COALESCE(LENGTH(o.payload), LENGTH(o.payload_bytes)) AS bytes
+       COALESCE(LENGTH(o.payload), LENGTH(o.payload_bytes)) AS bytes,
+       o.payload, o.payload_bytes, o.content_type, o.headers, o.idempotency_key, o.attempts, o.created_at,
+       CASE WHEN o.`key` IS NULL THEN 0 ELSE GREATEST(
+           COALESCE((SELECT MAX(p.id) FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' AND p.id < o.id), 0),
+           COALESCE((SELECT MAX(d.id) FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed' AND d.id < o.id), 0))
+       END AS prev_id,
+       EXISTS (SELECT 1 FROM {table} AS v WHERE v.id = o.id) AS seen
 FROM {table} AS o
 WHERE o.state = 'pending'
   AND o.deliver_at <= UTC_TIMESTAMP(6)
@@ -37,7 +54,8 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: claim_keys
 -- The unsent events of the candidates' keys up to the last candidate, in id
--- order: where each key's run starts and ends (a plain read: no locks).
+-- order: where each key's run starts and ends (a plain read: no locks). Only
+-- when a keyed candidate committed after claim_candidates' snapshot.
 SELECT id, `key`, topic
 FROM {table}
 WHERE `key` IN %(keys)s AND state IN ('pending', 'failed') AND id <= %(upto)s
@@ -59,13 +77,6 @@ SET claim_token = %(token)s,
     lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %(lease_us)s MICROSECOND,
     attempts = attempts + 1
 WHERE id IN %(ids)s;
-
--- name: claimed
--- Step 4, after the commit: the claimed rows, by token. A bytes event has
--- payload NULL, and payload_bytes with its content_type.
-SELECT id, topic, `key`, payload, payload_bytes, content_type, headers, idempotency_key, attempts, created_at, priority
-FROM {table}
-WHERE id IN %(ids)s AND claim_token = %(token)s;
 
 -- name: reap_exhausted
 -- Dead-letter events whose lease expired with no attempts left: the relays

@@ -23,6 +23,8 @@ class Candidate:
     priority: int
     bytes: int
     reaped: bool
+    #: The key's unsent event just before this one (0: none), as the claim's snapshot saw it.
+    prev: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,30 @@ class Tail:
 
     id: int
     topic: str
+
+
+def unsent_of(candidates: Sequence[Candidate]) -> dict[str, list[Unsent]]:
+    """What :func:`runs` needs of each candidate key's unsent events, from the candidates alone.
+
+    Each key's candidates in id order, and before each the key's unsent event
+    just before it (``prev``) where that is not the key's previous candidate.
+    That is not every unsent event, but :func:`runs` reaches the same choice:
+    a key's first event is a candidate exactly when its first candidate has no
+    ``prev``; the first event after a tail is a candidate exactly when it is
+    the first candidate after it whose ``prev`` is at most the tail; and a run
+    goes on from a candidate to the next one exactly when that one's ``prev``
+    is it. An event that is not a candidate only stops a run, so its topic
+    (unknown here) never matters.
+    """
+    unsent: dict[str, list[Unsent]] = {}
+    for candidate in sorted(candidates, key=lambda c: c.id):
+        if candidate.key is None:
+            continue
+        events = unsent.setdefault(candidate.key, [])
+        if candidate.prev and (not events or events[-1].id != candidate.prev):
+            events.append(Unsent(candidate.prev, ""))
+        events.append(Unsent(candidate.id, candidate.topic))
+    return unsent
 
 
 def runs(

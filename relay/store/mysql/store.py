@@ -2,8 +2,8 @@
 
 The claim (seed 004): in one short transaction, lock the candidates with
 ``SELECT … FOR UPDATE SKIP LOCKED``, choose the runs (relay/store/mysql/runs.py),
-set the lease and claim token on the chosen ids, commit; then read the
-claimed rows by token. There is no LISTEN: ``wait`` sleeps, and the relay
+set the lease and claim token on the chosen ids, commit. The locking read
+brings the rows' columns too, so no read of the claimed rows follows. There is no LISTEN: ``wait`` sleeps, and the relay
 polls with its adaptive interval.
 """
 
@@ -91,18 +91,30 @@ class MySQLStore(MySQLAdmin):
         mine = tuple(str(claim.token) for claim in chain)
         queries = self._db.queries
 
-        async def lease(cur: Any) -> list[tuple[planner.Candidate, bool]]:
+        async def lease(cur: Any) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]]]:
             await cur.execute(queries["claim_candidates"], {"max_attempts": max_attempts, "limit": limit})
+            rows = {r["id"]: r for r in rows_of(cur, await cur.fetchall())}
             candidates = [
                 planner.Candidate(
-                    r["id"], text(r["key"]), r["topic"], r["priority"], int(r["bytes"]), bool(r["reaped"])
+                    r["id"],
+                    text(r["key"]),
+                    r["topic"],
+                    r["priority"],
+                    int(r["bytes"]),
+                    bool(r["reaped"]),
+                    int(r["prev_id"]),
                 )
-                for r in rows_of(cur, await cur.fetchall())
+                for r in rows.values()
             ]
-            keys = tuple({c.key for c in candidates if c.key is not None})
-            unsent: dict[str, list[planner.Unsent]] = {}
-            if keys:
-                await cur.execute(queries["claim_keys"], {"keys": keys, "upto": max(c.id for c in candidates)})
+            keyed = [r for r in rows.values() if r["key"] is not None]
+            if all(r["seen"] for r in keyed):
+                unsent = planner.unsent_of(candidates)
+            else:
+                unsent = {}
+                await cur.execute(
+                    queries["claim_keys"],
+                    {"keys": tuple({text(r["key"]) for r in keyed}), "upto": max(c.id for c in candidates)},
+                )
                 for row in await cur.fetchall():
                     unsent.setdefault(text(row[1]), []).append(planner.Unsent(row[0], row[2]))
             flying: set[int] = set()
@@ -122,14 +134,11 @@ class MySQLStore(MySQLAdmin):
                         "ids": tuple(c.id for c in placed),
                     },
                 )
-            return [(c, chosen[c.id]) for c in placed]
+            return [(c, chosen[c.id]) for c in placed], rows
 
-        async def work(cur: Any) -> tuple[list[tuple[planner.Candidate, bool]], list[dict[str, Any]]]:
-            placed = await transaction(cur, lambda: lease(cur))
-            if not placed:
-                return placed, []
-            await cur.execute(queries["claimed"], {"ids": tuple(c.id for c, _ in placed), "token": str(token)})
-            return placed, rows_of(cur, await cur.fetchall())
+        async def work(cur: Any) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]]]:
+            # The rows were read locked, so they are what the commit leases: no read by token after it.
+            return await transaction(cur, lambda: lease(cur))
 
         try:
             placed, rows = await self._db.call("main", work)
@@ -138,13 +147,16 @@ class MySQLStore(MySQLAdmin):
                 raise ClaimTimeout(f"claiming up to {limit} events: {exc}") from exc
             raise
         chained, reaped = {c.id: flag for c, flag in placed}, {c.id for c, _ in placed if c.reaped}
-        events = [self._event(row, chained=chained.get(row["id"], False)) for row in rows]
-        priority = {row["id"]: row["priority"] for row in rows}
+        # The lease counted an attempt after the rows were read.
+        events = [
+            self._event(rows[c.id], chained=chained[c.id], attempts=rows[c.id]["attempts"] + 1) for c, _ in placed
+        ]
+        priority = {c.id: c.priority for c, _ in placed}
         events = in_key_order(events, lambda e: (-priority[e.id], e.id), event=lambda e: e)
         return Claim(token=token, events=events, reaped=sum(1 for e in events if e.id in reaped))
 
     @staticmethod
-    def _event(row: dict[str, Any], *, chained: bool) -> Event:
+    def _event(row: dict[str, Any], *, chained: bool, attempts: int) -> Event:
         headers = json.loads(row["headers"]) if row["headers"] else {}
         payload = row["payload"]
         return Event(
@@ -155,7 +167,7 @@ class MySQLStore(MySQLAdmin):
             payload=payload.encode() if payload is not None else bytes(row["payload_bytes"]),
             headers={name: value if isinstance(value, str) else json.dumps(value) for name, value in headers.items()},
             idempotency_key=text(row["idempotency_key"]),
-            attempts=row["attempts"],
+            attempts=attempts,
             created_at=utc(row["created_at"]),
             chained=chained,
             content_type=row["content_type"],
