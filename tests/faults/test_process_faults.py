@@ -185,20 +185,29 @@ def test_a_relay_stopped_past_its_lease_cannot_settle_what_another_took_over(
                 for _ in range(STALLS):
                     held: dict[int, Any] = {}
                     for _try in range(10):
-                        write_burst(database_url, topic, burst, ledger)
-                        burst += 1
-                        deadline = time.monotonic() + 15
-                        while time.monotonic() < deadline and unsettled(database_url):
-                            if held_rows(conn, stalled.owner):
-                                stalled.proc.send_signal(signal.SIGSTOP)
+                        # Only the relay to be stopped may claim the burst: a relay with events of a
+                        # key in flight goes on with that key, so whichever relay claimed first would
+                        # take the whole burst, and the test would depend on who won the race. The
+                        # other relay holds nothing while it waits (everything is settled first).
+                        wait_until(lambda: unsettled(database_url) == 0, timeout=60, interval=0.1)
+                        other.proc.send_signal(signal.SIGSTOP)
+                        try:
+                            write_burst(database_url, topic, burst, ledger)
+                            burst += 1
+                            deadline = time.monotonic() + 15
+                            while time.monotonic() < deadline and unsettled(database_url):
+                                if held_rows(conn, stalled.owner):
+                                    stalled.proc.send_signal(signal.SIGSTOP)
+                                    break
+                            else:
+                                continue
+                            time.sleep(0.3)  # statements already on the wire land
+                            held = held_rows(conn, stalled.owner)
+                            if held:
                                 break
-                        else:
-                            continue
-                        time.sleep(0.3)  # statements already on the wire land
-                        held = held_rows(conn, stalled.owner)
-                        if held:
-                            break
-                        stalled.proc.send_signal(signal.SIGCONT)  # it settled just before the stop; again
+                            stalled.proc.send_signal(signal.SIGCONT)  # it settled just before the stop; again
+                        finally:
+                            other.proc.send_signal(signal.SIGCONT)
                     if not held and FENCED in stalled.text():
                         pytest.fail(f"{FENCED_BUG}: the stopped relay never claimed and published again")
                     assert held, "never caught the relay holding a lease:\n" + stalled.text()[-4000:]
