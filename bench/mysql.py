@@ -52,7 +52,7 @@ def connect(url: str) -> Any:
         host=target.host,
         port=target.port,
         user=target.user,
-        password=target.password,
+        password=target.password_bytes,
         database=target.database,
         charset="utf8mb4",
         autocommit=True,

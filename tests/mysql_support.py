@@ -21,7 +21,7 @@ def connect(url: str, **kw: Any) -> pymysql.connections.Connection[Any]:
         host=target.host,
         port=target.port,
         user=target.user,
-        password=target.password,
+        password=target.password_bytes,
         database=target.database,
         charset="utf8mb4",
         autocommit=kw.pop("autocommit", True),

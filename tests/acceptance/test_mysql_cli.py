@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from typing import Any
+from urllib.parse import quote, unquote
 
 import pytest
 
@@ -91,6 +92,28 @@ def test_a_wrong_password_or_a_dead_server_never_shows_the_password(command: lis
         assert done.returncode != 0
         assert CANARY not in done.stdout + done.stderr
         assert "error" in done.stderr
+
+
+#: Passwords a user may have, percent-encoded in the URL as RFC 3986 asks.
+ODD_PASSWORDS = ["pä$$wörd€", "a/b@c:d#e?f%g", "\u5bc6\u7801 with spaces"]
+
+
+@pytest.mark.parametrize("password", ODD_PASSWORDS)
+def test_a_password_with_non_ascii_or_url_delimiters_works_and_never_shows(password: str, mysql_url: str) -> None:
+    database = mysql_url.rsplit("/", 1)[1]
+    user = f"odd_{database[-12:]}"
+    mysql_support.execute(mysql_url, f"CREATE USER '{user}'@'%%' IDENTIFIED BY %s", [password])
+    try:
+        mysql_support.execute(mysql_url, f"GRANT ALL ON `{database}`.* TO '{user}'@'%'")
+        url = f"mysql://{user}:{quote(password, safe='')}@127.0.0.1:3306/{database}"
+        assert ok("migrate", "--database-url", url).strip() == "outbox: up to date"
+        assert status(url)["pending"] == 0
+        wrong = cli("status", "--database-url", url.replace(quote(password, safe=""), quote(password[::-1], safe="")))
+        assert wrong.returncode != 0 and "Traceback" not in wrong.stderr, wrong.stderr
+        for text in (wrong.stdout + wrong.stderr, unquote(wrong.stderr)):
+            assert password not in text and password[::-1] not in text, text
+    finally:
+        mysql_support.execute(mysql_url, f"DROP USER IF EXISTS '{user}'@'%'")
 
 
 def test_an_unknown_scheme_still_names_both_databases() -> None:

@@ -123,7 +123,7 @@ def test_publish_refuses_a_content_type_it_cannot_keep(
 async def _aconnect(url: str) -> Any:
     target = Target.parse(url)
     return await asyncmy.connect(
-        host=target.host, port=target.port, user=target.user, password=target.password, database=target.database
+        host=target.host, port=target.port, user=target.user, password=target.password_bytes, database=target.database
     )
 
 

@@ -62,6 +62,12 @@ class Target:
     database: str
     password: str = field(default="", repr=False)
 
+    @property
+    def password_bytes(self) -> bytes:
+        """The password as the drivers must get it: UTF-8 (given a ``str``, they encode it as Latin-1,
+        which fails on most non-ASCII passwords and sends the wrong bytes for the rest)."""
+        return self.password.encode()
+
     @classmethod
     def parse(cls, url: str) -> Target:
         """``mysql://user:pass@host:port/database`` (``mariadb://`` is the same); ``ConfigError`` otherwise."""
@@ -211,7 +217,7 @@ class Database:
                 host=target.host,
                 port=target.port,
                 user=target.user,
-                password=target.password,
+                password=target.password_bytes,
                 database=target.database,
                 connect_timeout=max(1, round(self._connect_timeout)),
                 autocommit=True,

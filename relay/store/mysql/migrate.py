@@ -38,7 +38,7 @@ def connect(url: str, table: TableName) -> Iterator[Any]:
             host=target.host,
             port=target.port,
             user=target.user,
-            password=target.password,
+            password=target.password_bytes,
             database=target.database,
             connect_timeout=max(1, round(CONNECT_TIMEOUT_SECONDS)),
             autocommit=True,
