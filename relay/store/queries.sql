@@ -20,7 +20,8 @@
 --   which must be a candidate.
 -- * A run takes the key's candidates from its head on, up to the first unsent
 --   event of the key that is not a candidate or goes to another topic (one
---   index walk for a key with several candidates; none for a key with one).
+--   index walk for a key in flight or with several candidates, from just
+--   after the tail or from the first; none for any other key with one).
 -- attempts counts claims, so a lease that expires because its relay died
 -- still counts as an attempt.
 -- The batch stops adding events once their payloads reach %(max_bytes)s bytes
@@ -68,46 +69,41 @@ WITH candidates AS (
     WHERE c.key IS NOT NULL
     GROUP BY c.key
 ), heads AS MATERIALIZED (
-    -- A key this relay has in flight goes on after its last event in flight, if
-    -- that one's lease still holds and the next goes to the same topic; any
-    -- other key starts at its first event.
-    SELECT k.key, k.n, coalesce(h.id, k.first_id) AS head, coalesce(h.topic, k.first_topic) AS topic,
+    -- Where each key's run starts. A key this relay has in flight goes on
+    -- right after its last event in flight (its tail), to the tail's topic, if
+    -- the tail's lease still holds; any other key starts at its first event.
+    -- %(tail_keys)s, %(tail_ids)s, %(tail_topics)s: the relay's tails, key by key.
+    SELECT k.key, k.n, coalesce(t.id + 1, k.first_id) AS start, coalesce(t.topic, k.first_topic) AS topic,
            t.id IS NOT NULL AS flying
     FROM keyed AS k
-    -- %(tails)s: {{key: [id, topic]}} of the relay's last event in flight of each key
-    CROSS JOIN LATERAL (
-        SELECT (%(tails)s::jsonb -> k.key ->> 0)::bigint AS id, %(tails)s::jsonb -> k.key ->> 1 AS topic) AS t
-    LEFT JOIN LATERAL (
-        SELECT e.id, e.topic FROM {table} AS e
-        WHERE e.key = k.key AND e.id > t.id AND e.state IN ('pending', 'failed')
-        ORDER BY e.id
-        LIMIT 1) AS h ON t.id IS NOT NULL
+    LEFT JOIN unnest(%(tail_keys)s::text[], %(tail_ids)s::bigint[], %(tail_topics)s::text[]) AS t(key, id, topic)
+        ON t.key = k.key
     WHERE t.id IS NULL
-       OR (h.topic = t.topic
-           AND EXISTS (SELECT 1 FROM {table} AS tail
-                       WHERE tail.id = t.id AND tail.state = 'pending'
-                         AND tail.claim_token = ANY(%(mine)s::uuid[]) AND tail.lease_expires_at > now()))
+       OR EXISTS (SELECT 1 FROM {table} AS tail
+                  WHERE tail.id = t.id AND tail.state = 'pending'
+                    AND tail.claim_token = ANY(%(mine)s::uuid[]) AND tail.lease_expires_at > now())
 ), members AS MATERIALIZED (
     -- The events of the runs, and whether each is chained. A run takes the
-    -- key's unsent events from its head on while each is a candidate going to
+    -- key's unsent events from its start on while each is a candidate going to
     -- the run's topic: one index walk, of at most the key's candidates, for a
-    -- key with several; none for a key with one (its run is its head).
-    SELECT h.head AS id, h.flying AS chained
+    -- key in flight or with several candidates; none for a key with one that
+    -- is not in flight (its run is its first event, if that is a candidate).
+    SELECT h.start AS id, false AS chained
     FROM heads AS h
     -- (IS TRUE keeps this a hashed lookup, not a join planned as a loop)
-    WHERE h.n = 1 AND (h.head IN (SELECT c.id FROM candidates AS c)) IS TRUE
+    WHERE h.n = 1 AND NOT h.flying AND (h.start IN (SELECT c.id FROM candidates AS c)) IS TRUE
     UNION ALL
-    SELECT w.id, h.flying OR w.id > h.head
+    SELECT w.id, h.flying OR w.id > h.start
     FROM heads AS h
     CROSS JOIN LATERAL (
         SELECT e.id,
                bool_and((e.topic = h.topic AND e.id IN (SELECT c.id FROM candidates AS c)) IS TRUE)
                    OVER (ORDER BY e.id ROWS UNBOUNDED PRECEDING) AS unbroken
         FROM {table} AS e
-        WHERE e.key = h.key AND e.id >= h.head AND e.state IN ('pending', 'failed')
+        WHERE e.key = h.key AND e.id >= h.start AND e.state IN ('pending', 'failed')
         ORDER BY e.id
         LIMIT h.n) AS w
-    WHERE h.n > 1 AND w.unbroken
+    WHERE (h.n > 1 OR h.flying) AND w.unbroken
 ), placed AS (
     -- Membership through hashed lookups: a join here is planned as a loop over the runs for each candidate.
     SELECT c.id, c.key, c.old_lease, c.bytes,

@@ -136,11 +136,15 @@ def test_a_writer_still_open_keeps_the_floor_below_its_event(database_url: str) 
     asyncio.run(scenario())
 
 
+#: The claim's parameters for a relay with no batch in flight.
+NO_CHAIN: dict[str, list[Any]] = {"mine": [], "tail_keys": [], "tail_ids": [], "tail_topics": []}
+
+
 def claim_statement(name: str, after: int, priorities: list[int]) -> tuple[sql.Composed, dict[str, Any]]:
     """One of the store's claim statements, by name, and its parameters."""
     query = named.render(named.queries()[name], TableName.parse("outbox"))
     params = {"after": after, "priorities": priorities, "limit": 10, "max_bytes": 2**62, "max_attempts": 5,
-              "token": uuid4(), "owner": "t", "lease_seconds": 30, "mine": [], "tails": "{}"}  # fmt: skip
+              "token": uuid4(), "owner": "t", "lease_seconds": 30, **NO_CHAIN}  # fmt: skip
     return query, params
 
 

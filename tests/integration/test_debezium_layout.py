@@ -239,7 +239,7 @@ def test_the_claim_on_the_view_uses_the_tables_indexes(database_url: str) -> Non
         for after in (0, 15000):  # a full scan, and one from a keyset hint
             params: dict[str, object] = {
                 "after": after, "limit": 100, "max_bytes": 16 * 2**20, "max_attempts": 5, "token": None,
-                "owner": "x", "lease_seconds": 30, "mine": [], "tails": "{}",
+                "owner": "x", "lease_seconds": 30, "mine": [], "tail_keys": [], "tail_ids": [], "tail_topics": [],
             }  # fmt: skip
             plans.append("\n".join(r[0] for r in conn.execute(psycopg.sql.SQL("EXPLAIN ") + claim, params)))
         conn.rollback()

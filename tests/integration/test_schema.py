@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 import pytest
@@ -205,7 +206,8 @@ def test_the_claim_query_uses_its_index(database_url: str) -> None:
         )
         conn.execute("ANALYZE outbox")
         plans = []
-        for after in (0, 15000):  # a full scan, and one from a keyset hint
+        # A full scan, one from a keyset hint, and one going on from keys in flight.
+        for after, tails in ((0, []), (15000, []), (0, [(f"k{n}", 15000 + n) for n in range(1, 200)])):
             params: dict[str, object] = {
                 "after": after,
                 "limit": 100,
@@ -214,8 +216,10 @@ def test_the_claim_query_uses_its_index(database_url: str) -> None:
                 "token": None,
                 "owner": "x",
                 "lease_seconds": 30,
-                "mine": [],
-                "tails": "{}",
+                "mine": [uuid4()],
+                "tail_keys": [key for key, _ in tails],
+                "tail_ids": [id_ for _, id_ in tails],
+                "tail_topics": ["t" for _ in tails],
             }
             plans.append("\n".join(r[0] for r in conn.execute(psycopg.sql.SQL("EXPLAIN ") + claim, params)))
         conn.rollback()

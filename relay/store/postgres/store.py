@@ -12,7 +12,6 @@ from uuid import uuid4
 
 import psycopg
 from psycopg.rows import RowMaker
-from psycopg.types.json import Jsonb
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName
 from relay.errors import ClaimTimeout, SchemaError, StoreUnavailable
@@ -276,7 +275,10 @@ class PostgresStore(PostgresAdmin):
 
 def _tails(chain: Sequence[Claim]) -> dict[str, Any]:
     """The claim's parameters for the batches in flight it may go on from: their keys' last events."""
+    tails = chained_keys(chain)
     return {
         "mine": [claim.token for claim in chain],
-        "tails": Jsonb({key: [e.id, e.topic] for key, e in chained_keys(chain).items()}),
+        "tail_keys": list(tails),
+        "tail_ids": [e.id for e in tails.values()],
+        "tail_topics": [e.topic for e in tails.values()],
     }
