@@ -81,6 +81,8 @@ BEFORE: dict[tuple[str, str], tuple[float, str]] = {
     ("kafka", "null"): (0.98, "l_db"),
     ("kafka", "each"): (1.04, "l_db"),
 }
+#: L_rmq,1 publishes at most this many events: one round trip each, a few thousand a second.
+SERIAL_EVENTS = 20_000
 #: The drain rate at 80-90% received over the rate at 10-20%, in every case.
 LATE_OVER_EARLY = 0.9
 
@@ -100,6 +102,12 @@ def payload(g: int) -> bytes:
 def l_rmq(url: str, queue: str, events: int) -> dict[str, Any]:
     """L_rmq with this scenario's payloads (a module function, so a child process can run it)."""
     return baselines.l_rmq(url, queue, events, payload=payload)
+
+
+def l_rmq_serial(url: str, queue: str, events: int) -> dict[str, Any]:
+    """L_rmq with one unconfirmed message at a time: the ceiling of any publisher that keeps
+    a key's order the way the relay does on RabbitMQ (a module function, for a child process)."""
+    return baselines.l_rmq(url, queue, events, window=1, payload=payload)
 
 
 def seed(url: str, spread: Spread, topic: str, events: int) -> None:
@@ -174,6 +182,18 @@ class KeysScenario:
             self.run.cleanup.delete_queue(queue)
         self._bracket("l_rmq", result)
 
+    def l_rmq_serial(self) -> None:
+        require_rabbitmq()
+        queue = self.run.cleanup.create_queue("keys-lrmq1")
+        events = min(self.events, SERIAL_EVENTS)
+        try:
+            result = self.run.received_baseline(
+                RabbitReceiver(AMQP_URL, queue), l_rmq_serial, AMQP_URL, queue, events=events
+            )
+        finally:
+            self.run.cleanup.delete_queue(queue)
+        self._bracket("l_rmq_serial", result)
+
     def drain(self, sink: str, spread: Spread) -> None:
         """Drain a copy of ``spread``'s template to ``sink``; record it as ``<sink>/<spread>``."""
         template = self.template(spread)
@@ -203,7 +223,8 @@ class KeysScenario:
         self.run.save()
 
     def measure(self) -> None:
-        """Seed, then L_db, the Kafka cases, L_db, L_rmq, the RabbitMQ cases, L_rmq; then write keys.json."""
+        """Seed, then L_db, the Kafka cases, L_db, L_rmq and L_rmq,1, the RabbitMQ cases, L_rmq,1 and L_rmq;
+        then write keys.json."""
         for spread in SPREADS.values():  # all before measuring: seeding's writes would land in a measurement
             self.template(spread)
         self.l_db()
@@ -211,8 +232,10 @@ class KeysScenario:
             self.drain("kafka", SPREADS[name])
         self.l_db()
         self.l_rmq()
+        self.l_rmq_serial()
         for name in RABBIT_CASES:
             self.drain("rabbitmq", SPREADS[name])
+        self.l_rmq_serial()
         self.l_rmq()
         self.data["load_average"]["end"] = os.getloadavg()[0]
         KEYS_PATH.parent.mkdir(parents=True, exist_ok=True)

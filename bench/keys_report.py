@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
-from bench.keys import BEFORE, KAFKA_CASES, KEYS_PATH, LATE_OVER_EARLY, RABBIT_CASES, SINK_LABELS, SPREADS, TARGETS
+from bench.keys import (
+    BEFORE,
+    KAFKA_CASES,
+    KEYS_PATH,
+    LATE_OVER_EARLY,
+    RABBIT_CASES,
+    SERIAL_EVENTS,
+    SINK_LABELS,
+    SPREADS,
+    TARGETS,
+)
 from bench.stats import ratio
 
-_BASELINE_LABELS = {"l_db": "L_db", "l_rmq": "L_rmq"}
+_BASELINE_LABELS = {"l_db": "L_db", "l_rmq": "L_rmq", "l_rmq_serial": "L_rmq,1"}
 
 
 def _measured(value: Any) -> bool:
@@ -47,6 +58,8 @@ def verdicts(data: dict[str, Any]) -> list[dict[str, Any]]:
                 "received": case.get("received"),
                 "over_l_db": over["l_db"],
                 "over_l_rmq": over["l_rmq"],
+                # One unconfirmed message at a time is what keeps a key's order on RabbitMQ.
+                "over_l_rmq_serial": over["l_rmq_serial"] if sink == "rabbitmq" else None,
                 "target": target_text,
                 "met": met,
                 "late_over_early": late,
@@ -84,6 +97,22 @@ def _load(data: dict[str, Any]) -> str:
     return f" The load average was {load['start']:.1f} at the start and {load['end']:.1f} at the end."
 
 
+def _serial(data: dict[str, Any], baseline: Callable[[str], str]) -> str:
+    """What L_rmq,1 is, and what it says about the RabbitMQ targets, when it was measured."""
+    rates = {name: entry.get("rate") for name, entry in data.get("baselines", {}).items()}
+    serial = rates.get("l_rmq_serial")
+    if not _measured(serial):
+        return ""
+    over = ratio(serial, rates.get("l_rmq"))
+    share = f", {_ratio(over)} x L_rmq" if over is not None else ""
+    return (
+        f" L_rmq,1 {baseline('l_rmq_serial')}{share} is the same client with one unconfirmed message at a time "
+        f"(the same payloads, at most {SERIAL_EVENTS:,}): the most any publisher gets from one key while a "
+        "message that is nacked or returned is never overtaken by a later one of its key, which is how the relay "
+        "keeps a key's order on RabbitMQ."
+    )
+
+
 def keys_text(data: dict[str, Any]) -> str:
     """The key-distribution section of docs/performance.md."""
     base = data.get("baselines", {})
@@ -100,17 +129,18 @@ def keys_text(data: dict[str, Any]) -> str:
         f"with {data.get('partitions', 0)} partitions or to a durable RabbitMQ queue. A case still draining "
         f"after {data.get('cap_seconds', 0):.0f} s is cut, and its rates are then those of what arrived by then "
         f"(between 10% and 90% of it). L_db {baseline('l_db')} and L_rmq {baseline('l_rmq')} (the same "
-        "payloads) were taken before and after the cases." + _load(data),
+        "payloads) were taken before and after the cases." + _load(data) + _serial(data, baseline),
         "",
-        "| Case | Drain rate | x L_db | x L_rmq | Target | Met | Rate at 80-90% / 10-20% received | >= 0.9 |",
-        "| --- | --: | --: | --: | --- | --- | --: | --- |",
+        "| Case | Drain rate | x L_db | x L_rmq | x L_rmq,1 | Target | Met "
+        "| Rate at 80-90% / 10-20% received | >= 0.9 |",
+        "| --- | --: | --: | --: | --: | --- | --- | --: | --- |",
     ]
     for row in verdicts(data):
         late = row["late_over_early"]
+        ratios = " | ".join(_ratio(row[name]) for name in ("over_l_db", "over_l_rmq", "over_l_rmq_serial"))
         lines.append(
-            f"| {row['case']} | {_rate(row, data)} | {_ratio(row['over_l_db'])} | {_ratio(row['over_l_rmq'])} "
-            f"| {row['target']} | {_met(row['met'])} | {f'{late:.2f}' if _measured(late) else '-'} "
-            f"| {_met(row['late_met'])} |"
+            f"| {row['case']} | {_rate(row, data)} | {ratios} | {row['target']} | {_met(row['met'])} "
+            f"| {f'{late:.2f}' if _measured(late) else '-'} | {_met(row['late_met'])} |"
         )
     return "\n".join(lines)
 

@@ -385,7 +385,11 @@ KEYS = {
     "partitions": 3,
     "payload_bytes": 146,
     "load_average": {"start": 1.5, "end": 2.25},
-    "baselines": {"l_db": {"rate": 100_000.0, "runs": [{}, {}]}, "l_rmq": {"rate": 10_000.0, "runs": [{}, {}]}},
+    "baselines": {
+        "l_db": {"rate": 100_000.0, "runs": [{}, {}]},
+        "l_rmq": {"rate": 10_000.0, "runs": [{}, {}]},
+        "l_rmq_serial": {"rate": 2_000.0, "runs": [{}, {}]},
+    },
     "cases": {
         "kafka/k1000": {"rate": 95_000.0, "s3_ratio": 0.95, "cut": False, "received": 200_000},
         "kafka/k1": {"rate": 7.0, "s3_ratio": 0.5, "cut": True, "received": 840},
@@ -404,10 +408,17 @@ def test_key_distribution_cases_are_judged_against_their_baselines() -> None:
     assert rows["RabbitMQ, 1 key"]["met"] is True  # >= 0.3 x L_rmq, though 0.04 x L_db
     assert rows["RabbitMQ, 1 key"]["late_met"] is None
     text = keys_report.keys_text(KEYS)
-    assert "| Kafka, 1 key | 7.0/s (cut at 120 s, 840 received) | 0.000070 | 0.00070 | >= 0.5 x L_db | **no** |" in text
+    assert (
+        "| Kafka, 1 key | 7.0/s (cut at 120 s, 840 received) | 0.000070 | 0.00070 | - | >= 0.5 x L_db | **no** |"
+        in text
+    )
+    # Against the one-message-at-a-time ceiling too, on RabbitMQ only.
+    assert rows["RabbitMQ, 1 key"]["over_l_rmq_serial"] == pytest.approx(2.0)
+    assert "| RabbitMQ, 1 key | 4,000/s | 0.04 | 0.4 | 2 | >= 0.3 x L_rmq | yes |" in text
+    assert "L_rmq,1 2,000/s (mean of 2 runs), 0.2 x L_rmq is the same client" in text
     assert "L_db 100,000/s (mean of 2 runs)" in text
     assert "The load average was 1.5 at the start and 2.2 at the end." in text
-    assert "| Kafka, 1,000 keys | 95,000/s | 0.95 | 9.5 |" in text
+    assert "| Kafka, 1,000 keys | 95,000/s | 0.95 | 9.5 | - |" in text
 
 
 def test_relay_latency_is_the_difference_from_the_raw_client() -> None:
