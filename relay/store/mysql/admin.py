@@ -16,9 +16,13 @@ PURGE_BATCH_SIZE = 1000
 MAX_PRIORITIES = 100
 
 
+#: What the driver returns for a VARBINARY column (a tuple: isinstance with one is the fastest check).
+_BINARY = (bytes, bytearray)
+
+
 def text(value: Any) -> Any:
     """A VARBINARY column (``key``, ``idempotency_key``) as text."""
-    return value.decode() if isinstance(value, bytes | bytearray) else value
+    return value.decode() if isinstance(value, _BINARY) else value
 
 
 def utc(value: Any) -> Any:

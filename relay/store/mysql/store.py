@@ -26,6 +26,8 @@ from relay.store.mysql.connection import STATEMENT_TIMEOUT, error_code, rows_of,
 
 logger = logging.getLogger(__name__)
 
+#: How MySQL 8 and MariaDB both write an empty JSON object.
+EMPTY_JSON_OBJECT = "{}"
 # The gauges count exactly up to this many unsent events and estimate past it.
 GAUGES_EXACT_UP_TO = 20_000
 
@@ -94,10 +96,12 @@ class MySQLStore(MySQLAdmin):
         async def lease(cur: Any) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]]]:
             await cur.execute(queries["claim_candidates"], {"max_attempts": max_attempts, "limit": limit})
             rows = {r["id"]: r for r in rows_of(cur, await cur.fetchall())}
+            for r in rows.values():
+                r["key"] = text(r["key"])  # once, for the runs and the events
             candidates = [
                 planner.Candidate(
                     r["id"],
-                    text(r["key"]),
+                    r["key"],
                     r["topic"],
                     r["priority"],
                     int(r["bytes"]),
@@ -113,7 +117,7 @@ class MySQLStore(MySQLAdmin):
                 unsent = {}
                 await cur.execute(
                     queries["claim_keys"],
-                    {"keys": tuple({text(r["key"]) for r in keyed}), "upto": max(c.id for c in candidates)},
+                    {"keys": tuple({r["key"] for r in keyed}), "upto": max(c.id for c in candidates)},
                 )
                 for row in await cur.fetchall():
                     unsent.setdefault(text(row[1]), []).append(planner.Unsent(row[0], row[2]))
@@ -157,12 +161,13 @@ class MySQLStore(MySQLAdmin):
 
     @staticmethod
     def _event(row: dict[str, Any], *, chained: bool, attempts: int) -> Event:
-        headers = json.loads(row["headers"]) if row["headers"] else {}
+        # Most events have no headers: no JSON to parse for those.
+        headers = json.loads(row["headers"]) if row["headers"] and row["headers"] != EMPTY_JSON_OBJECT else {}
         payload = row["payload"]
         return Event(
             id=row["id"],
             topic=row["topic"],
-            key=text(row["key"]),
+            key=row["key"],
             # JSON as text, or (payload NULL) bytes as they are, with their content type.
             payload=payload.encode() if payload is not None else bytes(row["payload_bytes"]),
             headers={name: value if isinstance(value, str) else json.dumps(value) for name, value in headers.items()},
