@@ -23,6 +23,7 @@ from relay.config import MYSQL_SCHEMES, TableName, redact_url
 from relay.errors import ConfigError, SchemaError, StoreError, StoreReadOnly, StoreUnavailable
 from relay.secrets import Scrubber, one_line
 from relay.store.mysql import sql as named
+from relay.store.mysql.tls import Tls
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class Target:
     user: str
     database: str
     password: str = field(default="", repr=False)
+    #: From the URL's ``ssl-*`` options (relay/store/mysql/tls.py).
+    tls: Tls = field(default_factory=Tls)
 
     @property
     def password_bytes(self) -> bytes:
@@ -70,7 +73,8 @@ class Target:
 
     @classmethod
     def parse(cls, url: str) -> Target:
-        """``mysql://user:pass@host:port/database`` (``mariadb://`` is the same); ``ConfigError`` otherwise."""
+        """``mysql://user:pass@host:port/database[?ssl-mode=...&ssl-ca=...]`` (``mariadb://`` is the same);
+        ``ConfigError`` otherwise."""
         try:
             parts = urlsplit(url)
             port = parts.port
@@ -83,20 +87,27 @@ class Target:
             raise ConfigError(
                 f"MySQL URL {redact_url(url)!r} needs a host and a database: mysql://user:pass@host:3306/database"
             )
-        if parse_qsl(parts.query, keep_blank_values=True):
-            raise ConfigError(f"MySQL URL {redact_url(url)!r}: query options are not supported")
+        tls = Tls.from_options(parse_qsl(parts.query, keep_blank_values=True), where=repr(redact_url(url)))
         return cls(
             host=parts.hostname,
             port=port or DEFAULT_PORT,
             user=unquote(parts.username or "root"),
             database=database,
             password=unquote(parts.password or ""),
+            tls=tls,
         )
+
+
+#: What asyncmy's TLS handshake reports when the server answered in plain MySQL protocol.
+_NOT_TLS = "WRONG_VERSION_NUMBER"
 
 
 def describe(exc: BaseException, url: str) -> str:
     """A one-line description of a driver error with any password removed."""
-    return one_line(str(exc).replace(url, redact_url(url)), Scrubber.of(url)) or type(exc).__name__
+    text = one_line(str(exc).replace(url, redact_url(url)), Scrubber.of(url)) or type(exc).__name__
+    if _NOT_TLS in text:
+        text += " (the server does not speak TLS: is TLS enabled on it?)"
+    return text
 
 
 def error_code(exc: BaseException) -> int | None:
@@ -223,6 +234,7 @@ class Database:
                 autocommit=True,
                 charset="utf8mb4",
                 program_name="outbox-relay",
+                ssl=target.tls.context(),
             )
             try:
                 async with conn.cursor() as cur:

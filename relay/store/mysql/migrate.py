@@ -43,6 +43,7 @@ def connect(url: str, table: TableName) -> Iterator[Any]:
             connect_timeout=max(1, round(CONNECT_TIMEOUT_SECONDS)),
             autocommit=True,
             charset="utf8mb4",
+            ssl=target.tls.context(),
         )
     except (pymysql.MySQLError, OSError) as exc:
         raise translate(exc, url, table) from exc
