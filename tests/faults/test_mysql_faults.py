@@ -1,17 +1,25 @@
 """Fault scenarios on MySQL (MariaDB here): SIGKILLed relays keep every key in order and lose nothing,
 and bad input is dead-lettered while the rest flows.
 
-Writers use ``publish()`` and plain SQL, 30% rolled back. The quick version
+Writers use ``publish()`` and plain SQL, 30% rolled back. The relays' own link
+to the database also goes through a fault proxy: latency, resets, a black
+hole, slow closes (5c on MySQL). The quick version
 runs in ``make test``; ``make faults`` (RELAY_FAULTS_FULL=1) runs the full counts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -19,6 +27,7 @@ from tests import mysql_support
 from tests.faults.checker import KafkaCollector, verdict
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.mysql_writers import MySQLWriters
+from tests.faults.proxy import FaultProxy
 from tests.faults.schedule import FaultSchedule
 from tests.integration.kafka_support import consume, unique_topic
 from tests.relay_support import relay_process, stop_process, wait_until
@@ -120,3 +129,88 @@ def test_a_payload_over_the_kafka_limit_is_dead_lettered_at_once_and_parks_only_
         mysql_url, "SELECT attempts, last_error FROM outbox WHERE idempotency_key = 'huge'"
     )
     assert attempts == 1 and error
+
+
+def via_proxy(url: str, proxy: FaultProxy) -> str:
+    """``url`` with its host and port replaced by the proxy's."""
+    parts = urlsplit(url)
+    auth = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    return urlunsplit(parts._replace(netloc=auth + proxy.address))
+
+
+@contextlib.contextmanager
+def relays_via(url: str, bootstrap: str, count: int, logs: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    """``count`` relays on ``url``, their output in files: an outage makes them log more than a pipe holds."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    args = [sys.executable, "-m", "relay", "run", "--database-url", url, "--sink", f"kafka://{bootstrap}",
+            "--batch-size", str(BATCH), "--max-attempts", "10", "--lease-seconds", "9", "--publish-timeout", "2",
+            "--poll-interval", "0.05", "--poll-interval-max", "0.2", "--log-level", "WARNING"]  # fmt: skip
+    relays = []
+    try:
+        for n in range(count):
+            with (logs / f"relay-{n}.log").open("w") as out:
+                relays.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, text=True,
+                                               env=base))  # fmt: skip
+        yield relays
+    finally:
+        for relay in relays:
+            if relay.poll() is None:  # the test failed before it stopped them
+                stop_process(relay, signal.SIGKILL)
+
+
+@pytest.mark.timeout(900 if FULL else 300)
+def test_relays_ride_out_latency_resets_black_holes_and_slow_closes_on_the_mysql_link(
+    mysql_url: str, kafka_bootstrap: str, record: Recorder, tmp_path: Path
+) -> None:
+    rounds = 3 if FULL else 1
+    topic = unique_topic("mysql-link")
+    target = urlsplit(mysql_url)
+    events = 3_000 * rounds
+    with (
+        FaultProxy(target.hostname or "127.0.0.1", target.port or 3306) as proxy,
+        KafkaCollector(kafka_bootstrap, topic) as collector,
+        relays_via(via_proxy(mysql_url, proxy), kafka_bootstrap, RELAYS, tmp_path) as relays,
+    ):
+        # The writers reach the database directly: only the relays' link is faulty.
+        writers = MySQLWriters(mysql_url, topic, count=4, events=events, keys_per_writer=25, pause=0.02)
+        with FaultSchedule(writers) as schedule:
+            for n in range(1, rounds + 1):
+                time.sleep(1.0)
+                with schedule.fault(f"latency 50 ms #{n}"):
+                    proxy.latency(0.05)
+                    time.sleep(2.0)
+                with schedule.fault(f"latency 200 ms #{n}"):
+                    proxy.latency(0.2)
+                    time.sleep(2.0)
+                with schedule.fault(f"reset #{n}"):
+                    proxy.reset()
+                    time.sleep(1.0)
+                with schedule.fault(f"black hole #{n}"):
+                    proxy.blackhole()
+                    time.sleep(6.0)
+                with schedule.fault(f"slow close #{n}"):
+                    proxy.slow_close(1.5)
+                    time.sleep(4.5)
+                proxy.passthrough()
+        try:
+            wait_until(lambda: remaining(mysql_url) == 0, timeout=120)
+        except AssertionError:
+            said = [(tmp_path / f"relay-{n}.log").read_text()[-800:] for n in range(RELAYS)]
+            alive = [r.poll() is None for r in relays]
+            raise AssertionError(f"not drained: {mysql_support.outbox_counts(mysql_url)}; {alive=}; {said}") from None
+        committed = len(writers.ledger.committed)
+        collector.wait_for(lambda ds: len({d.idempotency_key for d in ds}) >= committed, timeout=60)
+        time.sleep(1.0)
+        alive = [r.poll() is None for r in relays]
+        codes = [stop_process(r) for r in relays]
+        result = verdict(writers.ledger, collector.deliveries)
+    note = f"latency 50/200 ms, reset, black hole 6 s, slow close x{rounds}; {proxy.accepted} connections; "
+    note += schedule.note()
+    print(f"5c on MySQL: {result}; {note}")
+    record(f"5c/database on MySQL: the relays' link faulty x{rounds}, {RELAYS} relays, 100 keys", result,
+           runs=rounds, note=note)  # fmt: skip
+    assert not schedule.unloaded(), note
+    assert alive == [True] * RELAYS and codes == [0] * RELAYS, (alive, codes)
+    assert proxy.accepted > RELAYS, "the relays never had to reconnect: the faults did not reach them"
+    assert result.committed > events * 0.6
+    assert result.ok, str(result)
