@@ -24,11 +24,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from tests.faults.checker import Writers
+
+if TYPE_CHECKING:
+    from tests.faults.proxy import FaultProxy
 
 #: How long the writers go on after the last fault, so the recovery is under load too.
 MARGIN_SECONDS = 3.0
@@ -132,3 +135,25 @@ class FaultSchedule:
             f"writers on from before the first of {len(self.faults)} faults (each begun after fresh commits) to "
             f"{self.margin:g} s after the last; fewest commits during one: {least.commits} ({least.name})"
         )
+
+
+@dataclass(frozen=True)
+class LinkFault:
+    """One fault of a link: its name in the schedule, how to start it on the proxy, how long it lasts."""
+
+    name: str
+    start: Callable[[FaultProxy], None]
+    seconds: float
+
+
+def link_fault_rounds(
+    schedule: FaultSchedule, proxy: FaultProxy, faults: Sequence[LinkFault], rounds: int, *, pause: float = 1.0
+) -> None:
+    """``rounds`` times: a pause, then each fault in turn for its time; the link passes again after each round."""
+    for n in range(1, rounds + 1):
+        time.sleep(pause)
+        for fault in faults:
+            with schedule.fault(f"{fault.name} #{n}"):
+                fault.start(proxy)
+                time.sleep(fault.seconds)
+        proxy.passthrough()

@@ -43,7 +43,7 @@ from relay.store.postgres import connection as postgres
 from tests.faults.checker import KafkaCollector, Verdict, Watcher, Writers, verdict
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.proxy import FaultProxy
-from tests.faults.schedule import FaultSchedule
+from tests.faults.schedule import FaultSchedule, LinkFault, link_fault_rounds
 from tests.integration.kafka_support import unique_topic
 from tests.relay_support import RelayThread, outbox_counts
 
@@ -516,18 +516,12 @@ def test_slow_and_slowly_closing_database_links_bound_every_store_call(
         writers = Writers(database_url, topic, count=4, events=events, keys_per_writer=25, pause=0.06)
         with Sampler(call_clock, relay) as sampler:
             with FaultSchedule(writers) as schedule:
-                for n in range(1, rounds + 1):
-                    time.sleep(1.0)
-                    with schedule.fault(f"latency 50 ms #{n}"):
-                        proxy.latency(0.05)
-                        time.sleep(2.0)
-                    with schedule.fault(f"latency 200 ms #{n}"):
-                        proxy.latency(0.2)
-                        time.sleep(2.0)
-                    with schedule.fault(f"slow close #{n}"):
-                        proxy.slow_close(slow_close_step)
-                        time.sleep(slow_close_step * 3)
-                    proxy.passthrough()
+                faults = (
+                    LinkFault("latency 50 ms", lambda proxy: proxy.latency(0.05), 2.0),
+                    LinkFault("latency 200 ms", lambda proxy: proxy.latency(0.2), 2.0),
+                    LinkFault("slow close", lambda proxy: proxy.slow_close(slow_close_step), slow_close_step * 3),
+                )
+                link_fault_rounds(schedule, proxy, faults, rounds)
             result, drained = drain_and_collect(database_url, writers, collector)
         worst, seconds = call_clock.worst()
     counts = outbox_counts(database_url)

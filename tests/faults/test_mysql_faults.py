@@ -28,7 +28,7 @@ from tests.faults.checker import KafkaCollector, verdict
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.mysql_writers import MySQLWriters
 from tests.faults.proxy import FaultProxy
-from tests.faults.schedule import FaultSchedule
+from tests.faults.schedule import FaultSchedule, LinkFault, link_fault_rounds
 from tests.integration.kafka_support import consume, unique_topic
 from tests.relay_support import relay_process, stop_process, wait_until
 
@@ -158,6 +158,16 @@ def relays_via(url: str, bootstrap: str, count: int, logs: Path) -> Iterator[lis
                 stop_process(relay, signal.SIGKILL)
 
 
+#: The faults of the relays' database link, each round.
+LINK_FAULTS = (
+    LinkFault("latency 50 ms", lambda proxy: proxy.latency(0.05), 2.0),
+    LinkFault("latency 200 ms", lambda proxy: proxy.latency(0.2), 2.0),
+    LinkFault("reset", FaultProxy.reset, 1.0),
+    LinkFault("black hole", FaultProxy.blackhole, 6.0),
+    LinkFault("slow close", lambda proxy: proxy.slow_close(1.5), 4.5),
+)
+
+
 @pytest.mark.timeout(900 if FULL else 300)
 def test_relays_ride_out_latency_resets_black_holes_and_slow_closes_on_the_mysql_link(
     mysql_url: str, kafka_bootstrap: str, record: Recorder, tmp_path: Path
@@ -174,24 +184,7 @@ def test_relays_ride_out_latency_resets_black_holes_and_slow_closes_on_the_mysql
         # The writers reach the database directly: only the relays' link is faulty.
         writers = MySQLWriters(mysql_url, topic, count=4, events=events, keys_per_writer=25, pause=0.02)
         with FaultSchedule(writers) as schedule:
-            for n in range(1, rounds + 1):
-                time.sleep(1.0)
-                with schedule.fault(f"latency 50 ms #{n}"):
-                    proxy.latency(0.05)
-                    time.sleep(2.0)
-                with schedule.fault(f"latency 200 ms #{n}"):
-                    proxy.latency(0.2)
-                    time.sleep(2.0)
-                with schedule.fault(f"reset #{n}"):
-                    proxy.reset()
-                    time.sleep(1.0)
-                with schedule.fault(f"black hole #{n}"):
-                    proxy.blackhole()
-                    time.sleep(6.0)
-                with schedule.fault(f"slow close #{n}"):
-                    proxy.slow_close(1.5)
-                    time.sleep(4.5)
-                proxy.passthrough()
+            link_fault_rounds(schedule, proxy, LINK_FAULTS, rounds)
         try:
             wait_until(lambda: remaining(mysql_url) == 0, timeout=120)
         except AssertionError:
