@@ -14,6 +14,10 @@ from tests.faults.checker import Verdict
 
 RESULTS = Path(os.environ.get("RELAY_FAULTS_RESULTS", ".faults-results"))
 FULL = os.environ.get("RELAY_FAULTS_FULL") == "1"
+#: --max-attempts for relays the kill scenarios SIGKILL: a crash counts as an attempt, and with the default 3
+#: an event claimed by three relays in a row that died before settling it is dead-lettered (as designed) and parks
+#: its key, which a run of kills on a loaded machine can bring about; those scenarios are about order and loss.
+CRASH_ATTEMPTS = 10
 
 Recorder = Callable[..., None]
 

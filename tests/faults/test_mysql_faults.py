@@ -25,7 +25,7 @@ import pytest
 
 from tests import mysql_support
 from tests.faults.checker import KafkaCollector, verdict
-from tests.faults.conftest import FULL, Recorder
+from tests.faults.conftest import CRASH_ATTEMPTS, FULL, Recorder
 from tests.faults.mysql_writers import MySQLWriters
 from tests.faults.proxy import FaultProxy
 from tests.faults.schedule import FaultSchedule, LinkFault, link_fault_rounds
@@ -48,6 +48,8 @@ def start_relay(url: str, bootstrap: str, *extra: str) -> subprocess.Popen[str]:
         "2",
         "--batch-size",
         str(BATCH),
+        "--max-attempts",
+        str(CRASH_ATTEMPTS),
         *extra,
     )
 

@@ -38,7 +38,7 @@ import pytest
 
 import producers
 from tests.faults.checker import Delivery, KafkaCollector, Verdict, Writers, verdict
-from tests.faults.conftest import Recorder
+from tests.faults.conftest import CRASH_ATTEMPTS, Recorder
 from tests.faults.schedule import FaultSchedule
 from tests.faults.test_bad_input import dead_letters
 from tests.faults.test_process_faults import Tapped
@@ -350,11 +350,8 @@ def test_hot_keys_keep_their_order_through_sigkills_and_a_poison_parks_only_its_
     sink = f"kafka://{kafka_bootstrap}?message.max.bytes={KAFKA_MAX_BYTES}"
 
     def start() -> Tapped:
-        return Tapped(
-            relay_process(
-                database_url, sink, "--lease-seconds", "9", "--publish-timeout", "2", "--batch-size", str(BATCH)
-            )
-        )
+        args = ["--lease-seconds", "9", "--publish-timeout", "2", "--batch-size", str(BATCH)]
+        return Tapped(relay_process(database_url, sink, *args, "--max-attempts", str(CRASH_ATTEMPTS)))
 
     writers = PoisoningWriters(
         database_url, topic, events=EVENTS, pause=PAUSE_SECONDS, payload={"poison": "x" * (KAFKA_MAX_BYTES * 2)}

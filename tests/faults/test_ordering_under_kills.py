@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.faults.checker import KafkaCollector, Writers, verdict
-from tests.faults.conftest import Recorder
+from tests.faults.conftest import CRASH_ATTEMPTS, Recorder
 from tests.faults.schedule import FaultSchedule
 from tests.integration.kafka_support import unique_topic
 from tests.relay_support import outbox_counts, relay_process, stop_process, wait_until
@@ -31,7 +31,7 @@ LEASE = "9"
 def start_relay(database_url: str, bootstrap: str) -> subprocess.Popen[str]:
     return relay_process(
         database_url, f"kafka://{bootstrap}", "--lease-seconds", LEASE, "--publish-timeout", "2", "--batch-size",
-        str(BATCH),
+        str(BATCH), "--max-attempts", str(CRASH_ATTEMPTS),
     )  # fmt: skip
 
 
