@@ -378,3 +378,71 @@ def test_the_relay_drains_runs_of_hot_keys_in_order_and_parks_only_a_poisoned_ke
     for key in ("h0", "h1", "h2", "h3", "p"):
         of_key = [int(m.rsplit("-", 1)[1]) for m in received if m.startswith(f"{key}-")]
         assert of_key == sorted(of_key), key
+
+
+def chained_on(earlier: list[Event], later: list[Event]) -> list[Event]:
+    """``later`` as the loop hands it over while ``earlier`` is in flight: its keys seen before are chained."""
+    flying = {e.key for e in earlier if e.key is not None}
+    return [replace(e, chained=True) if e.key in flying else e for e in later]
+
+
+def publish_together(sink: RabbitMQSink, batches: list[list[Event]], holds: KeyHolds) -> list[list[Outcome]]:
+    """The batches published at once, in this order, as the relay's pipeline does."""
+
+    async def scenario() -> list[list[Outcome]]:
+        await sink.start()
+        try:
+            return list(await asyncio.gather(*(sink.publish(batch, holds) for batch in batches)))
+        finally:
+            await sink.close()
+
+    return asyncio.run(scenario())
+
+
+def test_batches_in_flight_together_keep_each_keys_order_with_one_unconfirmed_message_per_key(
+    amqp_url: str, in_flight: InFlight
+) -> None:
+    with temp_queue(amqp_url) as queue:
+        keys = [f"k{n}" for n in range(6)]
+        batches = [interleaved(queue.name, keys, per_key=15, keyless=20) for _ in range(3)]
+        for n in range(1, len(batches)):
+            batches[n] = chained_on([e for batch in batches[:n] for e in batch], batches[n])
+        holds = KeyHolds()
+
+        results = publish_together(make_sink(amqp_url), batches, holds)
+
+        everything = [e for batch in batches for e in batch]
+        assert all(outcome is None for outcomes in results for outcome in outcomes)
+        received = [m.message_id for m in queue.collect(len(everything))]
+        assert sorted(m or "" for m in received) == sorted(e.idempotency_key for e in everything)
+        assert_per_key_order(received, everything)
+        assert in_flight.doubled == [], "a key had two unconfirmed messages, across batches"
+        assert not any(holds.held(key) for key in keys)
+
+
+def test_a_failure_at_the_end_of_a_keys_run_holds_its_events_in_the_batches_after_it(
+    amqp_url: str, in_flight: InFlight
+) -> None:
+    nowhere = unique_name("nowhere")
+    with temp_queue(amqp_url) as queue:
+        first = interleaved(queue.name, ["a", "p", "b"], per_key=4)
+        last_of_p = max(i for i, e in enumerate(first) if e.key == "p")
+        first[last_of_p] = replace(first[last_of_p], topic=nowhere)  # returned: NO_ROUTE
+        second = chained_on(first, interleaved(queue.name, ["a", "p", "b"], per_key=4))
+        third = chained_on(first + second, interleaved(queue.name, ["p", "b"], per_key=2))
+        holds = KeyHolds()
+
+        outcomes = publish_together(make_sink(amqp_url), [first, second, third], holds)
+
+        returned = outcomes[0][last_of_p]
+        assert isinstance(returned, Failure) and returned.error.startswith("unroutable"), returned
+        for batch, results in ((second, outcomes[1]), (third, outcomes[2])):
+            for event, outcome in zip(batch, results, strict=True):
+                assert outcome == (HELD if event.key == "p" else None), (event.key, outcome)
+        assert holds.held("p") and not holds.held("a") and not holds.held("b")
+        delivered = [e for batch, results in zip([first, second, third], outcomes, strict=True)
+                     for e, o in zip(batch, results, strict=True) if o is None]  # fmt: skip
+        received = [m.message_id for m in queue.collect(len(delivered))]
+        assert sorted(m or "" for m in received) == sorted(e.idempotency_key for e in delivered)
+        assert_per_key_order(received, first + second + third)
+        assert in_flight.doubled == []

@@ -128,3 +128,112 @@ def test_what_never_got_its_turn_goes_back_held(loop: asyncio.AbstractEventLoop)
     assert batch.outcomes[1:3] == [HELD, HELD] and batch.outcomes[3] is None
     assert holds.held("a")
     assert batch.unacknowledged() == events[:3]
+
+
+def chained_batches(loop: asyncio.AbstractEventLoop, keys: list[list[str | None]], holds: KeyHolds) -> list[Batch]:
+    """Batches as the sink takes them from claims that go on from the ones before: a key's events in a
+    later batch are chained, and its first there waits for its last in the batches before (as in publish)."""
+    batches: list[Batch] = []
+    tails: dict[str, tuple[Batch, int]] = {}
+    seen: set[str] = set()
+    n = 0
+    for layout in keys:
+        events = []
+        for key in layout:
+            events.append(Event(n, "t", key, b"{}", {}, f"id-{n}", 0, datetime.now(UTC), chained=key in seen))
+            n += 1
+            if key is not None:
+                seen.add(key)
+        batch = Batch(events, loop, holds)
+        for key, index in batch.last_of_each_key().items():
+            if key in tails:
+                batch.after(key, *tails[key])
+            tails[key] = (batch, index)
+        batches.append(batch)
+    return batches
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_across_batches_a_key_has_one_unconfirmed_message_keeps_its_order_and_stops_at_a_failure(
+    loop: asyncio.AbstractEventLoop, seed: int
+) -> None:
+    rng = random.Random(seed)
+    layouts: list[list[str | None]] = [[rng.choice(["a", "b", "c", None]) for _ in range(30)] for _ in range(4)]
+    holds = KeyHolds()
+    batches = chained_batches(loop, layouts, holds)
+    give_up = rng.randrange(len(batches)) if rng.random() < 0.3 else None  # a batch whose time runs out
+    unconfirmed: dict[tuple[int, int], str | None] = {}
+    sent: list[Event] = []
+    failed: set[str] = set()
+    while any(batch.unresolved for batch in batches):
+        for b, batch in enumerate(batches):
+            for index in batch.take_ready():
+                event = batch.events[index]
+                if not holds.admit(event):
+                    batch.resolve(index, HELD, settled=False)
+                    continue
+                assert event.key is None or event.key not in unconfirmed.values(), f"{event.key}: two unconfirmed"
+                assert event.key not in failed, f"{event.key} went on after a failure"
+                unconfirmed[b, index] = event.key
+                batch.sent.add(index)
+                sent.append(event)
+        if give_up is not None and rng.random() < 0.2:
+            batch = batches[give_up]
+            # What it had not settled yet goes back: those keys stop, as after a failure.
+            failed.update(e.key for i, e in enumerate(batch.events) if i in batch.unresolved and e.key is not None)
+            batch.time_out(sorted(batch.sent), "no confirm")
+            for b, i in [bi for bi in unconfirmed if bi[0] == give_up]:
+                del unconfirmed[b, i]
+            batch.abandon("no time left")
+            give_up = None
+            continue
+        if not unconfirmed:
+            continue
+        for b, index in rng.sample(sorted(unconfirmed), k=rng.randint(1, len(unconfirmed))):
+            key = unconfirmed.pop((b, index))
+            if rng.random() < 0.08:
+                batches[b].resolve(index, Failure("nacked"), settled=True)
+                failed.update([key] if key is not None else [])
+            else:
+                batches[b].resolve(index, None, settled=True)
+
+    everything = [(e, batch.outcomes[i]) for batch in batches for i, e in enumerate(batch.events)]
+    for key in ("a", "b", "c"):
+        ids = [e.id for e in sent if e.key == key]
+        assert ids == sorted(ids), f"{key}'s events went out in claim order, across batches"
+        assert holds.held(key) == (key in failed)
+        ended = [(e.id, o) for e, o in everything if e.key == key]
+        first_bad = next((n for n, (_, o) in enumerate(ended) if o is not None), None)
+        if first_bad is not None:
+            # Nothing of the key after its first event that was not acknowledged went out, nor was acknowledged.
+            later = ended[first_bad + 1 :]
+            assert not {i for i, _ in later} & {e.id for e in sent}, f"{key} went out after a failure"
+            assert all(isinstance(o, Failure) and o.held for _, o in later), f"{key}: {later}"
+    assert not any(batch.waiting for batch in batches)
+
+
+def test_a_key_waits_for_the_batch_before_and_goes_on_only_after_its_confirm(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    holds = KeyHolds()
+    first, second = chained_batches(loop, [["a", "b"], ["a", "b", None]], holds)
+    assert first.take_ready() == [0, 1]
+    assert second.take_ready() == [2]  # a and b wait for the first batch; the event without a key does not
+    assert second.waiting == {0, 1}
+    first.resolve(0, None, settled=True)
+    assert second.take_ready() == [0]
+    first.resolve(1, Failure("returned: NO_ROUTE"), settled=True)
+    # b's next is released, and the holds stop it: b is held since the failure.
+    assert second.take_ready() == [1] and holds.held("b") and not holds.admit(second.events[1])
+
+
+def test_a_batch_that_ends_in_an_exception_releases_the_next_one_to_its_holds(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    holds = KeyHolds()
+    first, second = chained_batches(loop, [["a"], ["a"]], holds)
+    first.sent.update(first.take_ready())
+    assert second.take_ready() == []
+    holds.hold(first.unacknowledged())  # as the sink does before it re-raises
+    first.fail_watchers()
+    assert second.take_ready() == [0] and not holds.admit(second.events[0])

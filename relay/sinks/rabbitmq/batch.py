@@ -6,6 +6,12 @@ is nacked, returned or refused is never overtaken by a later one of its key.
 Events of other keys and events without a key do not wait for each other. The
 events whose turn has come are *ready*; the others of their key wait behind.
 
+A key's events continue across batches the same way: the first event of a key
+in a batch that goes on from an earlier batch of the same sink (``chained``)
+waits for the confirm of that batch's last event of the key (:meth:`Batch.after`),
+and is then admitted by the holds like any other: a failure there has put the
+key on hold, so it is answered ``HELD`` without being sent.
+
 An event is *unresolved* until it gets an outcome. An outcome is *settled*
 when the broker decided it (ack, nack, return, a size rejection) or the event
 cannot be encoded; the other outcomes (refused up front, a lost channel, a
@@ -20,7 +26,7 @@ waits for the verdict. Any other failure *stops* the key: it is held
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from relay.events import HELD, Event, Failure, Outcome
 from relay.holds import KeyHolds
@@ -33,6 +39,7 @@ class Batch:
         "_changed",
         "_loop",
         "_next",
+        "_watchers",
         "done",
         "events",
         "holds",
@@ -43,6 +50,7 @@ class Batch:
         "settled_indices",
         "suspects",
         "unresolved",
+        "waiting",
     )
 
     def __init__(self, events: Sequence[Event], loop: asyncio.AbstractEventLoop, holds: KeyHolds | None) -> None:
@@ -63,6 +71,10 @@ class Batch:
         self.suspects: set[int] = set()
         self.done: asyncio.Future[None] = loop.create_future()
         self._changed: asyncio.Future[None] | None = None
+        #: First events of their key here, waiting for an earlier batch's last event of it (see after()).
+        self.waiting: set[int] = set()
+        #: Per event, what to call once its outcome is final: acknowledged (True) or not.
+        self._watchers: dict[int, list[Callable[[bool], None]]] = {}
         last: dict[str, int] = {}
         for index, event in enumerate(events):
             key = event.key
@@ -77,6 +89,53 @@ class Batch:
             last[key] = index
         if not events:
             self.done.set_result(None)
+
+    def last_of_each_key(self) -> dict[str, int]:
+        """The index of each key's last event in the batch."""
+        return {event.key: index for index, event in enumerate(self.events) if event.key is not None}
+
+    def after(self, key: str, earlier: Batch, index: int) -> None:
+        """Hold back ``key``'s first event here until event ``index`` of ``earlier`` is final.
+
+        Then it is ready: the holds admit it if that event was acknowledged (and
+        the key not held otherwise), and answer it ``HELD`` if not, since every
+        outcome but an acknowledgement holds the key (see :meth:`_follow`).
+        """
+        first = next((i for i in self.ready if self.events[i].key == key), None)
+        if first is None or earlier.final(index):
+            return
+        self.ready.remove(first)
+        self.waiting.add(first)
+
+        def release(_acknowledged: bool) -> None:
+            self.waiting.discard(first)
+            if first in self.unresolved:
+                self.ready.append(first)
+                self._wake()
+
+        earlier.watch(index, release)
+
+    def final(self, index: int) -> bool:
+        """Whether event ``index`` has its last outcome (a suspect's may still change)."""
+        return index not in self.unresolved and index not in self.suspects
+
+    def watch(self, index: int, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(acknowledged)`` once event ``index`` is final (now, if it is)."""
+        if self.final(index):
+            callback(self.outcomes[index] is None)
+        else:
+            self._watchers.setdefault(index, []).append(callback)
+
+    def fail_watchers(self) -> None:
+        """The batch ends without outcomes for some events (an exception): their watchers learn "not acknowledged"."""
+        watchers, self._watchers = self._watchers, {}
+        for callbacks in watchers.values():
+            for callback in callbacks:
+                callback(False)
+
+    def _final(self, index: int, *, acknowledged: bool) -> None:
+        for callback in self._watchers.pop(index, ()):
+            callback(acknowledged)
 
     @property
     def settled(self) -> int:
@@ -183,16 +242,20 @@ class Batch:
             self._changed.set_result(None)
 
     def _follow(self, index: int, *, acknowledged: bool) -> None:
-        """Event ``index`` is decided: release its key's next event, or stop its key."""
+        """Event ``index`` is decided: release its key's next event, or stop its key (then tell
+        whoever waits for an event of it, in a later batch too)."""
         later = self._next[index]
         if acknowledged:
             if later >= 0 and later in self.unresolved:
                 self.ready.append(later)
                 self._wake()
+            self._final(index, acknowledged=True)
             return
         event = self.events[index]
         if event.key is not None and self.holds is not None:
             self.holds.hold([event])
+        self._final(index, acknowledged=False)
         while later >= 0:
             self._set(later, HELD, settled=False)
+            self._final(later, acknowledged=False)
             later = self._next[later]

@@ -43,14 +43,16 @@ class RabbitMQSink:
 
     Not thread-safe: use it from the event loop it was started on. Concurrent
     ``publish`` calls are fine; what is ready of a batch is written contiguously.
-    Within a batch a key has at most one message waiting for its confirm, so a
-    message nacked, returned or refused is never overtaken by a later one of
-    its key; its key is held and the rest of its run answered ``HELD``.
+    A key has at most one message waiting for its confirm, within a batch and
+    across the batches in flight (a batch's first event of a key waits for the
+    confirm of the key's last event in the batches before it), so a message
+    nacked, returned or refused is never overtaken by a later one of its key;
+    its key is held and the rest of its events answered ``HELD``.
     """
 
     name = "rabbitmq"
-    #: Not yet: until the sink keeps a key's order across batches in flight, keys move one claim at a time.
-    chains_keys = False
+    #: A key's next batches may be claimed while its earlier ones are in flight: each waits for the one before.
+    chains_keys = True
 
     def __init__(
         self,
@@ -81,6 +83,8 @@ class RabbitMQSink:
         self._connect_lock = asyncio.Lock()
         self._send_lock = asyncio.Lock()
         self._inflight: set[Batch] = set()
+        #: Per key, the last event handed to a ``publish`` still under way: (its batch, its index).
+        self._tails: dict[str, tuple[Batch, int]] = {}
         self._closed = False
 
     async def start(self) -> None:
@@ -97,13 +101,25 @@ class RabbitMQSink:
         other keys' events, and those without a key, go without waiting (see
         :mod:`.batch`)."""
         batch = Batch(events, asyncio.get_running_loop(), holds)
+        # Before anything is awaited, so that publish calls chain in the order they were made.
+        lasts = batch.last_of_each_key()
+        for key, index in lasts.items():
+            earlier = self._tails.get(key)
+            if earlier is not None:
+                batch.after(key, *earlier)
+            self._tails[key] = (batch, index)
         try:
             return await self._publish(batch)
         except BaseException:
             # Nothing of the batch is reported: its keys are held before a later batch goes.
             if holds is not None:
                 holds.hold(batch.unacknowledged())
+            batch.fail_watchers()
             raise
+        finally:
+            for key, index in lasts.items():
+                if self._tails.get(key) == (batch, index):
+                    del self._tails[key]
 
     async def _publish(self, batch: Batch) -> list[Outcome]:
         loop = asyncio.get_running_loop()
@@ -163,7 +179,7 @@ class RabbitMQSink:
                     current = self._link if self._link is not None and self._link.usable else link
                     links.add(current)
                     await hand_off(current, batch, batch.take_ready())
-            elif batch.sent:
+            elif batch.sent or batch.waiting:
                 await batch.changed()
             elif batch.suspects:
                 if not await self._isolate(batch, deadline, links):
