@@ -446,3 +446,22 @@ def test_a_failure_at_the_end_of_a_keys_run_holds_its_events_in_the_batches_afte
         assert sorted(m or "" for m in received) == sorted(e.idempotency_key for e in delivered)
         assert_per_key_order(received, first + second + third)
         assert in_flight.doubled == []
+
+
+def test_a_batch_refused_in_full_up_front_still_waits_for_the_batch_before_and_reports_every_event(
+    amqp_url: str,
+) -> None:
+    # Every event of the second batch is too large: nothing of it needs the broker, but its
+    # first event of the key waits for the first batch, and must not come back "acknowledged".
+    with temp_queue(amqp_url) as queue:
+        first = interleaved(queue.name, ["a"], per_key=3)
+        second = chained_on(
+            first, [replace(e, payload=b'"' + b"x" * 5000 + b'"') for e in interleaved(queue.name, ["a"], per_key=2)]
+        )
+        holds = KeyHolds()
+
+        outcomes = publish_together(make_sink(amqp_url, max_message_bytes=1000), [first, second], holds)
+
+        assert outcomes[0] == [None] * 3
+        assert all(isinstance(o, Failure) for o in outcomes[1]), outcomes[1]
+        assert [m.message_id for m in queue.collect(3)] == [e.idempotency_key for e in first]

@@ -127,8 +127,9 @@ class RabbitMQSink:
             refused = refusal(event, self._max_message_bytes)
             if refused is not None:
                 batch.refused[index] = refused
-        if len(batch.refused) == len(batch.events):
+        if len(batch.refused) == len(batch.events) and not batch.waiting:
             # Nothing needs the broker: each key's first event is refused, the rest of it held.
+            # (A key waiting for an earlier batch takes the way below, which waits for it.)
             await hand_off(None, batch, batch.take_ready())
             return batch.outcomes
         if self._closed:
