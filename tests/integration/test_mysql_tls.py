@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -160,3 +163,24 @@ def test_migrate_status_and_the_admin_work_over_tls_from_the_command_line(server
             await admin.close()
 
     assert asyncio.run(status()) == 0
+
+
+@pytest.mark.parametrize("password", ["p@ss/w%rd", "pässwörd-ключ", "a:b@c%40d"])
+def test_odd_passwords_and_a_ca_path_with_spaces_and_percent_signs_work_and_never_show(
+    server: TlsServer, tmp_path: Path, password: str
+) -> None:
+    folder = tmp_path / "ca dir %"
+    folder.mkdir()
+    ca = folder / "the ca%.pem"
+    shutil.copy(server.ca, ca)
+    target = (
+        f"mysql://root:{quote(password, safe='')}@127.0.0.1:{server.port}/shop"
+        f"?ssl-mode=VERIFY_IDENTITY&ssl-ca={quote(str(ca), safe='/')}"
+    )
+    assert asyncio.run(cipher(target)).startswith("TLS_")
+    assert pymysql_cipher(target).startswith("TLS_")
+    # And refused for another CA, without the password in the error.
+    wrong = target.replace(quote(str(ca), safe="/"), quote(str(server.other_ca), safe="/"))
+    with pytest.raises(StoreError) as info:
+        asyncio.run(cipher(wrong))
+    assert password not in str(info.value) and quote(password, safe="") not in str(info.value)
