@@ -145,10 +145,8 @@ def chained_batches(loop: asyncio.AbstractEventLoop, keys: list[list[str | None]
             if key is not None:
                 seen.add(key)
         batch = Batch(events, loop, holds)
-        for key, index in batch.last_of_each_key().items():
-            if key in tails:
-                batch.after(key, *tails[key])
-            tails[key] = (batch, index)
+        batch.after(tails)
+        tails.update((key, (batch, index)) for key, index in batch.last_of_each_key().items())
         batches.append(batch)
     return batches
 

@@ -26,7 +26,8 @@ waits for the verdict. Any other failure *stops* the key: it is held
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from relay.events import HELD, Event, Failure, Outcome
 from relay.holds import KeyHolds
@@ -94,26 +95,32 @@ class Batch:
         """The index of each key's last event in the batch."""
         return {event.key: index for index, event in enumerate(self.events) if event.key is not None}
 
-    def after(self, key: str, earlier: Batch, index: int) -> None:
-        """Hold back ``key``'s first event here until event ``index`` of ``earlier`` is final.
+    def after(self, earlier: Mapping[str, tuple[Batch, int]]) -> None:
+        """Hold back each key's first event here until event ``index`` of batch ``batch`` is final, for
+        ``earlier[key] = (batch, index)``: the key's last event in the batches handed out before this one.
 
         Then it is ready: the holds admit it if that event was acknowledged (and
         the key not held otherwise), and answer it ``HELD`` if not, since every
         outcome but an acknowledgement holds the key (see :meth:`_follow`).
         """
-        first = next((i for i in self.ready if self.events[i].key == key), None)
-        if first is None or earlier.final(index):
+        waiting: dict[int, tuple[Batch, int]] = {}
+        for first in self.ready:
+            key = self.events[first].key
+            if key is not None and key in earlier and not earlier[key][0].final(earlier[key][1]):
+                waiting[first] = earlier[key]
+        if not waiting:
             return
-        self.ready.remove(first)
-        self.waiting.add(first)
+        self.ready = [i for i in self.ready if i not in waiting]
+        self.waiting.update(waiting)
+        for first, (batch, index) in waiting.items():
+            batch.watch(index, functools.partial(self._release, first))
 
-        def release(_acknowledged: bool) -> None:
-            self.waiting.discard(first)
-            if first in self.unresolved:
-                self.ready.append(first)
-                self._wake()
-
-        earlier.watch(index, release)
+    def _release(self, first: int, _acknowledged: bool) -> None:
+        """The event ``first`` waited for is final: ``first``'s turn has come (the holds decide the rest)."""
+        self.waiting.discard(first)
+        if first in self.unresolved:
+            self.ready.append(first)
+            self._wake()
 
     def final(self, index: int) -> bool:
         """Whether event ``index`` has its last outcome (a suspect's may still change)."""

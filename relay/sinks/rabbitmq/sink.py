@@ -103,11 +103,8 @@ class RabbitMQSink:
         batch = Batch(events, asyncio.get_running_loop(), holds)
         # Before anything is awaited, so that publish calls chain in the order they were made.
         lasts = batch.last_of_each_key()
-        for key, index in lasts.items():
-            earlier = self._tails.get(key)
-            if earlier is not None:
-                batch.after(key, *earlier)
-            self._tails[key] = (batch, index)
+        batch.after(self._tails)
+        self._tails.update((key, (batch, index)) for key, index in lasts.items())
         try:
             return await self._publish(batch)
         except BaseException:
