@@ -465,3 +465,26 @@ def test_a_batch_refused_in_full_up_front_still_waits_for_the_batch_before_and_r
         assert outcomes[0] == [None] * 3
         assert all(isinstance(o, Failure) for o in outcomes[1]), outcomes[1]
         assert [m.message_id for m in queue.collect(3)] == [e.idempotency_key for e in first]
+
+
+def test_headers_too_large_and_a_3_mb_payload_at_the_start_of_chained_runs(amqp_url: str) -> None:
+    # Inputs of other sizes where a chained batch starts: key a's first event there cannot be framed
+    # (permanent, the rest of a held); key b's is 3 MB, which RabbitMQ takes, in its order.
+    with temp_queue(amqp_url) as queue:
+        first = interleaved(queue.name, ["a", "b"], per_key=3)
+        second = chained_on(first, interleaved(queue.name, ["a", "b"], per_key=3))
+        first_a = next(i for i, e in enumerate(second) if e.key == "a")
+        first_b = next(i for i, e in enumerate(second) if e.key == "b")
+        second[first_a] = replace(second[first_a], headers={"h": "x" * (FRAME_MAX + 1)})
+        second[first_b] = replace(second[first_b], payload=b'"' + b"y" * 3_000_000 + b'"')
+        holds = KeyHolds()
+
+        outcomes = publish_together(make_sink(amqp_url), [first, second], holds)
+
+        assert outcomes[0] == [None] * len(first)
+        of_a = [o for e, o in zip(second, outcomes[1], strict=True) if e.key == "a"]
+        of_b = [o for e, o in zip(second, outcomes[1], strict=True) if e.key == "b"]
+        assert isinstance(of_a[0], Failure) and of_a[0].permanent and of_a[1:] == [HELD, HELD], of_a
+        assert of_b == [None] * 3 and holds.held("a") and not holds.held("b")
+        received = [m.message_id for m in queue.collect(len(first) + 3)]
+        assert_per_key_order(received, first + second)
