@@ -50,6 +50,41 @@ def test_same_idempotency_key_twice_writes_once_and_returns_the_key(database_url
     assert row == [({"v": 1},)]
 
 
+@pytest.mark.parametrize("payloads", [({"v": 1}, {"v": 2}), (b"\x00first", b"\x00second"), ({"v": 1}, b"second")])
+@pytest.mark.parametrize("same_transaction", [True, False])
+def test_a_given_key_dedupes_in_both_apis_whatever_the_payload(
+    database_url: str, payloads: tuple[object, object], same_transaction: bool
+) -> None:
+    """Only a key publish() makes itself skips the conflict check: a caller's key is checked on every path."""
+
+    async def write_async(payload: object) -> str:
+        async with await psycopg.AsyncConnection.connect(database_url) as conn:
+            key = await producers.apublish(conn, "t", payload, idempotency_key="order-7")
+            await conn.commit()
+            return key
+
+    with psycopg.connect(database_url) as conn:
+        assert producers.publish(conn, "t", payloads[0], idempotency_key="order-7") == "order-7"
+        if same_transaction:
+            assert producers.publish(conn, "t", payloads[1], idempotency_key="order-7") == "order-7"
+        conn.commit()
+    if not same_transaction:
+        assert asyncio.run(write_async(payloads[1])) == "order-7"
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute("SELECT payload, payload_bytes FROM outbox").fetchall()
+    first = payloads[0]
+    assert rows == [(None, first) if isinstance(first, bytes) else (first, None)]
+
+
+def test_keys_publish_makes_are_distinct_and_written(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        keys = [producers.publish(conn, "t", {"i": i}, idempotency_key=None if i % 2 else "") for i in range(50)]
+        conn.commit()
+        stored = {row[0] for row in conn.execute("SELECT idempotency_key FROM outbox")}
+    assert len(set(keys)) == 50
+    assert stored == set(keys)
+
+
 def test_apublish_and_a_schema_qualified_table(database_url: str) -> None:
     migrate(database_url, TableName.parse("events.outbox"))
     deliver_at = datetime.now(UTC) + timedelta(minutes=5)
