@@ -224,9 +224,21 @@ class KafkaCollector(Watcher):
         self.topic = topic
         self.partitions = partitions
         self.deliveries: list[Delivery] = []
-        self.raw: list[tuple[int, int, bytes | None, bytes]] = []
+        #: What the consumer itself ran into: its errors, and offsets it skipped or read twice.
+        self.errors: Counter[str] = Counter()
+        self.skipped: Counter[int] = Counter()
+        self.reread = 0
+        self._next: dict[int, int] = {}
         self._lock = threading.Lock()
         super().__init__()
+
+    def troubles(self) -> str:
+        """What the consumer ran into, for a failure message: a loss it explains is the harness's."""
+        with self._lock:
+            return (
+                f"consumer errors {dict(self.errors) or 'none'}; offsets skipped per partition "
+                f"{dict(self.skipped) or 'none'}; messages read twice {self.reread}"
+            )
 
     def count(self) -> int:
         with self._lock:
@@ -247,6 +259,10 @@ class KafkaCollector(Watcher):
                 "group.id": f"faults-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
                 "topic.metadata.refresh.interval.ms": 1000,
+                # Should a fetch ever be answered "offset out of range", start the partition
+                # over (the re-read is dropped below) rather than jump to its end past
+                # messages not read yet: a loss must be the relay's, never the collector's.
+                "auto.offset.reset": "earliest",
             }
         )
         try:
@@ -263,6 +279,11 @@ class KafkaCollector(Watcher):
             while not self._stop.is_set():
                 for message in consumer.consume(500, 0.1):
                     if message.error():
+                        with self._lock:
+                            self.errors[str(message.error())] += 1
+                        continue
+                    partition, offset = message.partition(), message.offset()
+                    if partition is not None and offset is not None and not self._in_sequence(partition, offset):
                         continue
                     headers = dict(message.headers() or [])
                     idem = headers.get("idempotency-key") or b""
@@ -274,6 +295,19 @@ class KafkaCollector(Watcher):
                         self.deliveries.append(delivery)
         finally:
             consumer.close()
+
+    def _in_sequence(self, partition: int, offset: int) -> bool:
+        """Whether the message at ``offset`` is new: not one read before (after a reset), counting
+        the offsets a jump passed over (a partition's offsets follow each other here)."""
+        expected = self._next.get(partition, 0)
+        with self._lock:
+            if offset < expected:
+                self.reread += 1
+                return False
+            if offset > expected:
+                self.skipped[partition] += offset - expected
+        self._next[partition] = offset + 1
+        return True
 
 
 def verdict(ledger: Ledger, deliveries: Iterable[Delivery]) -> Verdict:

@@ -53,5 +53,7 @@ def test_many_writers_two_relays_lose_nothing(database_url: str, kafka_bootstrap
     # Which events, and what the relays said, for whoever has to find out why (a run once lost 7 of 70,043).
     missing = sorted(set(writers.ledger.committed) - {d.idempotency_key for d in collector.deliveries})
     said = "\n".join(r.text()[-4000:] for r in relays)
-    assert result.lost == result.leaked == result.unexpected == 0, f"{result}; lost {missing[:20]}; relays:\n{said}"
+    assert result.lost == result.leaked == result.unexpected == 0, (
+        f"{result}; lost {missing[:20]}; {collector.troubles()}; relays:\n{said}"
+    )
     assert result.order_violations == 0, str(result)
