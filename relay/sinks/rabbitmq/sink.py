@@ -106,7 +106,7 @@ class RabbitMQSink:
         batch.after(self._tails)
         self._tails.update((key, (batch, index)) for key, index in lasts.items())
         try:
-            return await self._publish(batch)
+            return undecided_failed(batch, await self._publish(batch))
         except BaseException:
             # Nothing of the batch is reported: its keys are held before a later batch goes.
             if holds is not None:
@@ -351,3 +351,30 @@ class RabbitMQSink:
                 max_bytes,
                 extra={"action": "rabbitmq.max_size"},
             )
+
+
+#: What an event gets that the batch ended without deciding (a bug): not acknowledged, so kept.
+UNDECIDED = Failure("rabbitmq: the batch ended without an outcome for this event", timed_out=True)
+
+
+def undecided_failed(batch: Batch, outcomes: list[Outcome]) -> list[Outcome]:
+    """``outcomes``, with a failure for each event the batch has not decided (and its key held).
+
+    An outcome of None means "the broker confirmed it", and the relay then
+    deletes the event: a path that returned early, leaving an event without
+    its confirm, must keep it in the outbox instead. Every path decides every
+    event today; this makes a future one that does not a retry, not a loss.
+    """
+    left = batch.unresolved | batch.suspects
+    if not left:
+        return outcomes
+    logger.error(
+        "rabbitmq: %d of %d events ended their batch undecided; they stay in the outbox",
+        len(left),
+        len(outcomes),
+        extra={"action": "rabbitmq_undecided", "batch_size": len(outcomes)},
+    )
+    if batch.holds is not None:
+        batch.holds.hold(batch.events[i] for i in left)
+    batch.fail_watchers()  # a later batch waiting for one of them goes on, to HELD
+    return [UNDECIDED if i in left else outcome for i, outcome in enumerate(outcomes)]
