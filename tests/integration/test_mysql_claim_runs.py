@@ -71,9 +71,9 @@ def test_reading_the_keys_claims_what_the_previous_ids_do(mysql_url: str) -> Non
         queries = stores[1]._db.queries
         # As if every keyed candidate had been committed after the snapshot.
         queries["claim_candidates"] = queries["claim_candidates"].replace(
-            "EXISTS (SELECT 1 FROM `outbox_keys_read` AS v WHERE v.id = o.id) AS seen", "0 AS seen"
+            "EXISTS (SELECT 1 FROM `outbox_keys_read` AS v WHERE v.id = o.id) END AS seen", "0 END AS seen"
         )
-        assert "0 AS seen" in queries["claim_candidates"]
+        assert "0 END AS seen" in queries["claim_candidates"]
         try:
             for store in stores:
                 await store.open()

@@ -23,7 +23,8 @@
 -- says whether the snapshot holds the row itself. When it does, it holds
 -- every event of the key committed before the row too, and prev_id is
 -- exact; when a keyed candidate was not seen, the claim reads its keys
--- (claim_keys), as a later statement sees them. The row's own columns come
+-- (claim_keys), as a later statement sees them (seen is not probed for a row
+-- without a key: nothing depends on it). The row's own columns come
 -- along, so that no read by token follows the commit: locked until the
 -- commit, they are what the claim leases.
 SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at IS NOT NULL AS reaped,
@@ -33,7 +34,7 @@ SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at IS NOT NULL AS rea
            COALESCE((SELECT MAX(p.id) FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' AND p.id < o.id), 0),
            COALESCE((SELECT MAX(d.id) FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed' AND d.id < o.id), 0))
        END AS prev_id,
-       EXISTS (SELECT 1 FROM {table} AS v WHERE v.id = o.id) AS seen
+       CASE WHEN o.`key` IS NULL THEN 1 ELSE EXISTS (SELECT 1 FROM {table} AS v WHERE v.id = o.id) END AS seen
 FROM {table} AS o
 WHERE o.state = 'pending'
   AND o.deliver_at <= UTC_TIMESTAMP(6)
