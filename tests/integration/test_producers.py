@@ -78,7 +78,10 @@ def test_a_given_key_dedupes_in_both_apis_whatever_the_payload(
 
 def test_keys_publish_makes_are_distinct_and_written(database_url: str) -> None:
     with psycopg.connect(database_url) as conn:
-        keys = [producers.publish(conn, "t", {"i": i}, idempotency_key=None if i % 2 else "") for i in range(50)]
+        keys = [
+            producers.publish(conn, "t", {"i": i} if i % 3 else f"{i}".encode(), idempotency_key=None if i % 2 else "")
+            for i in range(50)
+        ]
         conn.commit()
         stored = {row[0] for row in conn.execute("SELECT idempotency_key FROM outbox")}
     assert len(set(keys)) == 50
