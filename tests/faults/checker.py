@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 import producers
 
@@ -228,6 +228,8 @@ class KafkaCollector(Watcher):
         self.errors: Counter[str] = Counter()
         self.skipped: Counter[int] = Counter()
         self.reread = 0
+        #: What :meth:`verdict` found when the live consumer missed events ("" if it did not).
+        self.note = ""
         self._next: dict[int, int] = {}
         self._lock = threading.Lock()
         super().__init__()
@@ -285,16 +287,61 @@ class KafkaCollector(Watcher):
                     partition, offset = message.partition(), message.offset()
                     if partition is not None and offset is not None and not self._in_sequence(partition, offset):
                         continue
-                    headers = dict(message.headers() or [])
-                    idem = headers.get("idempotency-key") or b""
-                    body = json.loads(message.value() or b"{}")
-                    delivery = Delivery(
-                        idem.decode() if isinstance(idem, bytes) else idem, body.get("key"), int(body.get("seq", -1))
-                    )
+                    delivery = _delivery(message)
                     with self._lock:
                         self.deliveries.append(delivery)
         finally:
             consumer.close()
+
+    def verdict(self, ledger: Ledger) -> Verdict:
+        """The verdict on what the consumer read, a loss checked against a fresh read of the topic.
+
+        A committed event the live consumer never saw, but that a fresh consumer
+        reads from the broker, was the collector's miss, not the relay's: the
+        verdict then stands on the fresh read. Either way the failure message
+        (``note``) says how many the live consumer missed and what it ran into.
+        """
+        with self._lock:
+            live = list(self.deliveries)
+        result = verdict(ledger, live)
+        if not result.lost:
+            return result
+        fresh = verdict(ledger, self.read_all())
+        self.note = (
+            f"the live consumer missed {result.lost}; a fresh read of the topic found {result.lost - fresh.lost} "
+            f"of them in the broker; {self.troubles()}"
+        )
+        print(f"collector: {self.note}")
+        return fresh if fresh.lost < result.lost else result
+
+    def read_all(self, timeout: float = 60.0) -> list[Delivery]:
+        """Every message the broker holds for the topic now, read by a fresh consumer, partition by partition."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"faults-reread-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        found: list[Delivery] = []
+        try:
+            partitions = consumer.list_topics(self.topic, timeout=10).topics[self.topic].partitions
+            ends = {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1] for p in partitions}
+            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
+            left = {p for p, end in ends.items() if end > 0}
+            deadline = time.monotonic() + timeout
+            while left and time.monotonic() < deadline:
+                for message in consumer.consume(500, 0.5):
+                    partition, offset = message.partition(), message.offset()
+                    if message.error() or partition is None or offset is None:
+                        continue
+                    found.append(_delivery(message))
+                    if offset + 1 >= ends[partition]:
+                        left.discard(partition)
+        finally:
+            consumer.close()
+        return found
 
     def _in_sequence(self, partition: int, offset: int) -> bool:
         """Whether the message at ``offset`` is new: not one read before (after a reset), counting
@@ -308,6 +355,14 @@ class KafkaCollector(Watcher):
                 self.skipped[partition] += offset - expected
         self._next[partition] = offset + 1
         return True
+
+
+def _delivery(message: Message) -> Delivery:
+    """What the verdict needs of a Kafka message: its idempotency key, and the writer's key and sequence."""
+    headers = dict(message.headers() or [])
+    idem = headers.get("idempotency-key") or b""
+    body = json.loads(message.value() or b"{}")
+    return Delivery(idem.decode() if isinstance(idem, bytes) else idem, body.get("key"), int(body.get("seq", -1)))
 
 
 def verdict(ledger: Ledger, deliveries: Iterable[Delivery]) -> Verdict:

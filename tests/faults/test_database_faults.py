@@ -40,7 +40,7 @@ from relay.config import TableName
 from relay.store.migrate import migrate
 from relay.store.postgres import PostgresStore
 from relay.store.postgres import connection as postgres
-from tests.faults.checker import KafkaCollector, Verdict, Watcher, Writers, verdict
+from tests.faults.checker import KafkaCollector, Verdict, Watcher, Writers
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.proxy import FaultProxy
 from tests.faults.schedule import FaultSchedule, LinkFault, link_fault_rounds
@@ -92,7 +92,7 @@ def drain_and_collect(database_url: str, writers: Writers, collector: KafkaColle
     expected = set(writers.ledger.committed) - unsent_keys(database_url)
     collector.wait_for(lambda ds: expected <= {d.idempotency_key for d in ds}, timeout=60)
     time.sleep(0.5)
-    return verdict(writers.ledger, list(collector.deliveries)), drained
+    return collector.verdict(writers.ledger), drained
 
 
 def assert_nothing_lost(result: Verdict, least_committed: int) -> None:

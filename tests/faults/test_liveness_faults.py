@@ -21,7 +21,7 @@ import urllib.request
 import psycopg
 import pytest
 
-from tests.faults.checker import KafkaCollector, Watcher, Writers, verdict
+from tests.faults.checker import KafkaCollector, Watcher, Writers
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.proxy import FaultProxy
 from tests.faults.test_database_faults import unsent_keys, via
@@ -109,7 +109,7 @@ def test_healthz_stays_200_through_a_database_outage_with_a_full_pipeline(
             answers = probe.between(started, resumed)
         finally:
             code = relay.stop()
-        result = verdict(writers.ledger, list(collector.deliveries))
+        result = collector.verdict(writers.ledger)
     not_ok = [(round(at - started, 1), status) for at, status in answers if status != 200]
     note = (
         f"{OUTAGE_SECONDS:g} s outage (black hole, then reset) with {backlog} events pending; "

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.faults.checker import KafkaCollector, Writers, verdict
+from tests.faults.checker import KafkaCollector, Writers
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.test_process_faults import Tapped, unsettled
 from tests.integration.kafka_support import unique_topic
@@ -40,7 +40,7 @@ def test_many_writers_two_relays_lose_nothing(database_url: str, kafka_bootstrap
             time.sleep(1.0)
         finally:
             codes = [r.stop() for r in relays]
-        result = verdict(writers.ledger, collector.deliveries)
+        result = collector.verdict(writers.ledger)
     rate = result.committed / drained
     note = (
         f"{WRITERS} writers, {WRITERS * 50} keys, {RELAYS} relays: written in {written:.0f}s, all delivered "
@@ -54,6 +54,6 @@ def test_many_writers_two_relays_lose_nothing(database_url: str, kafka_bootstrap
     missing = sorted(set(writers.ledger.committed) - {d.idempotency_key for d in collector.deliveries})
     said = "\n".join(r.text()[-4000:] for r in relays)
     assert result.lost == result.leaked == result.unexpected == 0, (
-        f"{result}; lost {missing[:20]}; {collector.troubles()}; relays:\n{said}"
+        f"{result}; lost {missing[:20]}; {collector.note or collector.troubles()}; relays:\n{said}"
     )
     assert result.order_violations == 0, str(result)

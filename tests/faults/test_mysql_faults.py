@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from tests import mysql_support
-from tests.faults.checker import KafkaCollector, verdict
+from tests.faults.checker import KafkaCollector
 from tests.faults.conftest import CRASH_ATTEMPTS, FULL, Recorder
 from tests.faults.mysql_writers import MySQLWriters
 from tests.faults.proxy import FaultProxy
@@ -100,7 +100,7 @@ def test_two_relays_with_random_sigkills_keep_every_key_in_order_on_mysql(
             time.sleep(1.0)
         finally:
             codes = [stop_process(r) for r in relays]
-        result = verdict(writers.ledger, collector.deliveries)
+        result = collector.verdict(writers.ledger)
     print(f"mysql ordering under {kills} kills: {result}; {schedule.note()}")
     record(f"1/ordering on MySQL: SIGKILL x{kills}, {RELAYS} relays, 4 writers (publish and SQL), 100 keys", result,
            runs=kills, note=schedule.note())  # fmt: skip
@@ -198,7 +198,7 @@ def test_relays_ride_out_latency_resets_black_holes_and_slow_closes_on_the_mysql
         time.sleep(1.0)
         alive = [r.poll() is None for r in relays]
         codes = [stop_process(r) for r in relays]
-        result = verdict(writers.ledger, collector.deliveries)
+        result = collector.verdict(writers.ledger)
     note = f"latency 50/200 ms, reset, black hole 6 s, slow close x{rounds}; {proxy.accepted} connections; "
     note += schedule.note()
     print(f"5c on MySQL: {result}; {note}")

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.faults.checker import KafkaCollector, Writers, verdict
+from tests.faults.checker import KafkaCollector, Writers
 from tests.faults.conftest import CRASH_ATTEMPTS, Recorder
 from tests.faults.schedule import FaultSchedule
 from tests.integration.kafka_support import unique_topic
@@ -61,7 +61,7 @@ def test_three_relays_with_random_sigkills_keep_every_key_in_order(
             time.sleep(1.0)
         finally:
             codes = [stop_process(r) for r in relays]
-        result = verdict(writers.ledger, collector.deliveries)
+        result = collector.verdict(writers.ledger)
     print(f"ordering under {kills} kills: {result}; {schedule.note()}")
     record(f"1/ordering: SIGKILL x{kills}, {RELAYS} relays, 8 writers, 200 keys", result, runs=kills,
            note=schedule.note())  # fmt: skip

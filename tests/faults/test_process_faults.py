@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 import producers
 from devservers import free_port, wait_for_port
-from tests.faults.checker import KafkaCollector, Ledger, Writers, verdict
+from tests.faults.checker import KafkaCollector, Ledger, Writers
 from tests.faults.conftest import FULL, Recorder
 from tests.faults.proxy import FaultProxy
 from tests.faults.schedule import FaultSchedule
@@ -244,7 +244,7 @@ def test_a_relay_stopped_past_its_lease_cannot_settle_what_another_took_over(
             time.sleep(1.0)
         finally:
             codes = [stalled.stop(), other.stop()]
-        result = verdict(ledger, collector.deliveries)
+        result = collector.verdict(ledger)
     taken = ", ".join(f"{k} x{v}" for k, v in paths.items() if v)
     print(f"stall: {STALLS} stops, {held_total} events held when stopped, stale relay took: {taken}; {result}")
     record(
@@ -362,7 +362,7 @@ def test_a_relay_stopped_mid_publish_publishes_again_after_sigcont(database_url:
                 time.sleep(1.0)
             finally:
                 code = relay.stop()
-            result = verdict(ledger, collector.deliveries)
+            result = collector.verdict(ledger)
     replaced = relay.text().count("a new producer takes over")
     record(
         f"2c/stall: one relay SIGSTOPped mid-publish x{RESUME_STOPS}, then SIGCONT",
@@ -456,7 +456,7 @@ def test_a_relay_stopped_before_it_reads_its_claim_never_publishes_it(
             time.sleep(1.5)
         finally:
             codes = [stalled.stop()] + ([other.stop()] if other else [])
-        result = verdict(ledger, collector.deliveries)
+        result = collector.verdict(ledger)
     paths = [name for name, regex in STALE_PATHS.items() if re.search(regex, stalled.text())]
     print(f"stall before reading the claim: {len(held)} held, stale relay took {paths}; {result}")
     expected = "" if paths == ["release_stale"] else " (expected release_stale)"
@@ -614,7 +614,7 @@ def test_late_commits_in_any_order_are_delivered_and_rollbacks_never(
 
         interleaving()
         time.sleep(0.5)
-        result = verdict(late.ledger, collector.deliveries)
+        result = collector.verdict(late.ledger)
     print(f"late commits: {late.examples} interleavings, {late.early} committed before an older one; {result}")
     record(
         "3/late commit: transactions commit/roll back in any order (hypothesis)",
@@ -690,7 +690,7 @@ def test_a_long_repeatable_read_transaction_does_not_stop_delivery(
             dead_after = dead_tuples(database_url)
         finally:
             codes = [r.stop() for r in relays]
-        result = verdict(writers.ledger, collector.deliveries)
+        result = collector.verdict(writers.ledger)
     worst_age = max(s[2] for s in samples)
     note = (
         f"held {HOLD_SECONDS}s; delivered during the hold: {delivered_in_hold}; oldest pending at most "
