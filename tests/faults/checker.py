@@ -28,6 +28,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 import producers
 
+#: Every account a collector gave of events its live consumer missed, in order: a scenario's recorded result
+#: carries those given while it ran (tests/faults/conftest.py), so that a miss the fresh read made good is on
+#: record even when the scenario passes.
+COLLECTOR_NOTES: list[str] = []
+
 
 @dataclass
 class Ledger:
@@ -312,6 +317,7 @@ class KafkaCollector(Watcher):
             f"of them in the broker; {self.troubles()}"
         )
         print(f"collector: {self.note}")
+        COLLECTOR_NOTES.append(self.note)
         return fresh if fresh.lost < result.lost else result
 
     def read_all(self, timeout: float = 60.0) -> list[Delivery]:

@@ -8,7 +8,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from tests.faults.checker import KafkaCollector, Ledger
+from tests.faults.checker import COLLECTOR_NOTES, KafkaCollector, Ledger
 from tests.integration.kafka_support import unique_topic
 
 
@@ -24,6 +24,7 @@ def test_an_event_the_live_consumer_missed_is_found_and_one_never_sent_stays_los
         body = json.dumps({"key": key, "seq": n // 4 + 1}).encode()
         producer.produce(topic, body, key, headers=[("idempotency-key", idem.encode())])
     assert producer.flush(30) == 0
+    noted = len(COLLECTOR_NOTES)
     with KafkaCollector(kafka_bootstrap, topic) as collector:
         collector.wait_for(lambda ds: len(ds) >= 30, timeout=30)
         assert collector.verdict(ledger).lost == 0
@@ -34,6 +35,8 @@ def test_an_event_the_live_consumer_missed_is_found_and_one_never_sent_stays_los
         result = collector.verdict(ledger)
         assert (result.lost, result.delivered, result.order_violations) == (0, 30, 0)
         assert "missed 2; a fresh read of the topic found 2" in collector.note
+        # What the scenario records (tests/faults/conftest.py) carries it, though the verdict passed.
+        assert COLLECTOR_NOTES[noted:] == [collector.note]
         # A committed event the broker never got is a loss whatever the re-read says.
         ledger.committed["never-sent"] = ("k9", 1)
         assert collector.verdict(ledger).lost == 1
