@@ -223,9 +223,12 @@ class Relay:
         self._store_outage.reset()
         self.metrics.claims.inc()
         self.metrics.claim_duration.observe(took)
+        if claim.buried:
+            self.metrics.dead_lettered.inc(claim.buried)
         if not claim.events:
             self.metrics.empty_claims.inc()
-            return 0, False
+            # A claim that dead-lettered all it found (bad rows, MySQL) says nothing of what is left.
+            return 0, claim.buried > 0
         if claim.reaped:
             self.metrics.reaped.inc(claim.reaped)
             logger.warning("took over %d expired leases", claim.reaped, extra={"action": "reap"})

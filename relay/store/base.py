@@ -22,6 +22,8 @@ class Claim:
     token: UUID
     events: list[Event]
     reaped: int = 0
+    #: Rows the claim dead-lettered instead of leasing: no event could be made of them (MySQL only).
+    buried: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -21,8 +22,34 @@ _BINARY = (bytes, bytearray)
 
 
 def text(value: Any) -> Any:
-    """A VARBINARY column (``key``, ``idempotency_key``) as text."""
-    return value.decode() if isinstance(value, _BINARY) else value
+    """A VARBINARY column (``key``, ``idempotency_key``) as text.
+
+    Any bytes fit those columns, and a writer whose connection is not UTF-8
+    stores its text in that charset. Bytes that are not UTF-8 come back as the
+    same text with their bad bytes escaped as lone surrogates: two keys stay
+    one key exactly when their bytes are the same, and :func:`undecodable`
+    tells such text apart (the claim dead-letters its row; see
+    ``relay/store/mysql/store.py``).
+    """
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, _BINARY) else value
+
+
+def undecodable(value: Any) -> bool:
+    """Whether ``value``, from :func:`text`, held bytes that are not UTF-8."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def readable(value: Any) -> Any:
+    """Text from :func:`text` as an operator can read and print it: bad bytes shown as ``\\xNN``."""
+    if not undecodable(value):
+        return value
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def utc(value: Any) -> Any:
@@ -114,8 +141,8 @@ class MySQLAdmin:
             DeadEvent(
                 id=r["id"],
                 topic=r["topic"],
-                key=text(r["key"]),
-                idempotency_key=text(r["idempotency_key"]),
+                key=readable(text(r["key"])),
+                idempotency_key=readable(text(r["idempotency_key"])),
                 attempts=r["attempts"],
                 last_error=r["last_error"],
                 created_at=utc(r["created_at"]),
@@ -161,8 +188,12 @@ class MySQLAdmin:
         if not rows:
             return None
         # payload_bytes stays bytes, as PostgreSQL gives a bytea; the VARBINARY text columns are decoded.
-        row = {name: value if name == "payload_bytes" else utc(text(value)) for name, value in rows[0].items()}
-        row["headers"] = json.loads(row["headers"])
+        row = {
+            name: value if name == "payload_bytes" else utc(readable(text(value))) for name, value in rows[0].items()
+        }
+        # MariaDB's JSON check lets through some text no JSON parser takes (e.g. {"a":1e}): shown as it is.
+        with contextlib.suppress(ValueError):
+            row["headers"] = json.loads(row["headers"])
         row["claim_token"] = UUID(row["claim_token"]) if row["claim_token"] else None
         return row
 

@@ -53,6 +53,14 @@ ORDER BY o.priority DESC, o.id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
+-- name: claim_bury
+-- Dead-letter a locked candidate no event can be made of (relay/store/mysql/store.py,
+-- _unusable): inside the claim's transaction, counted as an attempt, never leased.
+UPDATE {table}
+SET state = 'failed', failed_at = UTC_TIMESTAMP(6), attempts = attempts + 1, last_error = LEFT(%(error)s, 16000),
+    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+WHERE id = %(id)s AND state = 'pending';
+
 -- name: claim_keys
 -- The unsent events of the candidates' keys up to the last candidate, in id
 -- order: where each key's run starts and ends (a plain read: no locks). Only

@@ -21,7 +21,7 @@ from relay.errors import ClaimTimeout, StoreError, StoreUnavailable
 from relay.events import Event
 from relay.store.base import Claim, Dead, Retry, Settlement, Status, chained_keys, in_key_order
 from relay.store.mysql import runs as planner
-from relay.store.mysql.admin import MySQLAdmin, micros, text, utc
+from relay.store.mysql.admin import MySQLAdmin, micros, text, undecodable, utc
 from relay.store.mysql.connection import STATEMENT_TIMEOUT, error_code, rows_of, transaction
 
 logger = logging.getLogger(__name__)
@@ -93,11 +93,15 @@ class MySQLStore(MySQLAdmin):
         mine = tuple(str(claim.token) for claim in chain)
         queries = self._db.queries
 
-        async def lease(cur: Any) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]]]:
+        async def lease(cur: Any) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]], int]:
             await cur.execute(queries["claim_candidates"], {"max_attempts": max_attempts, "limit": limit})
             rows = {r["id"]: r for r in rows_of(cur, await cur.fetchall())}
+            unusable: dict[int, str] = {}
             for r in rows.values():
                 r["key"] = text(r["key"])  # once, for the runs and the events
+                problem = _unusable(r, check_payload=self._db.mariadb)
+                if problem is not None:
+                    unusable[r["id"]] = problem
             candidates = [
                 planner.Candidate(
                     r["id"],
@@ -127,6 +131,7 @@ class MySQLStore(MySQLAdmin):
                 await cur.execute(queries["claim_tails"], {"ids": wanted, "mine": mine})
                 flying = {row[0] for row in await cur.fetchall()}
             chosen = planner.runs(candidates, unsent, tails, flying)
+            buried = await self._bury_unusable(cur, chosen, candidates, unusable) if unusable else 0
             placed = planner.within_bytes([c for c in candidates if c.id in chosen], max_bytes)
             if placed:
                 await cur.execute(
@@ -138,14 +143,14 @@ class MySQLStore(MySQLAdmin):
                         "ids": tuple(c.id for c in placed),
                     },
                 )
-            return [(c, chosen[c.id]) for c in placed], rows
+            return [(c, chosen[c.id]) for c in placed], rows, buried
 
-        async def work(cur: Any) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]]]:
+        async def work(cur: Any) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]], int]:
             # The rows were read locked, so they are what the commit leases: no read by token after it.
             return await transaction(cur, lambda: lease(cur))
 
         try:
-            placed, rows = await self._db.call("main", work)
+            placed, rows, buried = await self._db.call("main", work)
         except StoreUnavailable as exc:
             if exc.__cause__ is not None and error_code(exc.__cause__) in STATEMENT_TIMEOUT:
                 raise ClaimTimeout(f"claiming up to {limit} events: {exc}") from exc
@@ -157,12 +162,40 @@ class MySQLStore(MySQLAdmin):
         ]
         priority = {c.id: c.priority for c, _ in placed}
         events = in_key_order(events, lambda e: (-priority[e.id], e.id), event=lambda e: e)
-        return Claim(token=token, events=events, reaped=sum(1 for e in events if e.id in reaped))
+        return Claim(token=token, events=events, reaped=sum(1 for e in events if e.id in reaped), buried=buried)
+
+    async def _bury_unusable(
+        self, cur: Any, chosen: dict[int, bool], candidates: Sequence[planner.Candidate], unusable: dict[int, str]
+    ) -> int:
+        """Dead-letter the chosen rows no event can be made of, and take them out of ``chosen``
+        with the rest of their key's run: those stay pending, parked behind the dead letter. How many."""
+        cut: set[str] = set()
+        buried = 0
+        for candidate in sorted(candidates, key=lambda c: c.id):
+            if candidate.id not in chosen:
+                continue
+            if candidate.key is not None and candidate.key in cut:
+                del chosen[candidate.id]
+                continue
+            problem = unusable.get(candidate.id)
+            if problem is None:
+                continue
+            del chosen[candidate.id]
+            if candidate.key is not None:
+                cut.add(candidate.key)
+            buried += await cur.execute(self._db.queries["claim_bury"], {"id": candidate.id, "error": problem})
+            logger.warning(
+                "dead-lettered event %d at its claim: %s",
+                candidate.id,
+                problem,
+                extra={"action": "dead_letter", "event_id": candidate.id},
+            )
+        return buried
 
     @staticmethod
     def _event(row: dict[str, Any], *, chained: bool, attempts: int) -> Event:
-        # Most events have no headers: no JSON to parse for those.
-        headers = json.loads(row["headers"]) if row["headers"] and row["headers"] != EMPTY_JSON_OBJECT else {}
+        # Parsed when the claim checked the row (_unusable); most events have no headers.
+        headers = row["headers_parsed"]
         payload = row["payload"]
         return Event(
             id=row["id"],
@@ -267,3 +300,44 @@ class MySQLStore(MySQLAdmin):
     async def check(self) -> None:
         """Raise ``StoreUnavailable`` unless the database answers, has the table and takes writes."""
         await self._db.run("check_writable")
+
+
+#: How much of a bad key's bytes a dead letter's error shows.
+SHOWN_BYTES = 64
+
+
+def _unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
+    """Why no event can be made of a claimed row (None: it can), with its headers parsed into ``headers_parsed``.
+
+    The table's checks leave room for rows the relay cannot send as the
+    contract says: ``key`` and ``idempotency_key`` are VARBINARY, so a writer
+    whose connection is not UTF-8 can store bytes that are not text; and
+    MariaDB's JSON check takes some text that is not JSON (``{"a":1e}``,
+    ``[-]``, ``"\\q"``), in ``headers`` and in ``payload``. Such a row is
+    dead-lettered at its claim, with this for its error. MySQL 8 keeps JSON in
+    a binary form and gives it back as JSON it wrote itself: ``check_payload``
+    (parsing every payload) is for MariaDB, which keeps the text as written.
+    """
+    for column in ("key", "idempotency_key"):
+        value = text(row[column])
+        if undecodable(value):
+            raw = value.encode("utf-8", "surrogateescape")
+            more = "..." if len(raw) > SHOWN_BYTES else ""
+            return f"{column} is not valid UTF-8 (its bytes in hex: {raw[:SHOWN_BYTES].hex()}{more})"
+    headers = row["headers"]
+    row["headers_parsed"] = {}
+    if headers and headers != EMPTY_JSON_OBJECT:
+        try:
+            parsed = json.loads(headers)
+        except ValueError as exc:
+            return f"headers are not valid JSON, though the database took them: {exc}"
+        if not isinstance(parsed, dict):
+            return "headers are not a JSON object"
+        row["headers_parsed"] = parsed
+    payload = row["payload"]
+    if check_payload and payload is not None:
+        try:
+            json.loads(payload)
+        except ValueError as exc:
+            return f"payload is not valid JSON, though the database took it: {exc}"
+    return None

@@ -1,0 +1,118 @@
+"""Rows MySQL or MariaDB take that no event can be made of: dead-lettered at their claim, the rest flowing.
+
+``key`` and ``idempotency_key`` are VARBINARY, so a writer whose connection is
+not UTF-8 stores bytes that are not text; MariaDB's JSON check takes some text
+no JSON parser does. Each such row must end as a dead letter with a clear
+error that parks its key, never as a crashed relay or a batch of innocent
+events dead-lettered after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from relay.config import TableName
+from relay.store.base import DeadEvent
+from relay.store.mysql import MySQLAdmin
+from tests import mysql_support
+from tests.acceptance.cli import cli
+from tests.integration.kafka_support import consume, unique_topic
+from tests.relay_support import RelayThread, wait_until
+
+#: Keys that are not UTF-8: a stray byte, Latin-1 text, a cut sequence, an encoded surrogate, an overlong form.
+BAD_KEYS = [b"\xffA", "café".encode("latin-1"), b"\xe2\x82", b"\xed\xa0\x80", b"ok\xc0\xaf"]
+BAD_IDEMPOTENCY_KEYS = [b"\xfe", "idem-é".encode("latin-1")]
+#: Text MariaDB's JSON_VALID takes and JSON does not.
+LAX_JSON = ['{"a":1e}', '{"a":-}', '{"a":1.}', '{"a":"\\q"}', '{"a":1.e5}', "[-]", "1."]
+
+INSERT = "INSERT INTO outbox (topic, `key`, payload, idempotency_key, headers) VALUES (%s, %s, %s, %s, %s)"
+
+
+def rows(topic: str) -> tuple[list[tuple[object, ...]], dict[str, str], set[str], set[str]]:
+    """Each bad row, with an event of its key after it (parked behind it) and, where its key is
+    text, one before it (sent); and an event without a key beside each (sent).
+
+    Returns the rows in insert order, what each bad row's error must say (by
+    its idempotency key, read as Latin-1), and the idempotency keys that must
+    arrive and that must wait.
+    """
+    cases: list[tuple[bytes | str | None, str, bytes | str, str, str]] = []
+    for n, bad_key in enumerate(BAD_KEYS):
+        cases.append((bad_key, "{}", f"bad-key-{n}", "{}", "key is not valid UTF-8"))
+    for n, bad_idem in enumerate(BAD_IDEMPOTENCY_KEYS):
+        cases.append((f"k-idem-{n}", "{}", bad_idem, "{}", "idempotency_key is not valid UTF-8"))
+    for n, text in enumerate(LAX_JSON):
+        if text.startswith("{"):
+            cases.append((f"k-headers-{n}", "{}", f"bad-headers-{n}", text, "headers are not valid JSON"))
+        cases.append((f"k-payload-{n}", text, f"bad-payload-{n}", "{}", "payload is not valid JSON"))
+        cases.append((None, text, f"bad-null-key-payload-{n}", "{}", "payload is not valid JSON"))
+    written: list[tuple[object, ...]] = []
+    bad: dict[str, str] = {}
+    sent: set[str] = set()
+    parked: set[str] = set()
+    for n, (key, payload, idem, headers, error) in enumerate(cases):
+        if isinstance(key, str):
+            written.append((topic, key, json.dumps({"n": n, "at": "before"}), f"before-{n}", "{}"))
+            sent.add(f"before-{n}")
+        written.append((topic, key, payload, idem, headers))
+        bad[idem if isinstance(idem, str) else idem.decode("latin-1")] = error
+        if key is not None:
+            written.append((topic, key, json.dumps({"n": n, "at": "after"}), f"after-{n}", "{}"))
+            parked.add(f"after-{n}")
+        written.append((topic, None, json.dumps({"n": n, "at": "free"}), f"free-{n}", "{}"))
+        sent.add(f"free-{n}")
+    return written, bad, sent, parked
+
+
+@pytest.mark.timeout(120)
+def test_rows_no_event_can_be_made_of_are_dead_lettered_and_the_rest_flows(
+    mysql_url: str, kafka_bootstrap: str
+) -> None:
+    topic = unique_topic("bad-rows")
+    written, bad, sent, parked = rows(topic)
+    mysql_support.insert_many(mysql_url, INSERT, written)
+    with RelayThread(mysql_url, f"kafka://{kafka_bootstrap}", batch_size=7) as relay:
+        wait_until(lambda: mysql_support.outbox_counts(mysql_url).get("failed", 0) >= len(bad), timeout=60)
+        received = consume(kafka_bootstrap, topic, count=len(sent), settle_seconds=1.0)
+        assert relay.error is None and relay.relay is not None
+        assert relay.relay.metrics.dead_lettered._value.get() == len(bad)
+    assert {m.headers["idempotency-key"].decode() for m in received} == sent
+    state = {
+        idem.decode("latin-1"): (state, error)
+        for idem, state, error in mysql_support.execute(
+            mysql_url, "SELECT idempotency_key, state, last_error FROM outbox"
+        )
+    }
+    for idem, wanted in bad.items():
+        assert state[idem][0] == "failed" and wanted in state[idem][1], (idem, state[idem])
+    assert "(its bytes in hex: ff41)" in state["bad-key-0"][1]
+    assert {idem for idem, (s, _) in state.items() if s == "pending"} == parked
+
+
+def test_the_admin_commands_show_bad_bytes_and_lax_json_without_failing(mysql_url: str) -> None:
+    mysql_support.insert_many(
+        mysql_url,
+        INSERT,
+        [("t", b"\xffA", "{}", b"idem-\xe9", '{"h":1e}'), ("t", "fine", "[-]", "ok", "{}")],
+    )
+    mysql_support.execute(mysql_url, "UPDATE outbox SET state = 'failed', last_error = 'x'")
+    admin = MySQLAdmin(mysql_url, TableName.parse("outbox"))
+
+    async def look() -> tuple[list[DeadEvent], dict[str, object] | None]:
+        await admin.open()
+        try:
+            return list(await admin.dead()), await admin.inspect(1)
+        finally:
+            await admin.close()
+
+    dead, row = asyncio.run(look())
+    assert [(d.key, d.idempotency_key) for d in dead] == [("\\xffA", "idem-\\xe9"), ("fine", "ok")]
+    assert row is not None and row["key"] == "\\xffA" and row["headers"] == '{"h":1e}'
+    for command in (["dead"], ["dead", "--json"], ["inspect", "1"], ["inspect", "1", "--json"], ["inspect", "2"]):
+        result = cli(*command, "--database-url", mysql_url)
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr
+    assert "\\xffA" in cli("dead", "--database-url", mysql_url).stdout
