@@ -43,6 +43,11 @@ SETTLE_RESERVE_SECONDS = 1.0
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
 _TABLE_RE = re.compile(rf"^(?:({_IDENT})\.)?({_IDENT})$")
+#: The longest table name: the names of its indexes and constraints are the
+#: name, ``_`` and a suffix, cut at 63 characters (PostgreSQL's limit; MySQL's
+#: is 64), and past 45 two of them come out the same (``_idempotency_key_check``
+#: and ``_idempotency_key_key``), which ``migrate`` cannot create.
+MAX_TABLE_NAME_CHARS = 45
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +69,11 @@ class TableName:
             raise ConfigError(
                 f"invalid table name {text[:80]!r}: use letters, digits and underscores, "
                 "optionally schema-qualified (e.g. events.outbox)"
+            )
+        if len(match.group(2)) > MAX_TABLE_NAME_CHARS:
+            raise ConfigError(
+                f"invalid table name {text[:80]!r}: at most {MAX_TABLE_NAME_CHARS} characters after the schema, "
+                "so that the names of the table's indexes and constraints stay distinct"
             )
         return cls(schema=match.group(1), name=match.group(2))
 

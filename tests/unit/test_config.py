@@ -22,9 +22,25 @@ from relay.errors import ConfigError
 from relay.logs import ScrubSecrets
 
 
-@pytest.mark.parametrize("text", ["outbox", "events.outbox", "_o1", "A.b_2"])
+@pytest.mark.parametrize("text", ["outbox", "events.outbox", "_o1", "A.b_2", "t" * 45, "s" * 63 + "." + "t" * 45])
 def test_valid_table_names(text: str) -> None:
     assert str(TableName.parse(text)) == text
+
+
+@pytest.mark.parametrize("text", ["t" * 46, "t" * 63, "events." + "t" * 50, "u" * 30 + "_idempotency_key"])
+def test_names_too_long_for_distinct_index_and_constraint_names_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"invalid table name .*at most 45 characters after the schema"):
+        TableName.parse(text)
+
+
+def test_the_longest_table_name_gives_distinct_derived_names_on_both_databases() -> None:
+    from relay.store import sql as postgres_sql
+    from relay.store.mysql import sql as mysql_sql
+
+    table = TableName.parse("t" * 45)
+    for identifiers in (postgres_sql.identifiers(table), mysql_sql.identifiers(table)):
+        names = [str(value) for name, value in identifiers.items() if name not in ("table", "notify_trigger")]
+        assert len(set(names)) == len(names), names
 
 
 @pytest.mark.parametrize(
