@@ -191,7 +191,7 @@ def test_the_claim_reads_the_claim_index(mysql_url: str) -> None:
     conn = mysql_support.connect(mysql_url)
     try:
         with conn.cursor() as cur:
-            cur.execute("EXPLAIN " + query, {"max_attempts": 3, "limit": 10})
+            cur.execute("EXPLAIN " + query, {"max_attempts": 3, "limit": 10, "inline_bytes": 4096})
             names = [c[0] for c in cur.description]
             plan = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
     finally:

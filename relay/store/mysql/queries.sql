@@ -26,10 +26,15 @@
 -- (claim_keys), as a later statement sees them (seen is not probed for a row
 -- without a key: nothing depends on it). The row's own columns come
 -- along, so that no read by token follows the commit: locked until the
--- commit, they are what the claim leases.
+-- commit, they are what the claim leases; a payload only up to
+-- %(inline_bytes)s bytes, so that a claim of big events reads no more than its
+-- byte cap of them (claim_payloads reads the others the claim leases).
 SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at IS NOT NULL AS reaped,
        COALESCE(LENGTH(o.payload), LENGTH(o.payload_bytes)) AS bytes,
-       o.payload, o.payload_bytes, o.content_type, o.headers, o.idempotency_key, o.attempts, o.created_at,
+       CASE WHEN COALESCE(LENGTH(o.payload), LENGTH(o.payload_bytes)) <= %(inline_bytes)s THEN o.payload END AS payload,
+       CASE WHEN COALESCE(LENGTH(o.payload), LENGTH(o.payload_bytes)) <= %(inline_bytes)s THEN o.payload_bytes END
+           AS payload_bytes,
+       o.content_type, o.headers, o.idempotency_key, o.attempts, o.created_at,
        CASE WHEN o.`key` IS NULL THEN 0 ELSE GREATEST(
            COALESCE((SELECT MAX(p.id) FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' AND p.id < o.id), 0),
            COALESCE((SELECT MAX(d.id) FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed' AND d.id < o.id), 0))
@@ -60,6 +65,11 @@ UPDATE {table}
 SET state = 'failed', failed_at = UTC_TIMESTAMP(6), attempts = attempts + 1, last_error = LEFT(%(error)s, 16000),
     lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
 WHERE id = %(id)s AND state = 'pending';
+
+-- name: claim_payloads
+-- The payloads claim_candidates left out (over %(inline_bytes)s bytes), of the
+-- rows the claim chose: locked by it, so what it leases.
+SELECT id, payload, payload_bytes FROM {table} WHERE id IN %(ids)s;
 
 -- name: claim_keys
 -- The unsent events of the candidates' keys up to the last candidate, in id

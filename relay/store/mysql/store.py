@@ -93,13 +93,19 @@ class MySQLStore(MySQLAdmin):
         mine = tuple(str(claim.token) for claim in chain)
         queries = self._db.queries
 
+        # The payloads the locking read brings along: all of them but those too big for their share of the
+        # byte cap, read once the claim has chosen (a claim of big events reads no more than its cap of them).
+        inline_bytes = UNBOUNDED_BYTES if max_bytes is None else max(INLINE_BYTES_AT_LEAST, max_bytes // limit)
+
         async def lease(cur: Any) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]], int]:
-            await cur.execute(queries["claim_candidates"], {"max_attempts": max_attempts, "limit": limit})
+            params = {"max_attempts": max_attempts, "limit": limit, "inline_bytes": inline_bytes}
+            await cur.execute(queries["claim_candidates"], params)
             rows = {r["id"]: r for r in rows_of(cur, await cur.fetchall())}
             unusable: dict[int, str] = {}
             for r in rows.values():
                 r["key"] = text(r["key"])  # once, for the runs and the events
-                problem = _unusable(r, check_payload=self._db.mariadb)
+                r["inline"] = r["bytes"] is None or int(r["bytes"]) <= inline_bytes
+                problem = _unusable(r, check_payload=self._db.mariadb and r["inline"])
                 if problem is not None:
                     unusable[r["id"]] = problem
             candidates = [
@@ -133,6 +139,10 @@ class MySQLStore(MySQLAdmin):
             chosen = planner.runs(candidates, unsent, tails, flying)
             buried = await self._bury_unusable(cur, chosen, candidates, unusable) if unusable else 0
             placed = planner.within_bytes([c for c in candidates if c.id in chosen], max_bytes)
+            late = tuple(c.id for c in placed if not rows[c.id]["inline"])
+            if late:
+                buried += await self._read_late_payloads(cur, late, rows, chosen, placed)
+                placed = [c for c in placed if c.id in chosen]
             if placed:
                 await cur.execute(
                     queries["claim_lease"],
@@ -163,6 +173,26 @@ class MySQLStore(MySQLAdmin):
         priority = {c.id: c.priority for c, _ in placed}
         events = in_key_order(events, lambda e: (-priority[e.id], e.id), event=lambda e: e)
         return Claim(token=token, events=events, reaped=sum(1 for e in events if e.id in reaped), buried=buried)
+
+    async def _read_late_payloads(
+        self,
+        cur: Any,
+        ids: tuple[int, ...],
+        rows: dict[int, dict[str, Any]],
+        chosen: dict[int, bool],
+        placed: Sequence[planner.Candidate],
+    ) -> int:
+        """Read the payloads of ``ids`` (chosen rows the locking read left them out of) into ``rows``;
+        dead-letter those no event can be made of as :meth:`_bury_unusable` does. How many."""
+        await cur.execute(self._db.queries["claim_payloads"], {"ids": ids})
+        unusable: dict[int, str] = {}
+        for event_id, payload, payload_bytes in await cur.fetchall():
+            row = rows[event_id]
+            row["payload"], row["payload_bytes"] = payload, payload_bytes
+            problem = _unusable(row, check_payload=self._db.mariadb)
+            if problem is not None:
+                unusable[event_id] = problem
+        return await self._bury_unusable(cur, chosen, placed, unusable) if unusable else 0
 
     async def _bury_unusable(
         self, cur: Any, chosen: dict[int, bool], candidates: Sequence[planner.Candidate], unusable: dict[int, str]
@@ -301,6 +331,12 @@ class MySQLStore(MySQLAdmin):
         """Raise ``StoreUnavailable`` unless the database answers, has the table and takes writes."""
         await self._db.run("check_writable")
 
+
+#: A claim's locking read brings each payload of up to this many bytes along, or up to the byte cap's share
+#: of each event of the batch if that is more (relay/store/mysql/queries.sql, claim_candidates).
+INLINE_BYTES_AT_LEAST = 4096
+#: "No byte cap" to the claim's SQL.
+UNBOUNDED_BYTES = 2**62
 
 #: How much of a bad key's bytes a dead letter's error shows.
 SHOWN_BYTES = 64
