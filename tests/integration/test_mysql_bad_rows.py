@@ -75,7 +75,9 @@ def test_rows_no_event_can_be_made_of_are_dead_lettered_and_the_rest_flows(
     written, bad, sent, parked = rows(topic)
     mysql_support.insert_many(mysql_url, INSERT, written)
     with RelayThread(mysql_url, f"kafka://{kafka_bootstrap}", batch_size=7) as relay:
-        wait_until(lambda: mysql_support.outbox_counts(mysql_url).get("failed", 0) >= len(bad), timeout=60)
+        # Until all that can go went: the topic then exists, with every partition, for the consumer.
+        settled = {"failed": len(bad), "pending": len(parked)}
+        wait_until(lambda: mysql_support.outbox_counts(mysql_url) == settled, timeout=60)
         received = consume(kafka_bootstrap, topic, count=len(sent), settle_seconds=1.0)
         assert relay.error is None and relay.relay is not None
         assert relay.relay.metrics.dead_lettered._value.get() == len(bad)
@@ -116,3 +118,35 @@ def test_the_admin_commands_show_bad_bytes_and_lax_json_without_failing(mysql_ur
         assert result.returncode == 0, result.stderr
         assert "Traceback" not in result.stderr
     assert "\\xffA" in cli("dead", "--database-url", mysql_url).stdout
+
+
+@pytest.mark.parametrize("zero", ["0000-00-00 00:00:00", "2026-00-10 00:00:00", "2026-02-00 12:00:00"])
+def test_a_zero_created_at_is_dead_lettered_and_its_key_parks(mysql_url: str, kafka_bootstrap: str, zero: str) -> None:
+    topic = unique_topic("zero-date")
+    conn = mysql_support.connect(mysql_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION sql_mode = ''")  # as a writer with MariaDB's older defaults
+            cur.executemany(
+                "INSERT INTO outbox (topic, `key`, payload, idempotency_key, created_at) VALUES (%s, %s, %s, %s, %s)",
+                [
+                    (topic, "k", "{}", "first", "2026-01-01 00:00:00"),
+                    (topic, "k", "{}", "zero", zero),
+                    (topic, "k", "{}", "after", "2026-01-01 00:00:00"),
+                    (topic, None, "{}", "free", "2026-01-01 00:00:00"),
+                ],
+            )
+    finally:
+        conn.close()
+    with RelayThread(mysql_url, f"kafka://{kafka_bootstrap}") as relay:
+        wait_until(lambda: mysql_support.outbox_counts(mysql_url) == {"failed": 1, "pending": 1}, timeout=30)
+        received = consume(kafka_bootstrap, topic, count=2, settle_seconds=1.0)
+        assert relay.error is None
+    assert {m.headers["idempotency-key"] for m in received} == {b"first", b"free"}
+    [(state, error)] = mysql_support.execute(
+        mysql_url, "SELECT state, last_error FROM outbox WHERE idempotency_key = 'zero'"
+    )
+    assert state == "failed" and "created_at is not a date" in error
+    assert mysql_support.execute(mysql_url, "SELECT state FROM outbox WHERE idempotency_key = 'after'") == [
+        ("pending",)
+    ]

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 from uuid import uuid4
 
@@ -349,7 +350,8 @@ def _unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
     contract says: ``key`` and ``idempotency_key`` are VARBINARY, so a writer
     whose connection is not UTF-8 can store bytes that are not text; and
     MariaDB's JSON check takes some text that is not JSON (``{"a":1e}``,
-    ``[-]``, ``"\\q"``), in ``headers`` and in ``payload``. Such a row is
+    ``[-]``, ``"\\q"``), in ``headers`` and in ``payload``, and a zero
+    ``created_at`` (``0000-00-00``, which the driver gives as text). Such a row is
     dead-lettered at its claim, with this for its error. MySQL 8 keeps JSON in
     a binary form and gives it back as JSON it wrote itself: ``check_payload``
     (parsing every payload) is for MariaDB, which keeps the text as written.
@@ -360,6 +362,8 @@ def _unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
             raw = value.encode("utf-8", "surrogateescape")
             more = "..." if len(raw) > SHOWN_BYTES else ""
             return f"{column} is not valid UTF-8 (its bytes in hex: {raw[:SHOWN_BYTES].hex()}{more})"
+    if not isinstance(row["created_at"], datetime):  # a zero date, which MariaDB's default sql_mode lets in
+        return f"created_at is not a date: {str(row['created_at'])[:40]!r}"
     headers = row["headers"]
     row["headers_parsed"] = {}
     if headers and headers != EMPTY_JSON_OBJECT:
