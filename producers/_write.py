@@ -87,8 +87,15 @@ def _params(
         raise ValueError("topic must be a non-empty string")
     if key is not None and not isinstance(key, str):
         raise TypeError(f"key must be a string or None, not {type(key).__name__}")
-    if headers is not None and not all(isinstance(k, str) and k and isinstance(v, str) for k, v in headers.items()):
+    if headers is not None and not (
+        isinstance(headers, Mapping)
+        and all(isinstance(k, str) and k and isinstance(v, str) for k, v in headers.items())
+    ):
         raise TypeError("headers must map non-empty strings to strings")
+    if isinstance(idempotency_key, uuid.UUID | int) and not isinstance(idempotency_key, bool):
+        idempotency_key = str(idempotency_key)  # as the table's text column took them before this check
+    elif idempotency_key is not None and not isinstance(idempotency_key, str):
+        raise TypeError(f"idempotency_key must be a string or None, not {type(idempotency_key).__name__}")
     if deliver_at is not None:
         _check_deliver_at(deliver_at, max_deliver_ahead)
     if isinstance(priority, bool) or not isinstance(priority, int):
@@ -158,7 +165,7 @@ def publish(
     if _mysql.is_pymysql(conn):
         _mysql.insert(conn, table, params)
     else:
-        conn.execute(_statement(table, params, given_key=bool(idempotency_key)), _for_postgres(params))
+        conn.execute(_statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params))
     return str(params["idempotency_key"])
 
 
@@ -183,5 +190,7 @@ async def apublish(
     if _mysql.is_asyncmy(conn):
         await _mysql.ainsert(conn, table, params)
     else:
-        await conn.execute(_statement(table, params, given_key=bool(idempotency_key)), _for_postgres(params))
+        await conn.execute(
+            _statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params)
+        )
     return str(params["idempotency_key"])

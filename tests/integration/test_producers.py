@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
 import psycopg
@@ -111,6 +112,13 @@ def test_apublish_and_a_schema_qualified_table(database_url: str) -> None:
         ({"topic": ""}, ValueError),
         ({"headers": {"a": 1}}, TypeError),
         ({"key": 5}, TypeError),
+        ({"key": b"k"}, TypeError),
+        ({"headers": [("a", "b")]}, TypeError),
+        ({"headers": "a=b"}, TypeError),
+        ({"idempotency_key": b"id"}, TypeError),
+        ({"idempotency_key": 5.0}, TypeError),
+        ({"idempotency_key": True}, TypeError),
+        ({"idempotency_key": ["id"]}, TypeError),
         ({"deliver_at": datetime(2030, 1, 1)}, ValueError),
         ({"table": 'outbox"; drop table outbox;--'}, ConfigError),
     ],
@@ -172,3 +180,12 @@ def test_deliver_at_within_the_horizon_or_past_is_written_and_the_horizon_can_be
         conn.commit()
         rows: dict[str, datetime] = dict(conn.execute("SELECT idempotency_key, deliver_at FROM outbox").fetchall())
     assert rows == {**allowed, "in two years": now + timedelta(days=730)}
+
+
+@pytest.mark.parametrize("given", [uuid.UUID(int=7), 0, 12345])
+def test_a_uuid_or_an_int_idempotency_key_is_written_as_text_and_dedupes(database_url: str, given: object) -> None:
+    with psycopg.connect(database_url) as conn:
+        first = producers.publish(conn, "t", {"n": 1}, idempotency_key=given)  # type: ignore[arg-type]
+        again = producers.publish(conn, "t", {"n": 2}, idempotency_key=given)  # type: ignore[arg-type]
+    assert first == again == str(given)
+    assert count(database_url) == 1
