@@ -39,6 +39,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     layout = table_layout(args)
     if args.create_roles and layout.debezium:
         raise ConfigError("--create-roles is not available with --table-layout debezium yet")
+    if args.create_roles and args.relay_role == args.writer_role:
+        # One role with both grants would let writers change the relay's columns, and the relay insert events.
+        raise ConfigError(f"--relay-role and --writer-role must differ (both are {args.relay_role!r})")
     applied = migrate(dsn, table, notify=args.notify, layout=layout)
     print(f"{table}: applied {', '.join(map(str, applied))}" if applied else f"{table}: up to date")
     if args.create_roles:

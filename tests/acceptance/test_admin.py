@@ -143,3 +143,20 @@ def test_status_shows_what_waits_on_a_schedule(database_url: str) -> None:
     assert (shown["scheduled"], shown["keys_waiting_on_schedule"]) == (2, 1)
     text = cli("status", "--database-url", database_url).stdout
     assert "scheduled: 2\n" in text and "keys waiting on schedule: 1\n" in text
+
+
+@pytest.mark.parametrize("how", ["flags", "relay flag and default writer", "env"])
+def test_one_role_for_the_relay_and_the_writers_is_refused_before_any_change(database_url: str, how: str) -> None:
+    role = f"one_{uuid.uuid4().hex[:8]}"
+    command = ["migrate", "--create-roles", "--database-url", database_url]
+    if how == "env":
+        result = cli(*command, RELAY_RELAY_ROLE=role, RELAY_WRITER_ROLE=role)
+    elif how == "flags":
+        result = cli(*command, "--relay-role", role, "--writer-role", role)
+    else:
+        result = cli(*command, "--relay-role", "outbox_writer")
+    assert result.returncode == 2, result.stderr
+    assert "--relay-role and --writer-role must differ" in result.stderr
+    assert "Traceback" not in result.stderr
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", [role]).fetchone() == (0,)
