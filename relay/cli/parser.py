@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole command line, for ``main`` and for the generated docs."""
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Deliver a PostgreSQL outbox table to Kafka or RabbitMQ, at least once, in key order.",
+        description="Deliver a PostgreSQL or MySQL outbox table to Kafka or RabbitMQ, at least once, in key order.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

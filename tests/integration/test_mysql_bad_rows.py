@@ -44,6 +44,8 @@ def rows(topic: str) -> tuple[list[tuple[object, ...]], dict[str, str], set[str]
         cases.append((bad_key, "{}", f"bad-key-{n}", "{}", "key is not valid UTF-8"))
     for n, bad_idem in enumerate(BAD_IDEMPOTENCY_KEYS):
         cases.append((f"k-idem-{n}", "{}", bad_idem, "{}", "idempotency_key is not valid UTF-8"))
+    for n, huge in enumerate(['{"a":1e400}', '{"a":[1,-1e999]}', '{"a":{"b":1e309}}']):
+        cases.append((f"k-huge-{n}", "{}", f"bad-huge-{n}", huge, "is a number JSON cannot carry"))
     for n, text in enumerate(LAX_JSON):
         if text.startswith("{"):
             cases.append((f"k-headers-{n}", "{}", f"bad-headers-{n}", text, "headers are not valid JSON"))

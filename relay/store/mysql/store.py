@@ -373,6 +373,9 @@ def _unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
             return f"headers are not valid JSON, though the database took them: {exc}"
         if not isinstance(parsed, dict):
             return "headers are not a JSON object"
+        for name, value in parsed.items():
+            if not isinstance(value, str) and not _finite(value):
+                return f"header {name[:100]!r} is a number JSON cannot carry (it parses as {value!r})"
         row["headers_parsed"] = parsed
     payload = row["payload"]
     if check_payload and payload is not None:
@@ -381,3 +384,12 @@ def _unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
         except ValueError as exc:
             return f"payload is not valid JSON, though the database took it: {exc}"
     return None
+
+
+def _finite(value: Any) -> bool:
+    """Whether ``value``, a parsed header, is written back as JSON (1e400 parses as inf, which is not)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return False
+    return True
