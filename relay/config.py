@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from relay.errors import ConfigError
 from relay.kafka_options import check_value, option_name
-from relay.secrets import Scrubber
+from relay.secrets import Scrubber, ambiguity
 
 # What is secret is decided in relay.secrets; these two stay importable from here.
 from relay.secrets import is_secret_option as is_secret_option
@@ -223,6 +223,9 @@ def parse_sink_url(url: str) -> SinkConfig:
     if not url:
         raise ConfigError("no sink configured: set --sink or RELAY_SINK (kafka://... or amqp://...), or --route")
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    problem = ambiguity(url)
+    if problem is not None and scheme in ("kafka", "amqp", "amqps"):
+        raise ConfigError(f"invalid sink URL {redact_url(url)!r}: it {problem}")
     if scheme == "kafka":
         return _parse_kafka(url)
     if scheme in ("amqp", "amqps"):
@@ -267,8 +270,32 @@ def parse_route(text: str) -> RouteConfig:
 
 
 def split_routes(text: str) -> list[str]:
-    """The routes in ``RELAY_ROUTES``: separated by whitespace (spaces or newlines)."""
-    return text.split()
+    """The routes in ``RELAY_ROUTES``: separated by whitespace (spaces or newlines).
+
+    A raw space in a route's password cuts it in two, and the second piece is
+    no route: it is then kept with its route (which fails as a URL holding a
+    space) instead of being read, and echoed, as a route of its own. A piece
+    is taken for such a rest when it has no ``://`` and either holds the ``@``
+    its route lacks or follows a secret option's value.
+    """
+    routes: list[str] = []
+    for chunk in text.split():
+        if routes and _rest_of_a_secret(routes[-1], chunk):
+            routes[-1] += " " + chunk
+        else:
+            routes.append(chunk)
+    return routes
+
+
+def _rest_of_a_secret(route: str, chunk: str) -> bool:
+    if "://" in chunk or "://" not in route:
+        return False
+    after_scheme = route.split("://", 1)[1]
+    if "@" in chunk and "@" not in after_scheme:
+        return True
+    last_option = after_scheme.rpartition("?")[2].rpartition("&")[2]
+    name, equals, _ = last_option.partition("=")
+    return bool(equals) and "=" not in chunk and is_secret_option(name)
 
 
 def resolve_routes(routes: Sequence[str], sink: str | None) -> tuple[RouteConfig, ...]:
@@ -405,6 +432,11 @@ def check_database_url(url: str) -> str:
     if not url:
         raise ConfigError("no database configured: set --database-url, RELAY_DATABASE_URL or DATABASE_URL")
     if "://" in url:
+        problem = ambiguity(url)
+        if problem is not None:
+            raise ConfigError(f"invalid database URL {redact_url(url)!r}: it {problem}")
+        scheme, rest = url.split("://", 1)
+        url = f"{scheme.lower()}://{rest}"  # libpq takes the scheme in lower case only
         try:
             parts = urlsplit(url)
             parts.port  # noqa: B018 - urlsplit checks the port lazily

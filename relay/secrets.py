@@ -68,10 +68,39 @@ _NAMES_NOT_SCRUBBED = frozenset({"sasl.username"})
 #: A secret cut at these characters (by a parser that took a raw one for a
 #: delimiter) may be echoed in pieces; pieces this long or longer are scrubbed.
 _DELIMITERS = re.compile(r"[/?#@:&=;,\s]+")
+_DELIMITER_GROUPS = re.compile(r"([/?#@:&=;,\s]+)")
 MIN_PIECE_CHARS = 4
 # ``name=value`` in a URL query or a libpq keyword string; a quoted value may hold spaces.
 _OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>'(?:\\.|[^'\\])*'|[^&\s#;]*)")
 _AUTHORITY_END = re.compile(r"[/?#]")
+_QUERY_START = re.compile(r"[?]")
+#: After a secret option's value: chunks cut off by a raw '&' or space, each without '=' (so not an option).
+_CONTINUATION = re.compile(r"(?:[&\s]+[^&\s=#;]+(?=[&\s]|$))+")
+_CUTS = "& \t\r\n"
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def ambiguity(url: str) -> str | None:
+    """Why ``url`` cannot be read without guessing where its password ends; None when it can.
+
+    A password (or a value) holding a raw ``/``, ``?``, ``#`` or a space is cut
+    there by every parser, each in its own place, and their errors then echo the
+    pieces. A libpq keyword string (no ``scheme://``) is not judged here.
+    """
+    if not _SCHEME.match(url):
+        return None
+    if any(c.isspace() for c in url):
+        return "holds a space or a line break (percent-encode it as %20 in a password or a name)"
+    scheme, rest = url.split("://", 1)
+    # The relay reads a kafka:// URL's hosts up to the '?' itself: a raw '/' or '#' in its password is read right.
+    kafka = scheme.lower() == "kafka"
+    at, end = rest.rfind("@"), (_QUERY_START if kafka else _AUTHORITY_END).search(rest)
+    if at >= 0 and end is not None and end.start() < at and "=" not in rest[end.start() : at]:
+        after = "'?'" if kafka else "'/', '?' or '#'"
+        return f"has an '@' after {after}: percent-encode those in a password or user (/ %2F, ? %3F, # %23, @ %40)"
+    if "#" in rest and not kafka:
+        return "holds a '#', which ends a URL: percent-encode it (%23) in a password or a value"
+    return None
 
 
 def normalise_option(name: str) -> str:
@@ -136,6 +165,11 @@ def secrets_in(text: str) -> list[str]:
     for match in _OPTION.finditer(text):
         if _is_scrubbed_option(match["name"]):
             found.append(_unquote_keyword(match["value"]))
+            # A raw '&' or space in the value cuts it: what follows, up to the next name=value, is the rest of it.
+            more = _CONTINUATION.match(text, match.end())
+            if more is not None and more.group(0).strip(_CUTS):
+                found.append(match["value"] + more.group(0).rstrip(_CUTS))
+                found += [chunk for chunk in re.split(r"[&\s]+", more.group(0)) if chunk]
     return [secret for secret in found if secret]
 
 
@@ -158,7 +192,18 @@ def spellings(secret: str) -> set[str]:
     forms.add(decoded.replace("\\", "\\\\").replace("'", "\\'"))  # libpq's keyword quoting
     for form in (secret, decoded):
         forms |= {piece for piece in _DELIMITERS.split(form) if len(piece) >= MIN_PIECE_CHARS}
+        forms |= _spans(form)
     return {form for form in forms if form}
+
+
+def _spans(form: str) -> set[str]:
+    """The runs of whole pieces of ``form`` with the delimiters between them (``ss/w:rd`` of
+    ``p@ss/w:rd#1``): a parser that cut the secret elsewhere echoes such a run, whose pieces
+    alone are too short to scrub."""
+    parts = _DELIMITER_GROUPS.split(form)  # piece, delimiters, piece, ...
+    pieces = range(0, len(parts), 2)
+    runs = {"".join(parts[i : j + 1]) for i in pieces for j in pieces if j > i}
+    return {run for run in runs if len(run) >= MIN_PIECE_CHARS}
 
 
 class Scrubber:
@@ -199,6 +244,7 @@ def one_line(text: str, scrub: Scrubber) -> str:
 __all__ = [
     "MASK",
     "Scrubber",
+    "ambiguity",
     "is_secret_option",
     "normalise_option",
     "one_line",

@@ -8,6 +8,7 @@ names the variable.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -45,11 +46,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+#: The longest any duration flag may be: a hundred years. Past that, "now" plus it leaves the
+#: databases' timestamp ranges (a retry's deliver_at, a lease's end) and the relay stops on it.
+MAX_SECONDS = 100 * 365.25 * 24 * 3600
+
+
 def seconds(text: str) -> float:
-    """A number of seconds, not negative."""
+    """A number of seconds, not negative, finite, and at most :data:`MAX_SECONDS`."""
     value = _parsed(text, float, "a number of seconds")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than a hundred years ({MAX_SECONDS:.0f} seconds)")
     return value
 
 
@@ -67,9 +77,31 @@ def timestamp(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def switched_on(text: str) -> bool:
-    """How a switch reads its variable: ``1``, ``true``, ``yes`` or ``on``, in any case, is on."""
-    return text.strip().lower() in ("1", "true", "yes", "on")
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def switched_on(text: str) -> bool | None:
+    """How a switch reads its variable: ``1``, ``true``, ``yes`` or ``on`` (any case) is on, ``0``,
+    ``false``, ``no`` or ``off`` off, an empty one unset (None); anything else is refused."""
+    value = text.strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    if not value:
+        return None
+    raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a switch: use 1 or 0, true or false, yes or no, on or off")
+
+
+def switch_default(parser: argparse.ArgumentParser, env: str, raw: str | None, default: Any) -> Any:
+    """A switch's default from its variable ``env`` (``raw``): a refused value fails the command that uses it."""
+    if raw is None:
+        return default
+    try:
+        value = switched_on(raw)
+    except argparse.ArgumentTypeError as exc:
+        return _BadEnv(parser, f"{PROG}: error: {env}: {exc}")
+    return default if value is None else value
 
 
 def add_env_flag(
@@ -138,9 +170,7 @@ def env_flag(
 
 def env_switch(parser: argparse.ArgumentParser, flag: str, *, help: str, default: bool) -> None:
     """Add ``--flag``/``--no-flag`` with its ``RELAY_*`` fallback named in the help."""
-    raw = env_value(flag)
-    if raw is not None:
-        default = switched_on(raw)
+    default = switch_default(parser, env_name(flag), env_value(flag), default)
     parser.add_argument(
         flag, action=argparse.BooleanOptionalAction, default=default, help=f"{help} [env {env_name(flag)}]"
     )

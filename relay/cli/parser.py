@@ -16,7 +16,7 @@ from relay.cli.flags import (
     port,
     positive_int,
     seconds,
-    switched_on,
+    switch_default,
     timestamp,
 )
 from relay.config import split_routes
@@ -150,7 +150,7 @@ def _add_migrate(commands: Commands) -> None:
     migrate.add_argument(
         "--notify",
         action=argparse.BooleanOptionalAction,
-        default=None if notify_env is None else switched_on(notify_env),
+        default=switch_default(migrate, "RELAY_NOTIFY", notify_env, None),
         help="switch the NOTIFY-on-insert trigger on or off (default: leave as is; on when created). "
         "On wakes relays at once; off saves writers a global lock at commit and relays poll instead "
         "[env RELAY_NOTIFY]",

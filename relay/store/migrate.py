@@ -109,11 +109,17 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
         return sql.SQL(", ").join(map(sql.Identifier, names))
 
     with translate_errors(dsn, table), psycopg.connect(dsn, **connect_kwargs()) as conn, conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [_LOCK_NAMESPACE + str(table)])
+        # One create_roles at a time in a database, whatever the table: two GRANTs on one schema at
+        # once fail ("tuple concurrently updated").
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [_LOCK_NAMESPACE + "create_roles"])
         for role in (relay_role, writer_role):
             exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone()
             if not exists:
-                conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+                try:
+                    with conn.transaction():  # a savepoint: roles are the cluster's, and no lock here covers them
+                        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+                except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+                    pass  # a migrate in another database made it meanwhile
         relay, writer = sql.Identifier(relay_role), sql.Identifier(writer_role)
         for statement in (
             # Revoking a table privilege revokes it on every column too.

@@ -142,6 +142,24 @@ def test_bad_numbers_in_flags_and_env(database_url: str) -> None:
     assert result.returncode == 0 and json.loads(result.stdout)["pending"] == 0, result.stderr
 
 
+@pytest.mark.parametrize(
+    ("flags", "env", "named"),
+    [
+        (["--backoff-max", "1e20"], {}, "--backoff-max"),
+        (["--poll-interval", "inf"], {}, "--poll-interval"),
+        (["--lease-seconds", "nan"], {}, "--lease-seconds"),
+        ([], {"RELAY_STARTUP_TIMEOUT": "nan"}, "RELAY_STARTUP_TIMEOUT"),
+        ([], {"RELAY_KEEP_SENT": "ture"}, "RELAY_KEEP_SENT"),
+        ([], {"RELAY_LISTEN": "abc"}, "RELAY_LISTEN"),
+    ],
+)
+def test_a_duration_past_all_sense_or_a_switch_neither_on_nor_off_is_refused(
+    database_url: str, flags: list[str], env: dict[str, str], named: str
+) -> None:
+    result = cli("run", "--database-url", database_url, "--sink", "kafka://h:1", *flags, timeout=60.0, **env)
+    assert result.returncode == 2 and named in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
 def test_unreachable_brokers_at_start_up(database_url: str) -> None:
     port = free_port()
     for sink in (f"kafka://127.0.0.1:{port}", f"amqp://guest:{CANARY}@127.0.0.1:{port}/%2F"):

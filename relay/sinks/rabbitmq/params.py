@@ -12,7 +12,7 @@ import pika
 import pika.exceptions
 
 from relay.errors import ConfigError
-from relay.secrets import Scrubber, redact_url
+from relay.secrets import Scrubber
 
 
 def connection_parameters(
@@ -21,8 +21,11 @@ def connection_parameters(
     """pika parameters from ``url``, with our defaults where the URL sets nothing."""
     try:
         params = pika.URLParameters(url)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"invalid RabbitMQ sink URL {redact_url(url)!r}: {Scrubber.of(url)(str(exc))}") from None
+    except Exception as exc:  # noqa: BLE001 - pika's option parsing raises what ast.literal_eval raises, SyntaxError too
+        # The message, never the traceback: a SyntaxError's carries the option's text, secrets and all.
+        reason = Scrubber.of(url)(f"{type(exc).__name__}: {exc}")
+        # Nor the URL: a raw '&' in an option's value makes part of it look like another option.
+        raise ConfigError(f"invalid RabbitMQ sink URL (host {urlsplit(url).hostname!r}): {reason}") from None
     given = {key for key, _ in parse_qsl(urlsplit(url).query)}
     if "heartbeat" not in given:
         params.heartbeat = heartbeat
