@@ -159,6 +159,10 @@ def publish(
     ``conn`` is a psycopg ``Connection``, or a PyMySQL one for an outbox on
     MySQL 8 or MariaDB (``pip install outbox-relay[mysql]``).
     """
+    if isinstance(conn, psycopg.AsyncConnection | psycopg.AsyncCursor) or _mysql.is_asyncmy(conn):
+        # Its execute() would make a coroutine nobody awaits: nothing written, and a key returned.
+        name = type(conn).__name__
+        raise TypeError(f"publish() takes a connection that writes at once, not {name}: await apublish(...) with it")
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
@@ -184,6 +188,8 @@ async def apublish(
     content_type: str | None = None,
 ) -> str:
     """The same as :func:`publish`, for a psycopg ``AsyncConnection`` or an asyncmy connection."""
+    if isinstance(conn, psycopg.Connection | psycopg.Cursor) or _mysql.is_pymysql(conn):
+        raise TypeError(f"apublish() takes an async connection, not {type(conn).__name__}: call publish(...) with it")
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )

@@ -185,3 +185,22 @@ def test_bad_arguments_are_refused_before_any_sql(mysql_url: str, kwargs: dict[s
     finally:
         conn.close()
     assert count(mysql_url) == 0
+
+
+def test_publish_refuses_asyncmy_and_apublish_pymysql_before_any_sql(mysql_url: str) -> None:
+    async def wrong_way_round() -> None:
+        aconn = await _aconnect(mysql_url)
+        try:
+            with pytest.raises(TypeError, match="await apublish"):
+                producers.publish(aconn, "t", {}, idempotency_key="async-to-publish")
+        finally:
+            aconn.close()
+        conn = mysql_support.connect(mysql_url)
+        try:
+            with pytest.raises(TypeError, match="call publish"):
+                await producers.apublish(conn, "t", {}, idempotency_key="sync-to-apublish")
+        finally:
+            conn.close()
+
+    asyncio.run(wrong_way_round())
+    assert count(mysql_url) == 0

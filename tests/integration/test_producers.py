@@ -189,3 +189,23 @@ def test_a_uuid_or_an_int_idempotency_key_is_written_as_text_and_dedupes(databas
         again = producers.publish(conn, "t", {"n": 2}, idempotency_key=given)  # type: ignore[arg-type]
     assert first == again == str(given)
     assert count(database_url) == 1
+
+
+def test_publish_refuses_an_async_connection_and_apublish_a_sync_one_before_any_sql(database_url: str) -> None:
+    async def wrong_way_round() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url) as aconn:
+            with pytest.raises(TypeError, match="await apublish"):
+                producers.publish(aconn, "t", {}, idempotency_key="async-to-publish")
+            async with aconn.cursor() as acur:
+                with pytest.raises(TypeError, match="await apublish"):
+                    producers.publish(acur, "t", {})
+            await aconn.commit()
+        with psycopg.connect(database_url) as conn:
+            with pytest.raises(TypeError, match="call publish"):
+                await producers.apublish(conn, "t", {}, idempotency_key="sync-to-apublish")
+            with pytest.raises(TypeError, match="call publish"):
+                await producers.apublish(conn.cursor(), "t", {})
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+    asyncio.run(wrong_way_round())
+    assert count(database_url) == 0
