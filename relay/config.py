@@ -160,7 +160,14 @@ def parse_duration(text: str) -> float:
     match = _DURATION_RE.match(text)
     if match is None:
         raise ConfigError(f"invalid duration {text[:40]!r}: use a number with s, m, h, d or w (e.g. 7d)")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
+    seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
+    if seconds > MAX_DURATION_SECONDS:
+        raise ConfigError(f"invalid duration {text[:40]!r}: more than a hundred years")
+    return seconds
+
+
+#: Past a hundred years, "now" minus or plus a duration leaves the databases' timestamp ranges.
+MAX_DURATION_SECONDS = 100 * 365.25 * 24 * 3600
 
 
 class Format(StrEnum):

@@ -38,11 +38,17 @@ def _parsed(text: str, convert: Callable[[str], N], what: str) -> N:
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
 
 
+#: The largest whole number a flag takes: the databases' bigint (ids, limits).
+MAX_INT = 2**63 - 1
+
+
 def positive_int(text: str) -> int:
-    """A whole number, at least 1."""
+    """A whole number, at least 1 and at most :data:`MAX_INT`."""
     value = _parsed(text, int, "a whole number")
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    if value > MAX_INT:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is too large (at most {MAX_INT})")
     return value
 
 

@@ -6,7 +6,9 @@ import argparse
 
 import pytest
 
-from relay.cli.flags import MAX_SECONDS, seconds, switched_on
+from relay.cli.flags import MAX_INT, MAX_SECONDS, positive_int, seconds, switched_on
+from relay.config import parse_duration
+from relay.errors import ConfigError
 
 
 @pytest.mark.parametrize("text", ["inf", "-inf", "nan", "NaN", "1e400", "infinity", "1e20", "3.2e9", "-1", "x", ""])
@@ -43,3 +45,23 @@ def test_switch_values(text: str, value: bool | None) -> None:
 def test_a_switch_value_that_is_neither_on_nor_off_is_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="is not a switch"):
         switched_on(text)
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "1.5", str(MAX_INT + 1), "99999999999999999999", "1e3"])
+def test_a_whole_number_out_of_bigint_or_below_one_is_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        positive_int(text)
+
+
+def test_whole_numbers_up_to_bigint_are_taken() -> None:
+    assert positive_int(str(MAX_INT)) == MAX_INT
+
+
+@pytest.mark.parametrize("text", ["99999999999d", "5300w", "3200000000"])
+def test_a_duration_over_a_hundred_years_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="more than a hundred years"):
+        parse_duration(text)
+
+
+def test_a_hundred_years_of_weeks_is_taken() -> None:
+    assert parse_duration("5200w") == 5200 * 7 * 86400
