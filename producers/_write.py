@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -85,6 +87,8 @@ def _params(
 ) -> dict[str, Any]:
     if not isinstance(topic, str) or not topic:
         raise ValueError("topic must be a non-empty string")
+    if len(topic) > TOPIC_MAX_CHARS:
+        raise ValueError(f"topic must be at most {TOPIC_MAX_CHARS} characters")
     if key is not None and not isinstance(key, str):
         raise TypeError(f"key must be a string or None, not {type(key).__name__}")
     if headers is not None and not (
@@ -96,19 +100,61 @@ def _params(
         idempotency_key = str(idempotency_key)  # as the table's text column took them before this check
     elif idempotency_key is not None and not isinstance(idempotency_key, str):
         raise TypeError(f"idempotency_key must be a string or None, not {type(idempotency_key).__name__}")
+    if idempotency_key is not None and len(idempotency_key) > IDEMPOTENCY_KEY_MAX_CHARS:
+        raise ValueError(f"idempotency_key must be at most {IDEMPOTENCY_KEY_MAX_CHARS} characters")
     if deliver_at is not None:
         _check_deliver_at(deliver_at, max_deliver_ahead)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TypeError("priority must be an int")
+    if priority not in PRIORITY_RANGE:
+        raise ValueError(f"priority must be from {PRIORITY_RANGE.start} to {PRIORITY_RANGE.stop - 1}")
+    written = _payload_params(payload, content_type)
+    if "content_type" not in written:
+        written["payload_json"] = _json_text(payload, "payload")
+    headers = with_trace_context(headers)
     return {
         "topic": topic,
         "key": key,
-        **_payload_params(payload, content_type),
-        "headers": with_trace_context(headers),
+        **written,
+        "headers": headers,
+        "headers_json": _json_text(headers, "headers"),
         "idempotency_key": idempotency_key or str(uuid.uuid4()),
         "deliver_at": deliver_at,
         "priority": priority,
     }
+
+
+#: The table's limits (its CHECK constraints, on both databases; INT for priority).
+TOPIC_MAX_CHARS = 249
+IDEMPOTENCY_KEY_MAX_CHARS = 200
+PRIORITY_RANGE = range(-(2**31), 2**31)
+
+
+#: A NUL character in JSON text: \u0000 after an even number of backslashes (an odd number spells a backslash).
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _json_text(value: Any, what: str) -> str:
+    """``value`` as the JSON text the database gets, or the error the database would give, before any SQL.
+
+    The database refuses NaN and Infinity (no JSON), and PostgreSQL's ``jsonb``
+    a NUL character and a lone surrogate; refused there, they would abort the
+    caller's transaction.
+    """
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except ValueError as exc:  # NaN or Infinity ("Out of range float values ..."), or a circular reference
+        raise ValueError(f"{what} cannot be written as JSON: {exc}") from None
+    except TypeError as exc:
+        raise TypeError(f"{what} is not JSON: {exc}") from None
+    if "\\u0000" in text and _NUL.search(text):
+        raise ValueError(f"{what} holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store")
+    if "\\ud" in text:  # characters past the BMP, as surrogate pairs; rarely a lone surrogate
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
+    return text
 
 
 def _check_deliver_at(deliver_at: object, max_ahead: timedelta) -> None:
@@ -123,10 +169,16 @@ def _check_deliver_at(deliver_at: object, max_ahead: timedelta) -> None:
         )
 
 
+def _as_is(text: str) -> str:
+    return text
+
+
 def _for_postgres(params: dict[str, Any]) -> dict[str, Any]:
+    # The JSON texts _params checked, sent as they are (not dumped again).
+    headers = Jsonb(params["headers_json"], dumps=_as_is)
     if "content_type" in params:  # bytes, sent as they are
-        return {**params, "headers": Jsonb(params["headers"])}
-    return {**params, "payload": Jsonb(params["payload"]), "headers": Jsonb(params["headers"])}
+        return {**params, "headers": headers}
+    return {**params, "payload": Jsonb(params["payload_json"], dumps=_as_is), "headers": headers}
 
 
 def publish(

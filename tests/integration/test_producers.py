@@ -112,6 +112,16 @@ def test_apublish_and_a_schema_qualified_table(database_url: str) -> None:
         ({"topic": ""}, ValueError),
         ({"headers": {"a": 1}}, TypeError),
         ({"key": 5}, TypeError),
+        ({"payload": float("nan")}, ValueError),
+        ({"payload": {"a": [1, float("inf")]}}, ValueError),
+        ({"payload": {"a": "nul\x00inside"}}, ValueError),
+        ({"payload": ["\ud800 lone"]}, ValueError),
+        ({"payload": {"a": object()}}, TypeError),
+        ({"headers": {"h": "nul\x00"}}, ValueError),
+        ({"topic": "t" * 250}, ValueError),
+        ({"idempotency_key": "i" * 201}, ValueError),
+        ({"priority": 2**31}, ValueError),
+        ({"priority": -(2**31) - 1}, ValueError),
         ({"key": b"k"}, TypeError),
         ({"headers": [("a", "b")]}, TypeError),
         ({"headers": "a=b"}, TypeError),
@@ -124,11 +134,11 @@ def test_apublish_and_a_schema_qualified_table(database_url: str) -> None:
     ],
 )
 def test_bad_arguments_are_refused_before_any_sql(database_url: str, kwargs: dict[str, object], error: type) -> None:
-    args: dict[str, object] = {"topic": "t", **kwargs}
-    topic = args.pop("topic")
+    args: dict[str, object] = {"topic": "t", "payload": {}, **kwargs}
+    topic, payload = args.pop("topic"), args.pop("payload")
     with psycopg.connect(database_url) as conn:
         with pytest.raises(error):
-            producers.publish(conn, topic, {}, **args)  # type: ignore[arg-type]
+            producers.publish(conn, topic, payload, **args)  # type: ignore[arg-type]
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert count(database_url) == 0
 
@@ -209,3 +219,13 @@ def test_publish_refuses_an_async_connection_and_apublish_a_sync_one_before_any_
 
     asyncio.run(wrong_way_round())
     assert count(database_url) == 0
+
+
+@pytest.mark.parametrize(
+    "payload", [{"emoji": "\U0001f600", "cjk": "\u65e5\u672c"}, ["\\ud800 written out"], "\\u0000"]
+)
+def test_payloads_past_the_bmp_or_with_escapes_written_out_are_published(database_url: str, payload: object) -> None:
+    with psycopg.connect(database_url) as conn:
+        key = producers.publish(conn, "t", payload, headers={"h": "\U0001f600"})
+        row = conn.execute("SELECT payload, headers FROM outbox WHERE idempotency_key = %s", [key]).fetchone()
+    assert row == (payload, {"h": "\U0001f600"})
