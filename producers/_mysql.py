@@ -14,6 +14,7 @@ the event.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -67,7 +68,8 @@ def _values(params: dict[str, Any]) -> dict[str, Any]:
     return {
         **params,
         # Both drivers send bytes as a _binary literal: stored exactly, whatever the connection's charset.
-        "payload": params["payload"] if as_bytes else params["payload_json"],
+        # A value json cannot write (None from _json_text) fails here, before any SQL, as it always did.
+        "payload": params["payload"] if as_bytes else params["payload_json"] or json.dumps(params["payload"]),
         "headers": params["headers_json"],
         # DATETIME(6) holds UTC, without a zone.
         "deliver_at": deliver_at.astimezone(UTC).replace(tzinfo=None) if deliver_at is not None else None,

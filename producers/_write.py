@@ -134,27 +134,32 @@ PRIORITY_RANGE = range(-(2**31), 2**31)
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
-def _json_text(value: Any, what: str) -> str:
-    """``value`` as the JSON text the database gets, or the error the database would give, before any SQL.
+def _json_text(value: Any, what: str) -> str | None:
+    """``value`` as the JSON text the database gets; None for a value of a type only the
+    connection's own JSON dumper knows (psycopg's ``set_json_dumps``: ``Decimal``, ...).
 
-    The database refuses NaN and Infinity (no JSON), and PostgreSQL's ``jsonb``
-    a NUL character and a lone surrogate; refused there, they would abort the
-    caller's transaction.
+    Both databases refuse NaN and Infinity (no JSON) and a lone surrogate (no
+    text): refused there, they would abort the caller's transaction on
+    PostgreSQL, so they are refused here, before any SQL.
     """
     try:
         text = json.dumps(value, allow_nan=False)
     except ValueError as exc:  # NaN or Infinity ("Out of range float values ..."), or a circular reference
         raise ValueError(f"{what} cannot be written as JSON: {exc}") from None
-    except TypeError as exc:
-        raise TypeError(f"{what} is not JSON: {exc}") from None
-    if "\\u0000" in text and _NUL.search(text):
-        raise ValueError(f"{what} holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store")
+    except TypeError:
+        return None
     if "\\ud" in text:  # characters past the BMP, as surrogate pairs; rarely a lone surrogate
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError(f"{what} holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
     return text
+
+
+def _check_jsonb(text: str, what: str) -> None:
+    """Refuse what PostgreSQL's ``jsonb`` refuses and MySQL's JSON keeps: a NUL character."""
+    if "\\u0000" in text and _NUL.search(text):
+        raise ValueError(f"{what} holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store")
 
 
 def _check_deliver_at(deliver_at: object, max_ahead: timedelta) -> None:
@@ -173,12 +178,20 @@ def _as_is(text: str) -> str:
     return text
 
 
+def _jsonb(text: str | None, value: Any, what: str) -> Jsonb:
+    """``value`` for a jsonb parameter: its checked JSON ``text`` as it is (not dumped again), or,
+    without one, ``value`` for the connection's own JSON dumper."""
+    if text is None:
+        return Jsonb(value)
+    _check_jsonb(text, what)
+    return Jsonb(text, dumps=_as_is)
+
+
 def _for_postgres(params: dict[str, Any]) -> dict[str, Any]:
-    # The JSON texts _params checked, sent as they are (not dumped again).
-    headers = Jsonb(params["headers_json"], dumps=_as_is)
+    headers = _jsonb(params["headers_json"], params["headers"], "headers")
     if "content_type" in params:  # bytes, sent as they are
         return {**params, "headers": headers}
-    return {**params, "payload": Jsonb(params["payload_json"], dumps=_as_is), "headers": headers}
+    return {**params, "payload": _jsonb(params["payload_json"], params["payload"], "payload"), "headers": headers}
 
 
 def publish(

@@ -227,6 +227,7 @@ SinkConfig = KafkaSinkConfig | AmqpSinkConfig
 
 def parse_sink_url(url: str) -> SinkConfig:
     """Parse ``kafka://...`` or ``amqp(s)://...`` into a sink configuration."""
+    url = url.strip()
     if not url:
         raise ConfigError("no sink configured: set --sink or RELAY_SINK (kafka://... or amqp://...), or --route")
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
@@ -279,27 +280,33 @@ def parse_route(text: str) -> RouteConfig:
 def split_routes(text: str) -> list[str]:
     """The routes in ``RELAY_ROUTES``: separated by whitespace (spaces or newlines).
 
-    A raw space in a route's password cuts it in two, and the second piece is
-    no route: it is then kept with its route (which fails as a URL holding a
-    space) instead of being read, and echoed, as a route of its own. A piece
-    is taken for such a rest when it has no ``://`` and either holds the ``@``
-    its route lacks or follows a secret option's value.
+    A raw space in a route's password cuts it, and what follows is no route: it
+    is kept with its route (which then fails as a URL holding a space) instead
+    of being read, and echoed, as routes of its own. A piece is taken for such
+    a rest when it has no ``://`` and either its route lacks the ``@`` that this
+    piece or one after it (before the next URL) holds, or it follows a secret
+    option's value.
     """
+    chunks = text.split()
     routes: list[str] = []
-    for chunk in text.split():
-        if routes and _rest_of_a_secret(routes[-1], chunk):
+    for n, chunk in enumerate(chunks):
+        if routes and _rest_of_a_secret(routes[-1], chunk, chunks[n + 1 :]):
             routes[-1] += " " + chunk
         else:
             routes.append(chunk)
     return routes
 
 
-def _rest_of_a_secret(route: str, chunk: str) -> bool:
+def _rest_of_a_secret(route: str, chunk: str, after: Sequence[str]) -> bool:
     if "://" in chunk or "://" not in route:
         return False
     after_scheme = route.split("://", 1)[1]
-    if "@" in chunk and "@" not in after_scheme:
-        return True
+    if "@" not in after_scheme:
+        for piece in (chunk, *after):
+            if "://" in piece:
+                break
+            if "@" in piece:
+                return True
     last_option = after_scheme.rpartition("?")[2].rpartition("&")[2]
     name, equals, _ = last_option.partition("=")
     return bool(equals) and "=" not in chunk and is_secret_option(name)
@@ -436,6 +443,7 @@ def is_mysql_url(url: str) -> bool:
 
 def check_database_url(url: str) -> str:
     """Return ``url`` if it looks like a libpq URL or keyword string, or a ``mysql://`` URL."""
+    url = url.strip()  # a value read from a file often ends in a line break
     if not url:
         raise ConfigError("no database configured: set --database-url, RELAY_DATABASE_URL or DATABASE_URL")
     if "://" in url:

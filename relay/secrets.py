@@ -68,14 +68,17 @@ _NAMES_NOT_SCRUBBED = frozenset({"sasl.username"})
 #: A secret cut at these characters (by a parser that took a raw one for a
 #: delimiter) may be echoed in pieces; pieces this long or longer are scrubbed.
 _DELIMITERS = re.compile(r"[/?#@:&=;,\s]+")
-_DELIMITER_GROUPS = re.compile(r"([/?#@:&=;,\s]+)")
+_URL_DELIMITER_GROUPS = re.compile(r"([/?#@:&=;,]+)")
+#: Runs of pieces are made of secrets up to this long, of at most this many pieces.
+SPAN_FORM_MAX_CHARS = 128
+SPAN_MAX_PIECES = 6
 MIN_PIECE_CHARS = 4
 # ``name=value`` in a URL query or a libpq keyword string; a quoted value may hold spaces.
 _OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>'(?:\\.|[^'\\])*'|[^&\s#;]*)")
 _AUTHORITY_END = re.compile(r"[/?#]")
 _QUERY_START = re.compile(r"[?]")
 #: After a secret option's value: chunks cut off by a raw '&' or space, each without '=' (so not an option).
-_CONTINUATION = re.compile(r"(?:[&\s]+[^&\s=#;]+(?=[&\s]|$))+")
+_CONTINUATION = re.compile(r"(?:[&\s]+[^&\s=#;]+(?=[&\s]|$)(?!\s*=))+")
 _CUTS = "& \t\r\n"
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
@@ -85,8 +88,11 @@ def ambiguity(url: str) -> str | None:
 
     A password (or a value) holding a raw ``/``, ``?``, ``#`` or a space is cut
     there by every parser, each in its own place, and their errors then echo the
-    pieces. A libpq keyword string (no ``scheme://``) is not judged here.
+    pieces. An ``@`` after the authority is taken for such a cut unless it lies
+    in the query of a URL whose hosts read as hosts (``?sasl.username=me@corp``).
+    A libpq keyword string (no ``scheme://``) is not judged here.
     """
+    url = url.strip()
     if not _SCHEME.match(url):
         return None
     if any(c.isspace() for c in url):
@@ -95,12 +101,27 @@ def ambiguity(url: str) -> str | None:
     # The relay reads a kafka:// URL's hosts up to the '?' itself: a raw '/' or '#' in its password is read right.
     kafka = scheme.lower() == "kafka"
     at, end = rest.rfind("@"), (_QUERY_START if kafka else _AUTHORITY_END).search(rest)
-    if at >= 0 and end is not None and end.start() < at and "=" not in rest[end.start() : at]:
+    if at >= 0 and end is not None and end.start() < at and not _query_at(rest, end.start(), at):
         after = "'?'" if kafka else "'/', '?' or '#'"
         return f"has an '@' after {after}: percent-encode those in a password or user (/ %2F, ? %3F, # %23, @ %40)"
     if "#" in rest and not kafka:
         return "holds a '#', which ends a URL: percent-encode it (%23) in a password or a value"
     return None
+
+
+def _query_at(rest: str, end: int, at: int) -> bool:
+    """Whether the ``@`` at ``at`` is in a query's ``name=value`` (an e-mail), not past a cut password."""
+    stretch = rest[end:at]
+    query = stretch.find("?")
+    if query < 0 or "=" not in stretch[query:] or "#" in stretch[:query]:
+        return False
+    authority = rest[:end]
+    hosts = authority.rpartition("@")[2].split(",")
+    # "user:pass" read as a host: its "port" is no number.
+    return all(not host or host.startswith("[") or _HOST.match(host) for host in hosts)
+
+
+_HOST = re.compile(r"^[^:/?#@\[\]]*(?::\d*)?$")
 
 
 def normalise_option(name: str) -> str:
@@ -197,12 +218,17 @@ def spellings(secret: str) -> set[str]:
 
 
 def _spans(form: str) -> set[str]:
-    """The runs of whole pieces of ``form`` with the delimiters between them (``ss/w:rd`` of
+    """The runs of whole pieces of ``form`` with the URL delimiters between them (``ss/w:rd`` of
     ``p@ss/w:rd#1``): a parser that cut the secret elsewhere echoes such a run, whose pieces
-    alone are too short to scrub."""
-    parts = _DELIMITER_GROUPS.split(form)  # piece, delimiters, piece, ...
-    pieces = range(0, len(parts), 2)
-    runs = {"".join(parts[i : j + 1]) for i in pieces for j in pieces if j > i}
+    alone are too short to scrub. Not across spaces (a passphrase's "to the" is any text's), and
+    only for a password-sized ``form`` (a PEM's runs would number in the millions)."""
+    if len(form) > SPAN_FORM_MAX_CHARS:
+        return set()
+    runs: set[str] = set()
+    for word in form.split():
+        parts = _URL_DELIMITER_GROUPS.split(word)  # piece, delimiters, piece, ...
+        pieces = range(0, len(parts), 2)
+        runs |= {"".join(parts[i : j + 1]) for i in pieces for j in pieces if i < j <= i + 2 * SPAN_MAX_PIECES}
     return {run for run in runs if len(run) >= MIN_PIECE_CHARS}
 
 

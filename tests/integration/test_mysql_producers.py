@@ -164,10 +164,8 @@ def test_apublish_with_asyncmy_and_a_table_in_another_database(mysql_url: str, m
         ({"key": 5}, TypeError),
         ({"payload": float("nan")}, ValueError),
         ({"payload": {"a": [1, float("inf")]}}, ValueError),
-        ({"payload": {"a": "nul\x00inside"}}, ValueError),
         ({"payload": ["\ud800 lone"]}, ValueError),
         ({"payload": {"a": object()}}, TypeError),
-        ({"headers": {"h": "nul\x00"}}, ValueError),
         ({"topic": "t" * 250}, ValueError),
         ({"idempotency_key": "i" * 201}, ValueError),
         ({"priority": 2**31}, ValueError),
@@ -214,3 +212,17 @@ def test_publish_refuses_asyncmy_and_apublish_pymysql_before_any_sql(mysql_url: 
 
     asyncio.run(wrong_way_round())
     assert count(mysql_url) == 0
+
+
+def test_a_nul_character_is_kept_on_mysql(mysql_url: str) -> None:
+    # MySQL's and MariaDB's JSON keep what PostgreSQL's jsonb refuses (producers refuses it there only).
+    conn = mysql_support.connect(mysql_url)
+    try:
+        key = producers.publish(conn, "t", {"a": "nul\x00inside"}, headers={"h": "x\x00y"})
+    finally:
+        conn.close()
+    [(payload, headers)] = mysql_support.execute(
+        mysql_url, "SELECT payload, headers FROM outbox WHERE idempotency_key = %s", [key]
+    )
+    assert json.loads(payload) == {"a": "nul\x00inside"}
+    assert json.loads(headers) == {"h": "x\x00y"}

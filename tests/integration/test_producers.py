@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
 
 import psycopg
+import psycopg.types.json
 import pytest
 
 import producers
@@ -139,7 +142,9 @@ def test_bad_arguments_are_refused_before_any_sql(database_url: str, kwargs: dic
     with psycopg.connect(database_url) as conn:
         with pytest.raises(error):
             producers.publish(conn, topic, payload, **args)  # type: ignore[arg-type]
-        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        # Nothing reached the table, and the caller's transaction goes on (psycopg may have begun it).
+        assert conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR
+        assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
     assert count(database_url) == 0
 
 
@@ -229,3 +234,11 @@ def test_payloads_past_the_bmp_or_with_escapes_written_out_are_published(databas
         key = producers.publish(conn, "t", payload, headers={"h": "\U0001f600"})
         row = conn.execute("SELECT payload, headers FROM outbox WHERE idempotency_key = %s", [key]).fetchone()
     assert row == (payload, {"h": "\U0001f600"})
+
+
+def test_a_connection_s_own_json_dumper_still_writes_what_json_cannot(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        psycopg.types.json.set_json_dumps(lambda value: json.dumps(value, default=str), conn)
+        key = producers.publish(conn, "t", {"amount": Decimal("1.50")})
+        row = conn.execute("SELECT payload FROM outbox WHERE idempotency_key = %s", [key]).fetchone()
+    assert row == ({"amount": "1.50"},)

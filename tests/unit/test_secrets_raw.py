@@ -9,6 +9,8 @@ and in the relay's own messages.
 from __future__ import annotations
 
 import re
+import time
+from urllib.parse import quote
 
 import pytest
 
@@ -137,3 +139,57 @@ def test_malformed_pika_options_are_a_config_error_without_their_text(options: s
     with pytest.raises(ConfigError) as caught:
         connection_parameters(url, 5.0, 30, 5.0)
     assert "Qzxj" not in str(caught.value) and "qzxj" not in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://app:Xy/9Zq==@127.0.0.1/vh",  # base64: a '/' and a trailing '=' that looks like a query's
+        "postgresql://app:Xy/9Zq==@127.0.0.1/shop",
+        "kafka://app:qz?xj=wk@127.0.0.1:9092",
+    ],
+)
+def test_an_equals_sign_in_a_cut_password_does_not_pass_for_a_query(url: str) -> None:
+    assert ambiguity(url) is not None
+    error = refuse(url)
+    assert not shows_any(str(error), url.split("://")[1].rsplit("@", 1)[0].split(":", 1)[1]), error
+
+
+def test_a_password_cut_by_two_spaces_stays_with_its_route() -> None:
+    routes = split_routes("a.*=amqp://u:qzxj vqkw wkzq@127.0.0.1/vh  b.*=kafka://127.0.0.1:9092")
+    assert routes == ["a.*=amqp://u:qzxj vqkw wkzq@127.0.0.1/vh", "b.*=kafka://127.0.0.1:9092"]
+    with pytest.raises(ConfigError) as caught:
+        parse_route(routes[0])
+    assert not shows_any(str(caught.value), "qzxj vqkw wkzq"), caught.value
+
+
+def test_keyword_options_with_spaces_around_the_equals_sign_are_not_taken_for_a_secret() -> None:
+    found = secrets_in("host=db password=s3cretpw dbname = shop user = app sslmode= require")
+    assert found == ["s3cretpw"]
+    said = 'password authentication failed for user "app" on dbname shop'
+    assert Scrubber(found)(said) == said
+
+
+def test_a_passphrase_does_not_mask_common_words() -> None:
+    scrub = Scrubber(["fly me to the moon"])
+    assert scrub("could not connect to the server") == "could not connect to the server"
+    assert "moon" not in scrub("password fly me to the moon was refused")
+
+
+def test_a_long_secret_option_makes_a_small_scrubber_at_once() -> None:
+    pem = "-----BEGIN CERTIFICATE-----\n" + "\n".join(["MIIDdzCCAl+gAwIBAgIEAgAAuTANBgkqhkiG9w0BAQUFADBa"] * 60)
+    started = time.perf_counter()
+    scrub = Scrubber(secrets_in("kafka://127.0.0.1:9092?ssl.ca.pem=" + quote(pem, safe="")))
+    assert time.perf_counter() - started < 1.0
+    assert "MIIDdzCCAl" not in scrub("bad pem: " + "\n".join(pem.splitlines()[:3]))
+
+
+@pytest.mark.parametrize(
+    "url", ["amqp://u:p@127.0.0.1:5672/vh\n", "  kafka://127.0.0.1:9092 ", "postgresql://u@127.0.0.1/db\r\n"]
+)
+def test_surrounding_whitespace_from_a_secret_file_is_dropped(url: str) -> None:
+    assert ambiguity(url) is None
+    if url.strip().startswith("postgresql"):
+        assert check_database_url(url) == url.strip()
+    else:
+        parse_sink_url(url)

@@ -98,7 +98,9 @@ class MySQLStore(MySQLAdmin):
         # byte cap, read once the claim has chosen (a claim of big events reads no more than its cap of them).
         inline_bytes = UNBOUNDED_BYTES if max_bytes is None else max(INLINE_BYTES_AT_LEAST, max_bytes // limit)
 
-        async def lease(cur: Any) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]], int]:
+        async def lease(
+            cur: Any,
+        ) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]], dict[int, str]]:
             params = {"max_attempts": max_attempts, "limit": limit, "inline_bytes": inline_bytes}
             await cur.execute(queries["claim_candidates"], params)
             rows = {r["id"]: r for r in rows_of(cur, await cur.fetchall())}
@@ -138,11 +140,11 @@ class MySQLStore(MySQLAdmin):
                 await cur.execute(queries["claim_tails"], {"ids": wanted, "mine": mine})
                 flying = {row[0] for row in await cur.fetchall()}
             chosen = planner.runs(candidates, unsent, tails, flying)
-            buried = await self._bury_unusable(cur, chosen, candidates, unusable) if unusable else 0
+            buried = await self._bury_unusable(cur, chosen, candidates, unusable) if unusable else {}
             placed = planner.within_bytes([c for c in candidates if c.id in chosen], max_bytes)
             late = tuple(c.id for c in placed if not rows[c.id]["inline"])
             if late:
-                buried += await self._read_late_payloads(cur, late, rows, chosen, placed)
+                buried |= await self._read_late_payloads(cur, late, rows, chosen, placed)
                 placed = [c for c in placed if c.id in chosen]
             if placed:
                 await cur.execute(
@@ -156,12 +158,22 @@ class MySQLStore(MySQLAdmin):
                 )
             return [(c, chosen[c.id]) for c in placed], rows, buried
 
-        async def work(cur: Any) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]], int]:
+        async def work(
+            cur: Any,
+        ) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]], dict[int, str]]:
             # The rows were read locked, so they are what the commit leases: no read by token after it.
             return await transaction(cur, lambda: lease(cur))
 
         try:
             placed, rows, buried = await self._db.call("main", work)
+            # Logged once committed: a claim retried after a deadlock buries its rows again.
+            for event_id, problem in buried.items():
+                logger.warning(
+                    "dead-lettered event %d at its claim: %s",
+                    event_id,
+                    problem,
+                    extra={"action": "dead_letter", "event_id": event_id},
+                )
         except StoreUnavailable as exc:
             if exc.__cause__ is not None and error_code(exc.__cause__) in STATEMENT_TIMEOUT:
                 raise ClaimTimeout(f"claiming up to {limit} events: {exc}") from exc
@@ -173,7 +185,7 @@ class MySQLStore(MySQLAdmin):
         ]
         priority = {c.id: c.priority for c, _ in placed}
         events = in_key_order(events, lambda e: (-priority[e.id], e.id), event=lambda e: e)
-        return Claim(token=token, events=events, reaped=sum(1 for e in events if e.id in reaped), buried=buried)
+        return Claim(token=token, events=events, reaped=sum(1 for e in events if e.id in reaped), buried=len(buried))
 
     async def _read_late_payloads(
         self,
@@ -182,9 +194,9 @@ class MySQLStore(MySQLAdmin):
         rows: dict[int, dict[str, Any]],
         chosen: dict[int, bool],
         placed: Sequence[planner.Candidate],
-    ) -> int:
+    ) -> dict[int, str]:
         """Read the payloads of ``ids`` (chosen rows the locking read left them out of) into ``rows``;
-        dead-letter those no event can be made of as :meth:`_bury_unusable` does. How many."""
+        dead-letter those no event can be made of as :meth:`_bury_unusable` does (and say which)."""
         await cur.execute(self._db.queries["claim_payloads"], {"ids": ids})
         unusable: dict[int, str] = {}
         for event_id, payload, payload_bytes in await cur.fetchall():
@@ -193,15 +205,16 @@ class MySQLStore(MySQLAdmin):
             problem = _unusable(row, check_payload=self._db.mariadb)
             if problem is not None:
                 unusable[event_id] = problem
-        return await self._bury_unusable(cur, chosen, placed, unusable) if unusable else 0
+        return await self._bury_unusable(cur, chosen, placed, unusable) if unusable else {}
 
     async def _bury_unusable(
         self, cur: Any, chosen: dict[int, bool], candidates: Sequence[planner.Candidate], unusable: dict[int, str]
-    ) -> int:
+    ) -> dict[int, str]:
         """Dead-letter the chosen rows no event can be made of, and take them out of ``chosen``
-        with the rest of their key's run: those stay pending, parked behind the dead letter. How many."""
+        with the rest of their key's run: those stay pending, parked behind the dead letter.
+        The rows dead-lettered, with why."""
         cut: set[str] = set()
-        buried = 0
+        buried: dict[int, str] = {}
         for candidate in sorted(candidates, key=lambda c: c.id):
             if candidate.id not in chosen:
                 continue
@@ -214,13 +227,8 @@ class MySQLStore(MySQLAdmin):
             del chosen[candidate.id]
             if candidate.key is not None:
                 cut.add(candidate.key)
-            buried += await cur.execute(self._db.queries["claim_bury"], {"id": candidate.id, "error": problem})
-            logger.warning(
-                "dead-lettered event %d at its claim: %s",
-                candidate.id,
-                problem,
-                extra={"action": "dead_letter", "event_id": candidate.id},
-            )
+            if await cur.execute(self._db.queries["claim_bury"], {"id": candidate.id, "error": problem}):
+                buried[candidate.id] = problem
         return buried
 
     @staticmethod
