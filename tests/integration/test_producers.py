@@ -16,6 +16,7 @@ import producers
 from relay.config import TableName
 from relay.errors import ConfigError
 from relay.store.migrate import migrate
+from tests.producer_cases import BAD_ARGUMENTS
 
 
 def count(url: str, table: str = "outbox") -> int:
@@ -112,27 +113,10 @@ def test_apublish_and_a_schema_qualified_table(database_url: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
-        ({"topic": ""}, ValueError),
-        ({"headers": {"a": 1}}, TypeError),
-        ({"key": 5}, TypeError),
-        ({"payload": float("nan")}, ValueError),
-        ({"payload": {"a": [1, float("inf")]}}, ValueError),
+        *BAD_ARGUMENTS,
+        # PostgreSQL's jsonb refuses a NUL character (MySQL's JSON keeps it).
         ({"payload": {"a": "nul\x00inside"}}, ValueError),
-        ({"payload": ["\ud800 lone"]}, ValueError),
-        ({"payload": {"a": object()}}, TypeError),
         ({"headers": {"h": "nul\x00"}}, ValueError),
-        ({"topic": "t" * 250}, ValueError),
-        ({"idempotency_key": "i" * 201}, ValueError),
-        ({"priority": 2**31}, ValueError),
-        ({"priority": -(2**31) - 1}, ValueError),
-        ({"key": b"k"}, TypeError),
-        ({"headers": [("a", "b")]}, TypeError),
-        ({"headers": "a=b"}, TypeError),
-        ({"idempotency_key": b"id"}, TypeError),
-        ({"idempotency_key": 5.0}, TypeError),
-        ({"idempotency_key": True}, TypeError),
-        ({"idempotency_key": ["id"]}, TypeError),
-        ({"deliver_at": datetime(2030, 1, 1)}, ValueError),
         ({"table": 'outbox"; drop table outbox;--'}, ConfigError),
     ],
 )
