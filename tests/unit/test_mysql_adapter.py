@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from datetime import datetime
 
 import pytest
 from asyncmy import errors as my_errors
@@ -13,6 +14,7 @@ from relay.store.mysql import BinlogUnsafe, MySQLAdmin, Target, check_binlog
 from relay.store.mysql.connection import session_settings, translate
 from relay.store.mysql.runs import Candidate, Tail, Unsent, runs, unsent_of, within_bytes
 from relay.store.mysql.sql import identifiers, queries, statements
+from relay.store.mysql.store import MySQLStore, _unusable
 
 URL = "mysql://app:s3cr%40t@db.example:3307/shop"
 TABLE = TableName.parse("outbox")
@@ -154,3 +156,12 @@ def test_the_byte_cap_keeps_at_least_one_and_cuts_a_run_never_holes_it() -> None
     placed = [c(1, "k", bytes=100), c(2, None, bytes=100), c(3, "k", bytes=100)]
     assert [x.id for x in within_bytes(placed, 150)] == [1, 2]
     assert [x.id for x in within_bytes(placed, None)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("payload", ['{"a": "\u00e9"}', '{"a": "\u00e9"}'.encode(), bytearray(b'{"a": 1}')])
+def test_a_json_payload_given_as_text_or_bytes_becomes_the_same_utf8(payload: str | bytes) -> None:
+    row = {"id": 1, "topic": "t", "key": None, "payload": payload, "payload_bytes": None, "headers": "{}",
+           "idempotency_key": b"i", "created_at": datetime(2026, 1, 1), "content_type": None}  # fmt: skip
+    assert _unusable(row, check_payload=True) is None
+    event = MySQLStore._event(row, chained=False, attempts=1)
+    assert event.payload == (payload.encode() if isinstance(payload, str) else bytes(payload))

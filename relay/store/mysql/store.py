@@ -241,7 +241,7 @@ class MySQLStore(MySQLAdmin):
             topic=row["topic"],
             key=row["key"],
             # JSON as text, or (payload NULL) bytes as they are, with their content type.
-            payload=payload.encode() if payload is not None else bytes(row["payload_bytes"]),
+            payload=bytes(row["payload_bytes"]) if payload is None else _utf8(payload),
             headers={name: value if isinstance(value, str) else json.dumps(value) for name, value in headers.items()},
             idempotency_key=text(row["idempotency_key"]),
             attempts=attempts,
@@ -401,3 +401,8 @@ def _finite(value: Any) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _utf8(json_text: str | bytes) -> bytes:
+    """A JSON payload's text as UTF-8: a driver may give it as bytes where the server typed it binary."""
+    return json_text.encode() if isinstance(json_text, str) else bytes(json_text)
