@@ -200,9 +200,9 @@ class MySQLStore(MySQLAdmin):
         await cur.execute(self._db.queries["claim_payloads"], {"ids": ids})
         unusable: dict[int, str] = {}
         for event_id, payload, payload_bytes in await cur.fetchall():
-            row = rows[event_id]
-            row["payload"], row["payload_bytes"] = payload, payload_bytes
-            problem = _unusable(row, check_payload=self._db.mariadb)
+            rows[event_id]["payload"], rows[event_id]["payload_bytes"] = payload, payload_bytes
+            # The rest of the row was checked with the locking read's rows (_unusable).
+            problem = _payload_problem(payload) if self._db.mariadb else None
             if problem is not None:
                 unusable[event_id] = problem
         return await self._bury_unusable(cur, chosen, placed, unusable) if unusable else {}
@@ -385,12 +385,17 @@ def _unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
             if not isinstance(value, str) and not _finite(value):
                 return f"header {name[:100]!r} is a number JSON cannot carry (it parses as {value!r})"
         row["headers_parsed"] = parsed
-    payload = row["payload"]
-    if check_payload and payload is not None:
-        try:
-            json.loads(payload)
-        except ValueError as exc:
-            return f"payload is not valid JSON, though the database took it: {exc}"
+    return _payload_problem(row["payload"]) if check_payload else None
+
+
+def _payload_problem(payload: str | bytes | None) -> str | None:
+    """Why a JSON payload MariaDB took is no JSON (None: it is, or the row has a bytes payload)."""
+    if payload is None:
+        return None
+    try:
+        json.loads(payload)
+    except ValueError as exc:
+        return f"payload is not valid JSON, though the database took it: {exc}"
     return None
 
 
