@@ -141,7 +141,8 @@ def cmd_purge(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """``outbox-relay replay``."""
-    if not (args.all or args.since or args.until or args.key or args.topic):
+    # An empty key is a key (publish() takes one): given, it selects, as with requeue.
+    if not (args.all or args.since or args.until or args.key is not None or args.topic is not None):
         raise ConfigError("replay needs --since, --until, --key, --topic or --all")
 
     selection = ReplayFilter(since=args.since, until=args.until, key=args.key, topic=args.topic, all=args.all)

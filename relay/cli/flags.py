@@ -83,6 +83,13 @@ def timestamp(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+def topic(text: str) -> str:
+    """A topic to select events by: never empty, as no event's topic is (the table refuses one)."""
+    if not text:
+        raise argparse.ArgumentTypeError("no event has an empty topic")
+    return text
+
+
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 

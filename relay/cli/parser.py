@@ -18,6 +18,7 @@ from relay.cli.flags import (
     seconds,
     switch_default,
     timestamp,
+    topic,
 )
 from relay.config import split_routes
 
@@ -241,8 +242,8 @@ def _add_admin_commands(commands: Commands) -> None:
     requeue = _command(commands, "requeue")
     which = requeue.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", type=positive_int, help="one event by id")
-    which.add_argument("--topic", help="every dead-lettered event of a topic")
-    which.add_argument("--key", help="every dead-lettered event of a key")
+    which.add_argument("--topic", type=topic, help="every dead-lettered event of a topic")
+    which.add_argument("--key", help="every dead-lettered event of a key ('' is a key)")
     which.add_argument("--all", action="store_true", help="every dead-lettered event")
     env_switch(requeue, "--json", default=False, help="print the requeued ids as JSON")
 
@@ -268,7 +269,7 @@ def _add_admin_commands(commands: Commands) -> None:
     replay = _command(commands, "replay")
     replay.add_argument("--since", type=timestamp, help="sent at or after this ISO-8601 time")
     replay.add_argument("--until", type=timestamp, help="sent before this ISO-8601 time")
-    replay.add_argument("--key", help="only this key")
-    replay.add_argument("--topic", help="only this topic")
+    replay.add_argument("--key", help="only this key ('' is a key)")
+    replay.add_argument("--topic", type=topic, help="only this topic")
     replay.add_argument("--all", action="store_true", help="every kept event (required when no filter is given)")
     env_switch(replay, "--json", default=False, help="print the replayed ids as JSON")

@@ -160,3 +160,28 @@ def test_one_role_for_the_relay_and_the_writers_is_refused_before_any_change(dat
     assert "Traceback" not in result.stderr
     with psycopg.connect(database_url) as conn:
         assert conn.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", [role]).fetchone() == (0,)
+
+
+def test_an_empty_key_selects_and_an_empty_topic_is_refused(database_url: str) -> None:
+    # publish() takes "" as a key, so requeue and replay select by it; no event has an empty topic.
+    with psycopg.connect(database_url) as conn:
+        for key in ("", "k", None):
+            conn.execute(
+                "INSERT INTO outbox (topic, key, payload, state, published_at) VALUES ('t', %s, '{}', 'sent', now())",
+                (key,),
+            )
+            conn.execute(
+                "INSERT INTO outbox (topic, key, payload, state, last_error, failed_at)"
+                " VALUES ('t', %s, '{}', 'failed', 'boom', now())",
+                (key,),
+            )
+    replayed = cli("replay", "--key", "", "--json", "--database-url", database_url)
+    requeued = cli("requeue", "--key", "", "--json", "--database-url", database_url)
+    assert replayed.returncode == 0 and requeued.returncode == 0, replayed.stderr + requeued.stderr
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute("SELECT key, state, count(*) FROM outbox GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
+    assert len(json.loads(replayed.stdout)["replayed"]) == 1 and len(json.loads(requeued.stdout)["requeued"]) == 1
+    assert rows == [("", "pending", 2), ("k", "failed", 1), ("k", "sent", 1), (None, "failed", 1), (None, "sent", 1)]
+    for command in ("replay", "requeue"):
+        refused = cli(command, "--topic", "", "--database-url", database_url)
+        assert refused.returncode == 2 and "no event has an empty topic" in refused.stderr, refused.stderr
