@@ -101,6 +101,8 @@ DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregatetype}"
 _TOPIC_TEMPLATE_RE = re.compile(r"^(?:[A-Za-z0-9._-]|\{aggregatetype\})+$")
 _FIELD_HEADER_RE = re.compile(rf"^({_IDENT})=([^\s=]+)$")
 TABLE_LAYOUTS = ("native", "debezium")
+#: Headers every record of a Debezium table carries from the row itself: no column may stand in.
+DEBEZIUM_RESERVED_HEADERS = ("id", "idempotency-key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +137,11 @@ class TableLayout:
             match = _FIELD_HEADER_RE.match(text)
             if match is None:
                 raise ConfigError(f"invalid field header {text[:80]!r}: use COLUMN=HEADER, e.g. type=eventType")
+            if match.group(2).lower() in DEBEZIUM_RESERVED_HEADERS:
+                raise ConfigError(
+                    f"invalid field header {text[:80]!r}: the header {match.group(2)!r} is the relay's own "
+                    "(id is the event id, idempotency-key the key consumers drop duplicates by)"
+                )
             pairs.append((match.group(1), match.group(2)))
         return cls(name, template, tuple(pairs))
 

@@ -5,7 +5,7 @@ calls it once per event on the hot path. The CloudEvents encoders follow the
 Kafka protocol binding and, as far as AMQP 0-9-1 headers allow, the AMQP
 binding. The attributes come from the row's columns: ``id`` the idempotency
 key, ``type`` the topic, ``time`` the creation time, ``partitionkey`` the key
-(none when null), ``traceparent`` and ``tracestate`` the row's W3C trace
+(none when null or empty: the extension must not be empty), ``traceparent`` and ``tracestate`` the row's W3C trace
 context headers. Binary mode never parses the payload: the attributes go in
 headers. Structured mode wraps the payload, as it is, in a JSON envelope: a
 JSON payload as ``data``, raw bytes as ``data_base64``. docs/cloudevents.md
@@ -32,6 +32,9 @@ DEFAULT_EVENT_SOURCE = "/outbox-relay"
 TRACE_HEADERS = ("traceparent", "tracestate")
 KAFKA_PREFIX = "ce_"
 AMQP_PREFIX = "cloudEvents:"
+#: What the AMQP binding's readers take as attributes: ``cloudEvents:`` and, for JMS, ``cloudEvents_``
+#: (the CNCF SDK reads both, the later one winning), so a row header may start with neither.
+AMQP_ATTRIBUTE_PREFIXES = (AMQP_PREFIX, "cloudEvents_")
 CONTENT_TYPE_HEADER = "content-type"
 
 #: A Kafka message: the value and the headers, as confluent-kafka's ``produce`` takes them.
@@ -88,7 +91,7 @@ def envelope_encoder(source: str) -> Callable[[Event], bytes]:
     def encode(event: Event) -> bytes:
         parts = [head, ',"id":', _json_string(event.idempotency_key), ',"type":', _json_string(event.topic)]
         parts += [',"time":"', clock(event.created_at), '"']
-        if event.key is not None:
+        if event.key:
             parts += [',"partitionkey":', _json_string(event.key)]
         if event.headers:
             for name, value in _trace_context(event.headers):
@@ -97,6 +100,9 @@ def envelope_encoder(source: str) -> Callable[[Event], bytes]:
             parts += [',"datacontenttype":', _json_string(event.content_type), ',"data_base64":"']
             parts += [base64.b64encode(event.payload).decode("ascii"), '"}']
             return "".join(parts).encode()
+        if not event.payload:  # no data (a Debezium row's null payload): no data attributes either
+            parts.append("}")
+            return "".join(parts).encode()
         parts.append(',"datacontenttype":"application/json","data":')
         return b"".join(("".join(parts).encode(), event.payload, b"}"))
 
@@ -104,19 +110,22 @@ def envelope_encoder(source: str) -> Callable[[Event], bytes]:
 
 
 def _own_headers(event: Event, clashes: Callable[[str], bool]) -> list[tuple[str, str]]:
-    """The relay's headers (the row's and ``idempotency-key``) but those a binding's headers replace."""
+    """The relay's headers (the row's and ``idempotency-key``) but those a binding's headers replace:
+    ``clashes`` must take ``idempotency-key`` too, so that a message carries the relay's alone."""
     pairs = [(name, value) for name, value in event.headers.items() if not clashes(name)] if event.headers else []
     pairs.append((IDEMPOTENCY_HEADER, event.idempotency_key))
     return pairs
 
 
 def _kafka_clash(name: str) -> bool:
+    # A row's idempotency-key gives way to the relay's, as in the native shape: Kafka headers
+    # are a list, and a consumer reading the first of two would take the row's.
     lower = name.lower()
-    return lower == CONTENT_TYPE_HEADER or lower.startswith(KAFKA_PREFIX)
+    return lower == CONTENT_TYPE_HEADER or lower.startswith(KAFKA_PREFIX) or name == IDEMPOTENCY_HEADER
 
 
 def _amqp_clash(name: str) -> bool:
-    return name.startswith(AMQP_PREFIX)
+    return name.startswith(AMQP_ATTRIBUTE_PREFIXES) or name == IDEMPOTENCY_HEADER
 
 
 def kafka_native(event: Event) -> KafkaMessage:
@@ -161,9 +170,10 @@ def kafka_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> KafkaEn
             source_header,
             ("ce_type", event.topic),
             ("ce_time", clock(event.created_at)),
-            (CONTENT_TYPE_HEADER, event.content_type or JSON_CONTENT_TYPE),
         ]
-        if event.key is not None:
+        if event.payload or event.content_type is not None:  # no data, no datacontenttype
+            headers.append((CONTENT_TYPE_HEADER, event.content_type or JSON_CONTENT_TYPE))
+        if event.key:
             headers.append(("ce_partitionkey", event.key))
         if event.headers:
             headers += [(KAFKA_PREFIX + name, value) for name, value in _trace_context(event.headers)]
@@ -200,7 +210,7 @@ def amqp_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> AmqpEnco
             "cloudEvents:type": event.topic,
             "cloudEvents:time": clock(event.created_at),
         }
-        if event.key is not None:
+        if event.key:
             headers["cloudEvents:partitionkey"] = event.key
         if event.headers:
             headers.update((AMQP_PREFIX + name, value) for name, value in _trace_context(event.headers))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections import defaultdict
@@ -103,9 +104,10 @@ def test_a_debezium_table_is_relayed_with_the_event_routers_topics_keys_values_a
     ("payload_type", "payload", "value", "content_type"),
     [
         ("json", '{"b":  1, "a": 2}', b'{"b":  1, "a": 2}', None),  # json keeps the text as written
-        ("text", "plain text, not JSON: é", "plain text, not JSON: é".encode(), None),
+        ("text", "plain text, not JSON: é", "plain text, not JSON: é".encode(), b"text/plain; charset=utf-8"),
         ("bytea", b"\x00\xff\x80", b"\x00\xff\x80", b"application/octet-stream"),
         ("jsonb", None, b"", None),  # a null payload: an empty value, not a tombstone
+        ("text", None, b"", None),
     ],
 )
 def test_every_payload_type_goes_out_as_written(
@@ -122,6 +124,40 @@ def test_every_payload_type_goes_out_as_written(
         (message,) = consume(kafka_bootstrap, f"shop.{kind}.events", count=1)
     assert (message.key, message.value, message.headers.get("id")) == (b"k", value, str(event_id).encode())
     assert message.headers.get("content-type") == content_type
+
+
+@pytest.mark.parametrize(
+    ("payload_type", "payload", "data"),
+    [
+        ("jsonb", '{"a": [1, "é"]}', {"a": [1, "é"]}),
+        ("json", "[1,  2]", [1, 2]),
+        ("text", "hello world", b"hello world"),  # not JSON: as bytes, in data_base64
+        ("text", "", b""),
+        ("text", None, None),  # a null payload: an event without data
+        ("jsonb", None, None),
+        ("json", None, None),
+        ("bytea", b"\x00\xff", b"\x00\xff"),
+    ],
+)
+def test_structured_cloudevents_from_every_payload_type_are_json_documents(
+    database_url: str, kafka_bootstrap: str, payload_type: str, payload: object, data: object
+) -> None:
+    kind = f"T{uuid.uuid4().hex[:8]}"
+    execute(database_url, CREATE.format(name="events", payload=payload_type))
+    migrate(database_url, "events")
+    execute(database_url, INSERT.format(name="events"), [uuid.uuid4(), kind, "k", "Done", payload])
+    layout = TableLayout.parse("debezium", topic_template="ce.{aggregatetype}")
+    sink = f"kafka://{kafka_bootstrap}?format=cloudevents-structured"
+    with RelayThread(database_url, sink, table="events", layout=layout):
+        wait_until(lambda: execute(database_url, "SELECT count(*) FROM events") == [(0,)])
+        (message,) = consume(kafka_bootstrap, f"ce.{kind}", count=1)
+    envelope = json.loads(message.value)
+    if data is None:
+        assert "data" not in envelope and "data_base64" not in envelope and "datacontenttype" not in envelope
+    elif isinstance(data, bytes):
+        assert base64.b64decode(envelope["data_base64"]) == data
+    else:
+        assert envelope["data"] == data and envelope["datacontenttype"] == "application/json"
 
 
 def test_migrate_adds_only_the_relays_columns_and_never_rewrites_the_table(database_url: str) -> None:

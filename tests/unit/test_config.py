@@ -154,6 +154,11 @@ def test_table_layouts_and_their_options() -> None:
         ("debezium", {"topic_template": "x.{type}"}, "invalid topic template"),  # one placeholder only
         ("debezium", {"field_headers": ["type"]}, "invalid field header"),
         ("debezium", {"field_headers": ["ty pe=x"]}, "invalid field header"),
+        # The headers every record carries from the row itself: a column standing in would replace them.
+        ("debezium", {"field_headers": ["type=id"]}, "is the relay's own"),
+        ("debezium", {"field_headers": ["type=ID"]}, "is the relay's own"),
+        ("debezium", {"field_headers": ["aggregateid=idempotency-key"]}, "is the relay's own"),
+        ("debezium", {"field_headers": ["type=eventType", "tenant=Idempotency-Key"]}, "is the relay's own"),
     ],
 )
 def test_bad_table_layouts_are_refused(name: str, options: dict[str, Any], needle: str) -> None:

@@ -210,3 +210,59 @@ def test_amqp_frames_are_pikas_byte_for_byte_in_every_format(chosen: Format) -> 
     expected = [frame.Method(3, publish).marshal(), frame.Header(3, len(body), properties).marshal()]
     expected.append(frame.Body(3, body).marshal())
     assert publish_frames(3, "ex", e, BODY_MAX, encode) == b"".join(expected)
+
+
+CE_FORMATS = [Format.CLOUDEVENTS, Format.CLOUDEVENTS_STRUCTURED]
+#: Row headers a consumer could take for the relay's: its idempotency key, and attributes under either
+#: prefix the AMQP binding's readers take (the CNCF SDK reads cloudEvents_ as well as cloudEvents:).
+FORGING_ROWS = [
+    {"idempotency-key": "upstream-1"},
+    {"idempotency-key": "upstream-1", "ce_id": "forged"},
+    {"cloudEvents_id": "forged", "cloudEvents_type": "forged.type", "cloudEvents_source": "/forged"},
+    {"cloudEvents:id": "forged", "cloudEvents_time": "2000-01-01T00:00:00Z", "idempotency-key": ""},
+    {"cloudEvents_partitionkey": "other", "cloudEvents_specversion": "0.3", "tenant": "acme"},
+]
+
+
+@pytest.mark.parametrize("chosen", CE_FORMATS)
+@pytest.mark.parametrize("row", FORGING_ROWS)
+def test_a_row_can_neither_forge_an_attribute_nor_add_a_second_idempotency_key(
+    chosen: Format, row: dict[str, str]
+) -> None:
+    ce, headers = from_kafka(event(headers=row), chosen)  # from_kafka fails on any header sent twice
+    assert_attributes(ce)
+    assert headers["idempotency-key"] == b"idem-1"
+    ce, _, amqp_headers = from_amqp(event(headers=row), chosen)
+    assert_attributes(ce)
+    assert amqp_headers["idempotency-key"] == "idem-1"
+    assert not [name for name in amqp_headers if name.startswith("cloudEvents_")]
+    assert amqp_headers.get("tenant") == row.get("tenant")
+
+
+@pytest.mark.parametrize("chosen", CE_FORMATS)
+@pytest.mark.parametrize("key", ["", None])
+def test_an_empty_or_null_key_gives_no_partitionkey(chosen: Format, key: str | None) -> None:
+    # The partitioning extension's value must be a non-empty string; the table takes '' as a key.
+    # (On Kafka the SDK reads partitionkey from the message key itself, which stays the event's.)
+    value, pairs = kafka_encoder(chosen, SOURCE)(event(key=key))
+    assert "ce_partitionkey" not in dict(pairs)
+    if chosen is Format.CLOUDEVENTS_STRUCTURED:
+        assert "partitionkey" not in json.loads(value)
+    ce, _, amqp_headers = from_amqp(event(key=key), chosen)
+    assert_attributes(ce, key=None)
+    assert "cloudEvents:partitionkey" not in amqp_headers
+
+
+@pytest.mark.parametrize("chosen", CE_FORMATS)
+def test_an_empty_payload_without_a_content_type_is_an_event_without_data(chosen: Format) -> None:
+    # A Debezium row's null payload: nothing to wrap, and no content type to claim for it.
+    ce, headers = from_kafka(event(payload=b""), chosen)
+    assert ce.get_data() is None and ce.get_datacontenttype() is None
+    assert ce.get_id() == "idem-1"
+    if chosen is Format.CLOUDEVENTS:
+        assert "content-type" not in headers
+    else:
+        value, _ = kafka_encoder(chosen, SOURCE)(event(payload=b""))
+        assert "data" not in json.loads(value)
+    ce, _, _ = from_amqp(event(payload=b""), chosen)
+    assert ce.get_data() is None and ce.get_id() == "idem-1"

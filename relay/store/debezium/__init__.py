@@ -31,15 +31,16 @@ TOPIC_TEMPLATE_SETTING = "outbox_relay.topic_template"
 #: Debezium's columns the relay needs, and the payload types it relays.
 REQUIRED_COLUMNS = ("id", "aggregatetype", "aggregateid", "payload")
 #: The view's payload columns for each type of ``payload``: JSON as written
-#: (jsonb as PostgreSQL prints it), text as its UTF-8 bytes, bytes as they are.
-#: A null payload goes out as an empty value (never a tombstone).
+#: (jsonb as PostgreSQL prints it), text as its UTF-8 bytes (``text/plain``: it
+#: need not be JSON), bytes as they are. A null payload goes out as an empty
+#: value (never a tombstone), with no content type.
 PAYLOAD_COLUMNS: dict[str, LiteralString] = {
     "jsonb": "o.payload AS payload, CASE WHEN o.payload IS NULL THEN '\\x'::bytea END AS payload_bytes,"
     " NULL::text AS content_type",
     "json": "o.payload AS payload, CASE WHEN o.payload IS NULL THEN '\\x'::bytea END AS payload_bytes,"
     " NULL::text AS content_type",
     "text": "NULL::jsonb AS payload, convert_to(coalesce(o.payload::text, ''), 'UTF8') AS payload_bytes,"
-    " NULL::text AS content_type",
+    " CASE WHEN o.payload IS NOT NULL THEN 'text/plain; charset=utf-8' END AS content_type",
     "bytea": "NULL::jsonb AS payload, coalesce(o.payload, '\\x'::bytea) AS payload_bytes,"
     " 'application/octet-stream'::text AS content_type",
 }
