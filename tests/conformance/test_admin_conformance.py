@@ -231,6 +231,28 @@ def test_skip_refuses_an_event_whose_publish_may_still_be_in_flight(
         assert h.state_of("leased") == "skipped"
 
 
+@pytest.mark.parametrize(
+    ("lease_ended_ago", "expected"),
+    [(0.5, Skipped.IN_FLIGHT), (GRACE - 5, Skipped.IN_FLIGHT), (GRACE + 5, Skipped.SKIPPED), (3600, Skipped.SKIPPED)],
+)
+def test_skip_refuses_a_dead_letter_whose_expired_lease_may_still_be_publishing_it(
+    h: Harness, lease_ended_ago: float, expected: Skipped
+) -> None:
+    # Dead-lettered because its lease expired on its last attempt: the relay that held it may
+    # have stalled, not died, and still be publishing it, as with a lease that just ended.
+    h.insert("t", {}, key="k", idempotency_key="reaped")
+    run(h.store.claim(10, max_attempts=1))
+    h.insert("t", {}, key="k", idempotency_key="next")
+    h.expire_leases(ago=lease_ended_ago)
+    assert run(h.store.reap(max_attempts=1)) == 1
+    assert h.state_of("reaped") == "failed"
+    assert run(h.admin.skip(h.id_of("reaped"), lease_grace_seconds=GRACE)) is expected
+    assert h.state_of("reaped") == ("failed" if expected is Skipped.IN_FLIGHT else "skipped")
+    # Refused, its key stays parked behind it; requeued, it goes first, whenever that is.
+    claimed = [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events]
+    assert claimed == ([] if expected is Skipped.IN_FLIGHT else ["next"])
+
+
 def test_skip_finds_nothing_to_skip_in_sent_skipped_or_missing_events(h: Harness) -> None:
     h.insert_sent("sent")
     h.insert("t", {}, idempotency_key="twice")

@@ -99,11 +99,11 @@ WHERE id IN %(ids)s;
 
 -- name: reap_exhausted
 -- Dead-letter events whose lease expired with no attempts left: the relays
--- holding them died or stalled every time, so another try would loop.
+-- holding them died or stalled every time, so another try would loop. The
+-- lease's end stays, for skip_select (as on PostgreSQL).
 UPDATE {table}
 SET state = 'failed', failed_at = UTC_TIMESTAMP(6), claim_token = NULL,
-    last_error = CONCAT('lease expired on attempt ', attempts, ': the relay holding it crashed or stalled'),
-    lease_expires_at = NULL
+    last_error = CONCAT('lease expired on attempt ', attempts, ': the relay holding it crashed or stalled')
 WHERE state = 'pending'
   AND lease_expires_at < UTC_TIMESTAMP(6)
   AND attempts >= %(max_attempts)s;
@@ -231,9 +231,9 @@ WHERE id IN %(ids)s AND state = 'failed';
 -- Give up on one dead-lettered (or waiting, not in flight) event so the later
 -- events of its key can flow. An event whose lease is live, or ended less
 -- than %(grace_us)s microseconds ago, is refused: its relay may still be
--- publishing it.
+-- publishing it. That holds for a dead letter whose lease expired too.
 SELECT state IN ('pending', 'failed') AS unsent,
-       state = 'pending'
+       state IN ('pending', 'failed')
            AND COALESCE(lease_expires_at >= UTC_TIMESTAMP(6) - INTERVAL %(grace_us)s MICROSECOND, FALSE) AS in_flight
 FROM {table}
 WHERE id = %(id)s
