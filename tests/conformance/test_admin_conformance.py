@@ -260,3 +260,27 @@ def test_skip_finds_nothing_to_skip_in_sent_skipped_or_missing_events(h: Harness
     for event_id in (h.id_of("sent"), h.id_of("twice"), h.id_of("twice") + 1000):
         assert run(h.admin.skip(event_id, lease_grace_seconds=GRACE)) is Skipped.NOT_FOUND
     assert (h.state_of("sent"), h.state_of("twice")) == ("sent", "skipped")
+
+
+def test_requeue_and_replay_match_a_topic_byte_for_byte(h: Harness) -> None:
+    # 'orders ' is another topic (another routing key) than 'orders': MariaDB's padding collation
+    # must not make them one.
+    for topic in ("orders", "orders ", "orders  "):
+        h.insert(topic, {}, idempotency_key=f"dead[{topic}]")
+        h.insert_sent(f"sent[{topic}]", topic=topic)
+    dead_letter(h, "dead[orders]", "dead[orders ]", "dead[orders  ]")
+    assert run(h.admin.requeue(RequeueFilter(topic="orders "))) == [h.id_of("dead[orders ]")]
+    assert run(h.admin.replay(ReplayFilter(topic="orders"))) == [h.id_of("sent[orders]")]
+    assert run(h.admin.requeue(RequeueFilter(topic="orders   "))) == []
+
+
+def test_requeue_and_replay_give_their_ids_in_order(h: Harness) -> None:
+    idems = [f"e{i}" for i in range(8)]
+    for idem in idems:
+        h.insert("t", {}, key="k" if idem < "e4" else None, idempotency_key=f"dead-{idem}")
+        h.insert_sent(f"sent-{idem}", key="k")
+    dead_letter(h, *(f"dead-{idem}" for idem in idems))
+    requeued = run(h.admin.requeue(RequeueFilter(all=True)))
+    replayed = run(h.admin.replay(ReplayFilter(all=True)))
+    assert requeued == sorted(h.id_of(f"dead-{idem}") for idem in idems)
+    assert replayed == sorted(h.id_of(f"sent-{idem}") for idem in idems)

@@ -201,6 +201,14 @@ WHERE state = 'pending' AND priority = %(priority)s AND deliver_at <= UTC_TIMEST
 ORDER BY priority DESC, id
 LIMIT 1;
 
+-- name: oldest_due_below
+-- The oldest due event below priority %(below)s that no live lease holds: one
+-- scan, for a table with more distinct priorities than are probed one by one.
+SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1e6 AS age
+FROM {table}
+WHERE state = 'pending' AND priority < %(below)s AND deliver_at <= UTC_TIMESTAMP(6)
+  AND (lease_expires_at IS NULL OR lease_expires_at < UTC_TIMESTAMP(6));
+
 -- name: dead
 SELECT o.id, o.topic, o.`key`, o.idempotency_key, o.attempts, o.last_error, o.created_at, o.failed_at,
        (SELECT COUNT(*) FROM {table} AS later
@@ -216,7 +224,8 @@ LIMIT %(limit)s;
 SELECT id FROM {table}
 WHERE state = 'failed'
   AND (%(id)s IS NULL OR id = %(id)s)
-  AND (%(topic)s IS NULL OR topic = %(topic)s)
+  -- Byte for byte: MariaDB's utf8mb4_bin pads, so 'orders ' would equal 'orders'.
+  AND (%(topic)s IS NULL OR CAST(topic AS BINARY) = CAST(%(topic)s AS BINARY))
   AND (%(key)s IS NULL OR `key` = %(key)s)
 ORDER BY id
 FOR UPDATE;
@@ -279,7 +288,7 @@ WHERE state = 'sent'
   AND (%(since)s IS NULL OR published_at >= %(since)s)
   AND (%(until)s IS NULL OR published_at < %(until)s)
   AND (%(key)s IS NULL OR `key` = %(key)s)
-  AND (%(topic)s IS NULL OR topic = %(topic)s)
+  AND (%(topic)s IS NULL OR CAST(topic AS BINARY) = CAST(%(topic)s AS BINARY))
 ORDER BY id
 FOR UPDATE;
 
