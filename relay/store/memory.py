@@ -312,7 +312,8 @@ class MemoryStore:
                 and row.lease_expires_at < now
                 and row.attempts >= max_attempts
             ):
-                row.state, row.failed_at, row.claim_token, row.lease_expires_at = "failed", now, None, None
+                # The lease's end stays, for skip (see reap_exhausted in queries.sql).
+                row.state, row.failed_at, row.claim_token = "failed", now, None
                 row.last_error = f"lease expired on attempt {row.attempts}: the relay holding it crashed or stalled"
                 count += 1
         return count
@@ -446,7 +447,7 @@ class MemoryStore:
         if row is None or row.state not in ("pending", "failed"):
             return Skipped.NOT_FOUND
         grace_ends = self.now() - timedelta(seconds=lease_grace_seconds)
-        if row.state == "pending" and row.lease_expires_at is not None and row.lease_expires_at >= grace_ends:
+        if row.lease_expires_at is not None and row.lease_expires_at >= grace_ends:
             return Skipped.IN_FLIGHT
         row.state, row.claim_token, row.lease_expires_at = "skipped", None, None
         row.last_error = (row.last_error or "") + " [skipped by operator]"

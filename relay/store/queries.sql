@@ -142,9 +142,11 @@ RETURNING o.id, o.topic, o.key, o.payload::text AS payload, o.payload_bytes, o.c
 
 -- name: reap_exhausted
 -- Dead-letter events whose lease expired with no attempts left: the relays
--- holding them died or stalled every time, so another try would loop.
+-- holding them died or stalled every time, so another try would loop. The
+-- lease's end stays: a stalled relay may still be publishing the event, and
+-- skip refuses it until the end is past its grace (see skip).
 UPDATE {table}
-SET state = 'failed', failed_at = now(), lease_expires_at = NULL, claim_token = NULL,
+SET state = 'failed', failed_at = now(), claim_token = NULL,
     last_error = 'lease expired on attempt ' || attempts || ': the relay holding it crashed or stalled'
 WHERE state = 'pending'
   AND lease_expires_at < now()
@@ -234,7 +236,8 @@ WITH RECURSIVE priorities AS (
     FROM priorities AS p
     WHERE p.priority IS NOT NULL
 )
-SELECT coalesce(extract(epoch FROM now() - min(h.created_at)), 0)::float8 AS age
+-- (Never below 0: created_at is the writer's to set, and may lie ahead of the clock.)
+SELECT greatest(coalesce(extract(epoch FROM now() - min(h.created_at)), 0), 0)::float8 AS age
 FROM priorities AS p
 CROSS JOIN LATERAL (
     SELECT o.created_at FROM {table} AS o
@@ -321,9 +324,11 @@ RETURNING id;
 -- later events of its key can flow. An event whose lease is live, or ended
 -- less than %(grace)s seconds ago, is refused: its relay may still be
 -- publishing it, and skipping it would let the key's next event overtake it.
+-- That holds for a dead letter whose lease expired too (reap_exhausted keeps
+-- the lease's end); a relay that dead-lettered an event itself ended its lease.
 WITH target AS (
     SELECT id,
-           state = 'pending'
+           state IN ('pending', 'failed')
                AND coalesce(lease_expires_at >= now() - make_interval(secs => %(grace)s), false) AS in_flight,
            state IN ('pending', 'failed') AS unsent
     FROM {table}

@@ -185,3 +185,19 @@ def test_an_empty_key_selects_and_an_empty_topic_is_refused(database_url: str) -
     for command in ("replay", "requeue"):
         refused = cli(command, "--topic", "", "--database-url", database_url)
         assert refused.returncode == 2 and "no event has an empty topic" in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("command", ["requeue", "replay"])
+@pytest.mark.parametrize("flag", ["--key", "--topic"])
+@pytest.mark.parametrize("value", ["\udcff", "ab\udce9c", "\udcc3"])  # bytes that are not UTF-8, as a shell passes them
+def test_a_filter_of_bytes_that_are_not_utf8_matches_nothing(
+    database_url: str, command: str, flag: str, value: str
+) -> None:
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox (topic, key, payload, state, last_error, failed_at)"
+            " VALUES ('t', 'k', '{}', 'failed', 'x', now())"
+        )
+    done = cli(command, flag, value, "--json", "--database-url", database_url)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) in ({"requeued": []}, {"replayed": []})

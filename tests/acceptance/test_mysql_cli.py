@@ -141,3 +141,23 @@ def test_metrics_health_and_keep_sent_on_mysql(mysql_url: str, kafka_bootstrap: 
         assert stop_process(proc) == 0
     replayed = json.loads(ok("replay", "--key", "k1", "--json", "--database-url", mysql_url))["replayed"]
     assert len(replayed) == 33  # n % 3 == 1 for n below 100
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        ("--until", "9999-12-31T23:00:00-05:00"),  # past year 9999 in UTC
+        ("--since", "0001-01-01T00:30:00+01:00"),  # before year 1 in UTC
+        ("--since", "0001-01-01T00:30:00+01:00", "--until", "9999-12-31T23:00:00-05:00"),
+    ],
+)
+def test_replay_takes_times_at_the_ends_of_the_calendar(mysql_url: str, bounds: tuple[str, ...]) -> None:
+    # As on PostgreSQL: a bound beyond what a datetime holds in UTC is as far as it goes, not a traceback.
+    conn = mysql_support.connect(mysql_url)
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO outbox (topic, payload, state, published_at) VALUES ('t', '{}', 'sent', UTC_TIMESTAMP(6))"
+        )
+    conn.close()
+    replayed = json.loads(ok("replay", *bounds, "--json", "--database-url", mysql_url))["replayed"]
+    assert len(replayed) == 1

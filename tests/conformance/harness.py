@@ -49,6 +49,7 @@ class Harness(Protocol):
     def state_of(self, idem: str) -> str | None: ...
     def id_of(self, idem: str) -> int: ...
     def snapshot(self, idem: str) -> tuple[Any, ...]: ...
+    def created(self, idem: str, ago: float) -> None: ...
 
 
 class MemoryHarness:
@@ -81,6 +82,11 @@ class MemoryHarness:
     def snapshot(self, idem: str) -> tuple[Any, ...]:
         row = next(r for r in self.store.rows.values() if r.idempotency_key == idem)
         return (row.state, row.attempts, row.claim_token, row.lease_expires_at, row.deliver_at, row.last_error)
+
+    def created(self, idem: str, ago: float) -> None:
+        """Set the event's created_at ``ago`` seconds back (ahead, if negative), as plain SQL may."""
+        row = next(r for r in self.store.rows.values() if r.idempotency_key == idem)
+        row.created_at = self.store.now() - timedelta(seconds=ago)
 
 
 class PostgresHarness:
@@ -130,6 +136,11 @@ class PostgresHarness:
             [idem],
         )
         return tuple(rows[0])
+
+    def created(self, idem: str, ago: float) -> None:
+        self._execute(
+            "UPDATE outbox SET created_at = now() - make_interval(secs => %s) WHERE idempotency_key = %s", [ago, idem]
+        )
 
 
 class MySQLHarness:
@@ -191,4 +202,10 @@ class MySQLHarness:
             lease_expires_at.replace(tzinfo=UTC) if lease_expires_at else None,
             deliver_at.replace(tzinfo=UTC),
             last_error,
+        )
+
+    def created(self, idem: str, ago: float) -> None:
+        self._execute(
+            "UPDATE outbox SET created_at = UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND WHERE idempotency_key = %s",
+            [round(ago * 1e6), idem],
         )

@@ -231,6 +231,28 @@ def test_skip_refuses_an_event_whose_publish_may_still_be_in_flight(
         assert h.state_of("leased") == "skipped"
 
 
+@pytest.mark.parametrize(
+    ("lease_ended_ago", "expected"),
+    [(0.5, Skipped.IN_FLIGHT), (GRACE - 5, Skipped.IN_FLIGHT), (GRACE + 5, Skipped.SKIPPED), (3600, Skipped.SKIPPED)],
+)
+def test_skip_refuses_a_dead_letter_whose_expired_lease_may_still_be_publishing_it(
+    h: Harness, lease_ended_ago: float, expected: Skipped
+) -> None:
+    # Dead-lettered because its lease expired on its last attempt: the relay that held it may
+    # have stalled, not died, and still be publishing it, as with a lease that just ended.
+    h.insert("t", {}, key="k", idempotency_key="reaped")
+    run(h.store.claim(10, max_attempts=1))
+    h.insert("t", {}, key="k", idempotency_key="next")
+    h.expire_leases(ago=lease_ended_ago)
+    assert run(h.store.reap(max_attempts=1)) == 1
+    assert h.state_of("reaped") == "failed"
+    assert run(h.admin.skip(h.id_of("reaped"), lease_grace_seconds=GRACE)) is expected
+    assert h.state_of("reaped") == ("failed" if expected is Skipped.IN_FLIGHT else "skipped")
+    # Refused, its key stays parked behind it; requeued, it goes first, whenever that is.
+    claimed = [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events]
+    assert claimed == ([] if expected is Skipped.IN_FLIGHT else ["next"])
+
+
 def test_skip_finds_nothing_to_skip_in_sent_skipped_or_missing_events(h: Harness) -> None:
     h.insert_sent("sent")
     h.insert("t", {}, idempotency_key="twice")
@@ -238,3 +260,27 @@ def test_skip_finds_nothing_to_skip_in_sent_skipped_or_missing_events(h: Harness
     for event_id in (h.id_of("sent"), h.id_of("twice"), h.id_of("twice") + 1000):
         assert run(h.admin.skip(event_id, lease_grace_seconds=GRACE)) is Skipped.NOT_FOUND
     assert (h.state_of("sent"), h.state_of("twice")) == ("sent", "skipped")
+
+
+def test_requeue_and_replay_match_a_topic_byte_for_byte(h: Harness) -> None:
+    # 'orders ' is another topic (another routing key) than 'orders': MariaDB's padding collation
+    # must not make them one.
+    for topic in ("orders", "orders ", "orders  "):
+        h.insert(topic, {}, idempotency_key=f"dead[{topic}]")
+        h.insert_sent(f"sent[{topic}]", topic=topic)
+    dead_letter(h, "dead[orders]", "dead[orders ]", "dead[orders  ]")
+    assert run(h.admin.requeue(RequeueFilter(topic="orders "))) == [h.id_of("dead[orders ]")]
+    assert run(h.admin.replay(ReplayFilter(topic="orders"))) == [h.id_of("sent[orders]")]
+    assert run(h.admin.requeue(RequeueFilter(topic="orders   "))) == []
+
+
+def test_requeue_and_replay_give_their_ids_in_order(h: Harness) -> None:
+    idems = [f"e{i}" for i in range(8)]
+    for idem in idems:
+        h.insert("t", {}, key="k" if idem < "e4" else None, idempotency_key=f"dead-{idem}")
+        h.insert_sent(f"sent-{idem}", key="k")
+    dead_letter(h, *(f"dead-{idem}" for idem in idems))
+    requeued = run(h.admin.requeue(RequeueFilter(all=True)))
+    replayed = run(h.admin.replay(ReplayFilter(all=True)))
+    assert requeued == sorted(h.id_of(f"dead-{idem}") for idem in idems)
+    assert replayed == sorted(h.id_of(f"sent-{idem}") for idem in idems)

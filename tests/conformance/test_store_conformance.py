@@ -399,3 +399,22 @@ def test_renew_leaves_an_event_dead_lettered_meanwhile(h: Harness) -> None:
     before = h.snapshot("x")
     assert run(h.store.renew(claim)) == set()
     assert h.snapshot("x") == before and before[0] == "failed"
+
+
+def test_the_oldest_pending_age_looks_past_a_hundred_priorities(h: Harness) -> None:
+    # One old event below many fresh ones, each of its own priority: the gauge an alert on
+    # "events are not moving" reads must still find it (MySQL probed 100 priorities, then stopped).
+    h.insert("t", {}, idempotency_key="old", priority=-1)
+    h.created("old", 3600)
+    for priority in range(105):
+        h.insert("t", {}, idempotency_key=f"fresh-{priority}", priority=priority)
+    assert 3500 < run(h.store.oldest_pending_age()) < 3700
+    assert 3500 < run(h.admin.status()).oldest_pending_age_seconds < 3700
+
+
+def test_the_oldest_pending_age_is_never_below_0(h: Harness) -> None:
+    # created_at is the writer's to set: one ahead of the clock is not an age below 0.
+    h.insert("t", {}, idempotency_key="ahead")
+    h.created("ahead", -3600)
+    assert run(h.store.oldest_pending_age()) == 0
+    assert run(h.admin.status()).oldest_pending_age_seconds == 0

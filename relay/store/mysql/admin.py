@@ -13,7 +13,8 @@ from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, Skipped, St
 from relay.store.mysql.connection import Database, rows_of, transaction
 
 PURGE_BATCH_SIZE = 1000
-#: At most this many distinct priorities are probed for the oldest pending age.
+#: At most this many distinct priorities are probed one by one for the oldest pending age; the
+#: rest are read in one scan.
 MAX_PRIORITIES = 100
 
 
@@ -59,7 +60,12 @@ def utc(value: Any) -> Any:
 
 def naive_utc(value: datetime | None) -> datetime | None:
     """An aware datetime as the naive UTC a DATETIME(6) column compares with."""
-    return value.astimezone(UTC).replace(tzinfo=None) if value is not None else None
+    if value is None:
+        return None
+    try:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    except OverflowError:  # past year 9999 or before year 1 in UTC: as far as a datetime goes
+        return datetime.max if value.year > 1 else datetime.min
 
 
 def micros(seconds: float) -> int:
@@ -124,13 +130,15 @@ class MySQLAdmin:
                 await cur.execute(queries["top_priority_below"], {"below": below})
                 priority = (await cur.fetchone())[0]
                 if priority is None:
-                    break
+                    return oldest
                 await cur.execute(queries["oldest_due_of_priority"], {"priority": priority})
                 found = await cur.fetchone()
                 if found is not None:
                     oldest = max(oldest, float(found[0]))
                 below = priority
-            return oldest
+            await cur.execute(queries["oldest_due_below"], {"below": below})
+            found = await cur.fetchone()
+            return max(oldest, float(found[0])) if found is not None and found[0] is not None else oldest
 
         return await self._db.call("stats", work)
 

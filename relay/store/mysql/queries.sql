@@ -99,11 +99,11 @@ WHERE id IN %(ids)s;
 
 -- name: reap_exhausted
 -- Dead-letter events whose lease expired with no attempts left: the relays
--- holding them died or stalled every time, so another try would loop.
+-- holding them died or stalled every time, so another try would loop. The
+-- lease's end stays, for skip_select (as on PostgreSQL).
 UPDATE {table}
 SET state = 'failed', failed_at = UTC_TIMESTAMP(6), claim_token = NULL,
-    last_error = CONCAT('lease expired on attempt ', attempts, ': the relay holding it crashed or stalled'),
-    lease_expires_at = NULL
+    last_error = CONCAT('lease expired on attempt ', attempts, ': the relay holding it crashed or stalled')
 WHERE state = 'pending'
   AND lease_expires_at < UTC_TIMESTAMP(6)
   AND attempts >= %(max_attempts)s;
@@ -201,6 +201,14 @@ WHERE state = 'pending' AND priority = %(priority)s AND deliver_at <= UTC_TIMEST
 ORDER BY priority DESC, id
 LIMIT 1;
 
+-- name: oldest_due_below
+-- The oldest due event below priority %(below)s that no live lease holds: one
+-- scan, for a table with more distinct priorities than are probed one by one.
+SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1e6 AS age
+FROM {table}
+WHERE state = 'pending' AND priority < %(below)s AND deliver_at <= UTC_TIMESTAMP(6)
+  AND (lease_expires_at IS NULL OR lease_expires_at < UTC_TIMESTAMP(6));
+
 -- name: dead
 SELECT o.id, o.topic, o.`key`, o.idempotency_key, o.attempts, o.last_error, o.created_at, o.failed_at,
        (SELECT COUNT(*) FROM {table} AS later
@@ -216,7 +224,8 @@ LIMIT %(limit)s;
 SELECT id FROM {table}
 WHERE state = 'failed'
   AND (%(id)s IS NULL OR id = %(id)s)
-  AND (%(topic)s IS NULL OR topic = %(topic)s)
+  -- Byte for byte: MariaDB's utf8mb4_bin pads, so 'orders ' would equal 'orders'.
+  AND (%(topic)s IS NULL OR CAST(topic AS BINARY) = CAST(%(topic)s AS BINARY))
   AND (%(key)s IS NULL OR `key` = %(key)s)
 ORDER BY id
 FOR UPDATE;
@@ -231,9 +240,9 @@ WHERE id IN %(ids)s AND state = 'failed';
 -- Give up on one dead-lettered (or waiting, not in flight) event so the later
 -- events of its key can flow. An event whose lease is live, or ended less
 -- than %(grace_us)s microseconds ago, is refused: its relay may still be
--- publishing it.
+-- publishing it. That holds for a dead letter whose lease expired too.
 SELECT state IN ('pending', 'failed') AS unsent,
-       state = 'pending'
+       state IN ('pending', 'failed')
            AND COALESCE(lease_expires_at >= UTC_TIMESTAMP(6) - INTERVAL %(grace_us)s MICROSECOND, FALSE) AS in_flight
 FROM {table}
 WHERE id = %(id)s
@@ -279,7 +288,7 @@ WHERE state = 'sent'
   AND (%(since)s IS NULL OR published_at >= %(since)s)
   AND (%(until)s IS NULL OR published_at < %(until)s)
   AND (%(key)s IS NULL OR `key` = %(key)s)
-  AND (%(topic)s IS NULL OR topic = %(topic)s)
+  AND (%(topic)s IS NULL OR CAST(topic AS BINARY) = CAST(%(topic)s AS BINARY))
 ORDER BY id
 FOR UPDATE;
 

@@ -14,6 +14,18 @@ from relay.store.postgres.connection import Database, column_of
 PURGE_BATCH_SIZE = 1000
 
 
+def _storable(text: str | None) -> bool:
+    """Whether ``text`` (a filter's topic or key) could be in a text column: a command-line
+    argument of bytes that are not UTF-8 comes as lone surrogates, which no event holds."""
+    if text is None:
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class PostgresAdmin:
     """The outbox table as operators see it (the ``Admin`` port): what the CLI's commands call."""
 
@@ -62,8 +74,10 @@ class PostgresAdmin:
 
     async def requeue(self, selection: RequeueFilter) -> list[int]:
         """Put matching dead-lettered events back to pending with their attempts reset."""
+        if not (_storable(selection.topic) and _storable(selection.key)):
+            return []
         params = {"id": selection.id, "topic": selection.topic, "key": selection.key, "all": selection.all}
-        return await self._db.fetch("requeue", params, column_of("id", int))
+        return sorted(await self._db.fetch("requeue", params, column_of("id", int)))
 
     async def inspect(self, event_id: int) -> dict[str, Any] | None:
         """Every column of one event, or None."""
@@ -81,6 +95,8 @@ class PostgresAdmin:
 
     async def replay(self, selection: ReplayFilter) -> list[int]:
         """Put kept, already-sent events back to pending; returns their ids."""
+        if not (_storable(selection.topic) and _storable(selection.key)):
+            return []
         params = {
             "since": selection.since,
             "until": selection.until,
@@ -88,7 +104,7 @@ class PostgresAdmin:
             "topic": selection.topic,
             "all": selection.all,
         }
-        return await self._db.fetch("replay", params, column_of("id", int))
+        return sorted(await self._db.fetch("replay", params, column_of("id", int)))
 
     async def skip(self, event_id: int, *, lease_grace_seconds: float) -> Skipped:
         """Mark one dead-lettered or waiting event skipped, releasing its key; refuse one that may be in flight."""
