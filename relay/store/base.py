@@ -93,8 +93,10 @@ class DeadEvent:
     idempotency_key: str
     attempts: int
     last_error: str | None
-    created_at: datetime
-    failed_at: datetime | None
+    #: A time no datetime holds (plain SQL may write 'infinity') as the database's text, or
+    #: None for one that is no time at all (MySQL's zero date).
+    created_at: datetime | str | None
+    failed_at: datetime | str | None
     blocked_events: int = 0
 
     def as_dict(self) -> dict[str, object]:
@@ -106,11 +108,15 @@ class DeadEvent:
             "idempotency_key": self.idempotency_key,
             "attempts": self.attempts,
             "last_error": self.last_error,
-            "created_at": self.created_at.isoformat(),
-            "failed_at": self.failed_at.isoformat() if self.failed_at else None,
+            "created_at": _iso(self.created_at),
+            "failed_at": _iso(self.failed_at),
             "blocks_key": self.key if self.blocked_events else None,
             "blocked_events": self.blocked_events,
         }
+
+
+def _iso(moment: datetime | str | None) -> str | None:
+    return moment.isoformat() if isinstance(moment, datetime) else moment
 
 
 def _refuse_empty(kind: str, everything: bool, *filters: object) -> None:

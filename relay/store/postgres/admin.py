@@ -70,7 +70,7 @@ class PostgresAdmin:
 
     async def dead(self, limit: int = 1000) -> list[DeadEvent]:
         """Dead-lettered events, oldest first."""
-        return await self._db.fetch("dead", {"limit": limit}, class_row(DeadEvent))
+        return await self._db.fetch("dead", {"limit": limit}, class_row(DeadEvent), any_time=True)
 
     async def requeue(self, selection: RequeueFilter) -> list[int]:
         """Put matching dead-lettered events back to pending with their attempts reset."""
@@ -81,7 +81,7 @@ class PostgresAdmin:
 
     async def inspect(self, event_id: int) -> dict[str, Any] | None:
         """Every column of one event, or None."""
-        rows = await self._db.fetch("inspect", {"id": event_id}, dict_row)
+        rows = await self._db.fetch("inspect", {"id": event_id}, dict_row, any_time=True)
         return rows[0] if rows else None
 
     async def purge(self, older_than_seconds: float, *, batch_size: int = PURGE_BATCH_SIZE) -> int:

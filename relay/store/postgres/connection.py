@@ -6,11 +6,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.abc import Buffer
 from psycopg.rows import AsyncRowFactory, BaseRowFactory, RowMaker
+from psycopg.types.datetime import TimestamptzLoader
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName, redact_url
 from relay.errors import SchemaError, StoreError, StoreReadOnly, StoreUnavailable
@@ -30,6 +33,23 @@ TCP_USER_TIMEOUT_SECONDS = 30.0
 CALL_MARGIN_SECONDS = 5.0
 
 R = TypeVar("R")
+
+
+class AnyTimeLoader(TimestamptzLoader):
+    """A ``timestamptz`` as a datetime, or as PostgreSQL's text when no datetime holds it.
+
+    Plain SQL may write ``'infinity'``, ``'-infinity'`` or year 20000 into any
+    time column; an operator's ``inspect`` or ``dead`` must still show the row.
+    Slower than the built-in loader: for admin commands, not for claims.
+    """
+
+    def load(self, data: Buffer) -> datetime | str:  # type: ignore[override]
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            return bytes(data).decode()
+
+
 #: Which connection a statement runs on: claims and admin commands, settles, or statistics.
 Lane = Literal["main", "settle", "stats"]
 
@@ -216,7 +236,16 @@ class Database:
             if self._columns_in_headers:
                 kwargs["options"] += " -c outbox_relay.columns_in_headers=on"
         with self.errors():
-            return await psycopg.AsyncConnection.connect(self.dsn, **kwargs)
+            conn = await psycopg.AsyncConnection.connect(self.dsn, **kwargs)
+            try:
+                # Times in UTC, whatever the server's zone or PGTZ (which libpq sends after the
+                # options): as the relay logs them and MySQL gives them, and every time up to
+                # 9999-12-31 UTC loads as a datetime.
+                await conn.execute("SET TIME ZONE 'UTC'")
+            except BaseException:
+                await conn.close()
+                raise
+            return conn
 
     async def _connection(self, lane: Lane) -> psycopg.AsyncConnection[Any]:
         existing = self._lanes.get(lane)
@@ -254,13 +283,22 @@ class Database:
         return self._listen_conn
 
     async def fetch(
-        self, name: str, params: Mapping[str, Any], row_factory: AsyncRowFactory[R], *, lane: Lane = "main"
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        row_factory: AsyncRowFactory[R],
+        *,
+        lane: Lane = "main",
+        any_time: bool = False,
     ) -> list[R]:
-        """Run query ``name`` and return its rows, made by ``row_factory``."""
+        """Run query ``name`` and return its rows, made by ``row_factory``; with ``any_time``, a
+        time no datetime holds comes back as its text (see :class:`AnyTimeLoader`)."""
         async with self.deadline():
             conn = await self._connection(lane)
             with self.errors(conn):
                 cur = conn.cursor(row_factory=row_factory)
+                if any_time:
+                    cur.adapters.register_loader("timestamptz", AnyTimeLoader)
                 await cur.execute(self.queries[name], params)
                 return await cur.fetchall() if cur.description else []
 

@@ -1,0 +1,66 @@
+"""Times plain SQL can write that no Python datetime holds: the relay claims such rows, the admin commands show them.
+
+PostgreSQL takes ``'infinity'``, ``'-infinity'`` and years up to 294276 in a
+``timestamptz``; a datetime stops at 9999. A claim that loaded such a
+``created_at`` as it is failed, and every claim after it: one row stalled the relay.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import psycopg
+import pytest
+
+from relay.config import TableName
+from relay.store.postgres import PostgresStore
+from tests.acceptance.cli import cli
+from tests.conformance.harness import run
+
+BEYOND = ["infinity", "-infinity", "20000-01-01 00:00:00+00", "4713-01-01 00:00:00+00 BC", "9999-12-31 23:59:59+00"]
+EDGES = {"infinity": datetime.max, "20000-01-01 00:00:00+00": datetime.max, "-infinity": datetime.min}
+
+
+@pytest.mark.parametrize("created_at", BEYOND)
+def test_a_claim_takes_rows_whose_created_at_no_datetime_holds(database_url: str, created_at: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        for key in ("k", None):
+            conn.execute(
+                "INSERT INTO outbox (topic, key, payload, created_at) VALUES ('t', %s, '{}', %s)", (key, created_at)
+            )
+        conn.execute("INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', '{}')")
+    store = PostgresStore(database_url, TableName.parse("outbox"), owner="test", lease_seconds=30, listen=False)
+    run(store.open())
+    try:
+        events = run(store.claim(10, max_attempts=5)).events
+    finally:
+        run(store.close())
+    assert len(events) == 3
+    for event in events[:2]:
+        assert event.created_at.tzinfo is not None
+        if created_at in EDGES:  # clamped to the nearest time a datetime holds
+            assert event.created_at.replace(tzinfo=None, microsecond=0) == EDGES[created_at].replace(microsecond=0)
+
+
+@pytest.mark.parametrize("moment", BEYOND)
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Kolkata", "America/Anchorage"])
+def test_dead_and_inspect_show_times_no_datetime_holds(database_url: str, moment: str, zone: str) -> None:
+    # Any time column, in any session zone the operator's PGTZ sets: the commands show the row.
+    with psycopg.connect(database_url) as conn:
+        (event_id,) = conn.execute(
+            "INSERT INTO outbox (topic, payload, state, last_error, created_at, failed_at, deliver_at)"
+            " VALUES ('t', '{}', 'failed', 'boom', %s, %s, %s) RETURNING id",
+            (moment, moment, moment),
+        ).fetchone() or (0,)
+    dead = cli("dead", "--json", "--database-url", database_url, PGTZ=zone)
+    assert dead.returncode == 0, dead.stderr
+    (listed,) = json.loads(dead.stdout)
+    shown = cli("inspect", str(event_id), "--json", "--database-url", database_url, PGTZ=zone)
+    assert shown.returncode == 0, shown.stderr
+    row = json.loads(shown.stdout)
+    for value in (listed["created_at"], listed["failed_at"], row["created_at"], row["deliver_at"]):
+        if moment.startswith("9999"):  # a datetime holds it in UTC, the relay's sessions' zone
+            assert value.replace("T", " ") == "9999-12-31 23:59:59+00:00"
+        else:  # PostgreSQL's own text for it, in UTC
+            assert value == moment
