@@ -453,3 +453,18 @@ def test_publish_is_judged_against_a_bare_insert() -> None:
     page = docs.render({**results, "keys": KEYS}, PAGE)
     assert text in page and keys_report.keys_text(KEYS) in page
     assert "Not measured in this run: `python -m bench --only latency`." in page
+
+
+def test_claim_shapes_fill_the_batch_and_render() -> None:
+    from bench import claim_shapes
+    from bench.keys import SPREADS
+    from bench.services import TABLE
+    from relay.store.sql import render
+
+    for name, spread in SPREADS.items():
+        shapes = claim_shapes.shapes(spread)
+        assert shapes[0].name == "relay"
+        for shape in shapes[1:]:  # keyed spreads with runs only: heads x run is the batch
+            assert spread.keys and shape.params["heads"] * (shape.params["run"] + 1) == claim_shapes.LIMIT, name
+            assert render(shape.query, TABLE).as_string(None).count("FOR UPDATE") == 2
+        assert len(shapes) == (3 if spread.keys else 1)
