@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from relay.cli.commands import database, table_layout
-from relay.cli.flags import PROG
+from relay.cli.flags import MAX_INT, PROG
 from relay.config import parse_duration
 from relay.errors import ConfigError
 from relay.store.base import Admin, ReplayFilter, RequeueFilter, Skipped
@@ -64,13 +64,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _printable(text: str | None) -> str:
+    """``text`` with each character that is not printable escaped as Python writes it (``\\n``)."""
+    if text is None or text.isprintable():
+        return str(text)
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def cmd_dead(args: argparse.Namespace) -> int:
     """``outbox-relay dead``."""
 
-    events = _on_admin(args, lambda admin: admin.dead(args.limit))
-    if len(events) == args.limit:
+    # One more than asked for tells whether there are more.
+    events = _on_admin(args, lambda admin: admin.dead(min(args.limit + 1, MAX_INT)))
+    if len(events) > args.limit:
+        events = events[: args.limit]
         # stderr, so that --json stays one parsable document.
-        print(f"{PROG}: showing the oldest {args.limit} dead letters; there may be more (--limit)", file=sys.stderr)
+        print(f"{PROG}: showing the oldest {args.limit} dead letters; there are more (--limit)", file=sys.stderr)
     if args.json:
         print(json.dumps([e.as_dict() for e in events]))
         return 0
@@ -78,7 +87,11 @@ def cmd_dead(args: argparse.Namespace) -> int:
         print("no dead-lettered events")
     for e in events:
         blocks = f" blocks key {e.key!r} ({e.blocked_events} waiting)" if e.blocked_events else ""
-        print(f"{e.id}\t{e.topic}\tkey={e.key}\tattempts={e.attempts}{blocks}\t{e.last_error}")
+        # One line per event: a newline or tab in an error, topic or key is shown escaped.
+        print(
+            f"{e.id}\t{_printable(e.topic)}\tkey={_printable(e.key)}\tattempts={e.attempts}{blocks}"
+            f"\t{_printable(e.last_error)}"
+        )
     return 0
 
 

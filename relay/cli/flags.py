@@ -83,6 +83,37 @@ def timestamp(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+class Once(argparse.Action):
+    """A selection flag (``--id``, ``--key``, ...) given once: a second value is refused, not
+    silently kept in place of the first (``requeue --id 3 --id 10`` requeued only 10)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} is given twice: select by one value (run the command again for another)")
+        setattr(namespace, self.dest, values)
+
+
+#: The longest role name PostgreSQL keeps whole (it cuts longer ones at 63 bytes without a word).
+MAX_ROLE_NAME_BYTES = 63
+
+
+def role_name(text: str) -> str:
+    """A role name for ``migrate --create-roles``: one both databases take as it is."""
+    if not text:
+        raise argparse.ArgumentTypeError("a role name cannot be empty")
+    if len(text.encode("utf-8", "surrogateescape")) > MAX_ROLE_NAME_BYTES:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}... is longer than {MAX_ROLE_NAME_BYTES} bytes")
+    if any(ch in text for ch in "`\x00") or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} holds a backtick, NUL or control character")
+    return text
+
+
 def topic(text: str) -> str:
     """A topic to select events by: never empty, as no event's topic is (the table refuses one)."""
     if not text:

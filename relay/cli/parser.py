@@ -9,12 +9,14 @@ from typing import TYPE_CHECKING
 from relay import __version__, config
 from relay.cli.flags import (
     PROG,
+    Once,
     RouteList,
     env_flag,
     env_switch,
     env_value,
     port,
     positive_int,
+    role_name,
     seconds,
     switch_default,
     timestamp,
@@ -162,8 +164,20 @@ def _add_migrate(commands: Commands) -> None:
         default=False,
         help="also create NOLOGIN roles with least privilege: one for relays, one for writers",
     )
-    env_flag(migrate, "--relay-role", default="outbox_relay", help="name of the relay role for --create-roles")
-    env_flag(migrate, "--writer-role", default="outbox_writer", help="name of the writer role for --create-roles")
+    env_flag(
+        migrate,
+        "--relay-role",
+        type=role_name,
+        default="outbox_relay",
+        help="name of the relay role for --create-roles",
+    )
+    env_flag(
+        migrate,
+        "--writer-role",
+        type=role_name,
+        default="outbox_writer",
+        help="name of the writer role for --create-roles",
+    )
 
 
 def _add_run(commands: Commands) -> None:
@@ -241,14 +255,14 @@ def _add_admin_commands(commands: Commands) -> None:
 
     requeue = _command(commands, "requeue")
     which = requeue.add_mutually_exclusive_group(required=True)
-    which.add_argument("--id", type=positive_int, help="one event by id")
-    which.add_argument("--topic", type=topic, help="every dead-lettered event of a topic")
-    which.add_argument("--key", help="every dead-lettered event of a key ('' is a key)")
+    which.add_argument("--id", type=positive_int, action=Once, help="one event by id")
+    which.add_argument("--topic", type=topic, action=Once, help="every dead-lettered event of a topic")
+    which.add_argument("--key", action=Once, help="every dead-lettered event of a key ('' is a key)")
     which.add_argument("--all", action="store_true", help="every dead-lettered event")
     env_switch(requeue, "--json", default=False, help="print the requeued ids as JSON")
 
     skip = _command(commands, "skip")
-    skip.add_argument("--id", type=positive_int, required=True, help="the event to skip")
+    skip.add_argument("--id", type=positive_int, action=Once, required=True, help="the event to skip")
     env_flag(
         skip,
         "--publish-timeout",
@@ -267,9 +281,9 @@ def _add_admin_commands(commands: Commands) -> None:
     env_switch(purge, "--json", default=False, help="print the count as JSON")
 
     replay = _command(commands, "replay")
-    replay.add_argument("--since", type=timestamp, help="sent at or after this ISO-8601 time")
-    replay.add_argument("--until", type=timestamp, help="sent before this ISO-8601 time")
-    replay.add_argument("--key", help="only this key ('' is a key)")
-    replay.add_argument("--topic", type=topic, help="only this topic")
+    replay.add_argument("--since", type=timestamp, action=Once, help="sent at or after this ISO-8601 time")
+    replay.add_argument("--until", type=timestamp, action=Once, help="sent before this ISO-8601 time")
+    replay.add_argument("--key", action=Once, help="only this key ('' is a key)")
+    replay.add_argument("--topic", type=topic, action=Once, help="only this topic")
     replay.add_argument("--all", action="store_true", help="every kept event (required when no filter is given)")
     env_switch(replay, "--json", default=False, help="print the replayed ids as JSON")

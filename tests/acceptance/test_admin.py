@@ -35,9 +35,11 @@ def test_dead_says_when_its_limit_cut_the_list(database_url: str) -> None:
         )
     cut = cli("dead", "--json", "--limit", "2", "--database-url", database_url)
     assert [e["last_error"] for e in json.loads(cut.stdout)] == ["boom 1", "boom 2"]
-    assert "there may be more (--limit)" in cut.stderr
+    assert "there are more (--limit)" in cut.stderr
     whole = cli("dead", "--json", "--database-url", database_url)
     assert len(json.loads(whole.stdout)) == 3 and "--limit" not in whole.stderr
+    exact = cli("dead", "--json", "--limit", "3", "--database-url", database_url)
+    assert len(json.loads(exact.stdout)) == 3 and "--limit" not in exact.stderr
 
 
 def test_keep_sent_then_replay_and_purge_never_touches_unsent(database_url: str, amqp_url: str) -> None:
@@ -201,3 +203,46 @@ def test_a_filter_of_bytes_that_are_not_utf8_matches_nothing(
     done = cli(command, flag, value, "--json", "--database-url", database_url)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) in ({"requeued": []}, {"replayed": []})
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("requeue", "--id", "1", "--id", "2"),
+        ("requeue", "--key", "a", "--key", "b"),
+        ("requeue", "--topic", "a", "--topic", "a"),
+        ("replay", "--key", "a", "--key", "b"),
+        ("replay", "--since", "2026-01-01", "--since", "2026-02-01"),
+        ("replay", "--until", "2026-01-01", "--until", "2026-02-01"),
+        ("replay", "--topic", "a", "--topic", "b"),
+        ("skip", "--id", "3", "--id", "10"),
+    ],
+)
+def test_a_selection_flag_given_twice_is_refused(database_url: str, args: tuple[str, ...]) -> None:
+    # Only the last value was used: an operator meaning both got one, without a word.
+    done = cli(*args, "--database-url", database_url)
+    assert done.returncode == 2 and "is given twice" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("role", ["", "a`b", "x" * 64, "é" * 32, "line\nbreak", "tab\there", "ctl\x01"])
+@pytest.mark.parametrize("flag", ["--relay-role", "--writer-role"])
+def test_role_names_no_database_takes_as_they_are_are_refused(database_url: str, flag: str, role: str) -> None:
+    # Refused before anything runs, with the reason: MySQL took none of them, PostgreSQL cut long ones.
+    done = cli("migrate", "--create-roles", flag, role, "--database-url", database_url)
+    assert done.returncode == 2, done.stderr
+    assert flag in done.stderr and "Traceback" not in done.stderr
+    by_variable = cli("migrate", "--create-roles", "--database-url", database_url, RELAY_WRITER_ROLE=role)
+    assert by_variable.returncode == 2 and "RELAY_WRITER_ROLE" in by_variable.stderr, by_variable.stderr
+
+
+def test_dead_lists_one_line_per_event_whatever_its_error_holds(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox (topic, key, payload, state, last_error, failed_at)"
+            " VALUES ('t\tx', 'k\ny', '{}', 'failed', E'first line\n42\tlooks like an id\r', now())"
+        )
+    done = cli("dead", "--database-url", database_url)
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    assert line.split("\t")[1:3] == ["t\\tx", "key=k\\ny"]
+    assert line.endswith("first line\\n42\\tlooks like an id\\r")
