@@ -339,10 +339,13 @@ class MemoryStore:
         due = [r.created_at for r in pending if r.deliver_at <= now]
         failed = [r for r in rows if r.state == "failed"]
         scheduled = [r for r in pending if r.deliver_at > now]
+        # Keys whose oldest unsent event is the one not due yet, with a due event behind it
+        # (a key behind a dead letter is parked, not waiting on a schedule).
         waiting = {
             r.key
             for r in scheduled
             if r.key is not None
+            and self._unsent(r.key)[0] is r
             and any(o.key == r.key and o.id > r.id and o.state == "pending" and o.deliver_at <= now for o in rows)
         }
         return Status(

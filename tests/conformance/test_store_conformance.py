@@ -418,3 +418,14 @@ def test_the_oldest_pending_age_is_never_below_0(h: Harness) -> None:
     h.created("ahead", -3600)
     assert run(h.store.oldest_pending_age()) == 0
     assert run(h.admin.status()).oldest_pending_age_seconds == 0
+
+
+def test_a_key_behind_a_dead_letter_is_parked_not_waiting_on_a_schedule(h: Harness) -> None:
+    # k: dead letter, then an event not due, then a due one: the dead letter holds the key.
+    h.insert("t", {}, key="k", idempotency_key="dead")
+    claim = run(h.store.claim(10, max_attempts=MAX))
+    run(h.store.settle(claim, sent=[], retry=[], dead=[Dead(claim.events[0].id, "refused")]))
+    h.insert("t", {}, key="k", idempotency_key="later", deliver_at=datetime.now(UTC) + timedelta(hours=1))
+    h.insert("t", {}, key="k", idempotency_key="due")
+    for status in (run(h.store.status()), run(h.store.gauges())):
+        assert (status.parked_keys, status.scheduled, status.keys_waiting_on_schedule) == (1, 1, 0)
