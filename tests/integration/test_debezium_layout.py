@@ -314,3 +314,14 @@ def test_the_layout_flags_fall_back_to_the_environment_and_fail_in_one_line(
         last = result.stderr.strip().splitlines()[-1]
         assert result.returncode != 0 and last.startswith("outbox-relay: error: ") and needle in last, result.stderr
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [("status",), ("dead",), ("inspect", "1"), ("requeue", "--all")])
+def test_a_wrong_table_layout_flag_is_named_in_the_error(database_url: str, command: tuple[str, ...]) -> None:
+    # The relay's own table read as Debezium's, and Debezium's read as the relay's own.
+    native = cli(*command, "--database-url", database_url, "--table-layout", "debezium")
+    assert native.returncode == 1 and "drop the flag" in native.stderr, native.stderr
+    execute(database_url, CREATE.format(name="outboxevent", payload="jsonb"))
+    migrate(database_url, "outboxevent")
+    debezium = cli(*command, "--database-url", database_url, "--table", "outboxevent")
+    assert debezium.returncode == 1 and "pass --table-layout debezium" in debezium.stderr, debezium.stderr

@@ -92,15 +92,25 @@ def describe(exc: BaseException, dsn: str) -> str:
 
 
 @contextlib.contextmanager
-def translate_errors(dsn: str, table: TableName) -> Iterator[None]:
-    """Turn psycopg exceptions into the relay's hierarchy, without secrets."""
+def translate_errors(dsn: str, table: TableName, layout: TableLayout | None = None) -> Iterator[None]:
+    """Turn psycopg exceptions into the relay's hierarchy, without secrets; with the ``layout``
+    the command was given, a missing table or column says which flag may be wrong."""
     try:
         yield
     except psycopg.errors.UndefinedTable:
-        raise SchemaError(f"table {table} does not exist: run `outbox-relay migrate` first") from None
+        hint = ""
+        if layout is not None and layout.debezium:
+            hint = " (with --table-layout debezium, the relay reads its view over Debezium's table; drop the flag "
+            hint += "if the table is the relay's own)"
+        raise SchemaError(f"table {table} does not exist: run `outbox-relay migrate` first{hint}") from None
     except psycopg.errors.UndefinedColumn as exc:
+        hint = (
+            ""
+            if layout is None or layout.debezium
+            else "; if it is Debezium's outbox table, pass --table-layout debezium"
+        )
         raise SchemaError(
-            f"table {table} is not an outbox table or is out of date ({exc.diag.message_primary})"
+            f"table {table} is not an outbox table or is out of date ({exc.diag.message_primary}){hint}"
         ) from None
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(describe(exc, dsn)) from exc
@@ -194,7 +204,7 @@ class Database:
     def errors(self, conn: psycopg.AsyncConnection[Any] | None = None) -> Iterator[None]:
         """Translate errors; drop connections that broke, and hang up one that is read-only."""
         try:
-            with translate_errors(self.dsn, self.table):
+            with translate_errors(self.dsn, self.table, self.layout):
                 yield
         except StoreReadOnly:
             # A session can stay read-only after the database takes writes again
