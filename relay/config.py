@@ -417,6 +417,10 @@ def default_event_source(database_url: str, table: TableName) -> str:
     return Scrubber.of(database_url)(source)
 
 
+#: Characters RFC 3986 allows nowhere in a URI, unless percent-encoded.
+_NOT_IN_URIS = frozenset('<>"{}|\\^`')
+
+
 def check_event_source(text: str) -> str:
     """Return ``text`` if it can be a CloudEvents ``source``: a URI-reference with no credentials.
 
@@ -436,6 +440,14 @@ def check_event_source(text: str) -> str:
         raise ConfigError(
             f"--event-source {redact_url(text)[:80]!r} holds a user or password: it goes out with every event"
         )
+    problem = next((f"{c!r} must be percent-encoded" for c in text if c in _NOT_IN_URIS), None)
+    if problem is None:
+        try:
+            _ = urlsplit(text).port  # reading the port checks it
+        except ValueError as exc:  # an unclosed IPv6 host bracket, a port that is no number
+            problem = str(exc)
+    if problem is not None:
+        raise ConfigError(f"invalid --event-source {redact_url(text)[:80]!r}: not a URI-reference ({problem})")
     return text
 
 

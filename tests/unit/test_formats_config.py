@@ -110,7 +110,18 @@ def test_the_default_source_masks_a_database_named_like_its_password() -> None:
     assert "ss@wordy" not in broken and "wordy" not in broken
 
 
-@pytest.mark.parametrize("text", ["/shop/orders", "urn:shop:orders", "https://shop.example/orders", "orders"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "/shop/orders",
+        "urn:shop:orders",
+        "https://shop.example/orders",
+        "orders",
+        "https://[::1]:8080/orders",
+        "/a%7Bb%7D?x=1#f",
+        "//host/path",
+    ],
+)
 def test_event_sources_that_are_uri_references(text: str) -> None:
     assert check_event_source(text) == text
 
@@ -123,6 +134,16 @@ def test_event_sources_that_are_uri_references(text: str) -> None:
         ("/shop\x00", "control characters"),
         ("https://app:s3cret@shop.example/orders", "user or password"),
         ("https://app@shop.example/orders", "user or password"),
+        ("http://[bad", "not a URI-reference"),
+        ("http://[::1/x", "not a URI-reference"),
+        ("http://host:port/x", "not a URI-reference"),
+        ("/a{b}", "not a URI-reference"),
+        ("/a<b>", "not a URI-reference"),
+        ('/say"hi"', "not a URI-reference"),
+        ("/a|b", "not a URI-reference"),
+        ("/a\\b", "not a URI-reference"),
+        ("/a^b", "not a URI-reference"),
+        ("/a`b", "not a URI-reference"),
     ],
 )
 def test_bad_event_sources_are_refused_without_the_password(text: str, needle: str) -> None:
