@@ -26,8 +26,9 @@ def env_name(flag: str) -> str:
 def env_value(flag: str) -> str | None:
     """The variable behind ``flag``, if set (``--database-url`` also reads ``DATABASE_URL``)."""
     value = os.environ.get(env_name(flag))
-    if value is None and flag == "--database-url":
-        value = os.environ.get("DATABASE_URL")
+    if not value and flag == "--database-url":
+        # An empty RELAY_DATABASE_URL (a template that filled in nothing) does not hide DATABASE_URL.
+        value = os.environ.get("DATABASE_URL") or value
     return value
 
 

@@ -71,6 +71,8 @@ def test_env_fallbacks_are_read(database_url: str) -> None:
     assert result.returncode == 0, result.stderr
     result = cli("status", "--json", RELAY_DATABASE_URL=database_url, DATABASE_URL="postgresql://nobody@h:1/x")
     assert result.returncode == 0, result.stderr
+    result = cli("status", "--json", RELAY_DATABASE_URL="", DATABASE_URL=database_url)
+    assert result.returncode == 0, result.stderr
     assert_one_line_error(cli("status", RELAY_DATABASE_URL=database_url, RELAY_TABLE="nope"), "does not exist")
 
 
