@@ -115,6 +115,16 @@ class DeadEvent:
         }
 
 
+#: The most attempts the int column holds: a claim counts on from the row's attempts, taken as at
+#: least 0 and at most one below this (plain SQL may write any int there), so it never overflows.
+MAX_ATTEMPTS_COUNT = 2**31 - 1
+
+
+def next_attempt(attempts: int) -> int:
+    """The attempts a claim gives a row that had ``attempts``: one more, within 1 and the column's range."""
+    return min(max(attempts, 0), MAX_ATTEMPTS_COUNT - 1) + 1
+
+
 def _iso(moment: datetime | str | None) -> str | None:
     return moment.isoformat() if isinstance(moment, datetime) else moment
 

@@ -17,6 +17,9 @@ from uuid import UUID
 
 #: At most this long between two full scans of the claim index, while they are cheap.
 FULL_SCAN_INTERVAL_SECONDS = 1.0
+#: The ``after`` a full scan sends to the claim (:meth:`ClaimFloor.next_after` says 0): the least
+#: bigint, since plain SQL may write ids below 0 and a scan from 0 would never see them.
+FULL_SCAN_AFTER = -(2**63)
 #: A full scan that took d seconds is not repeated for ``d * FULL_SCAN_SPACING`` seconds,
 #: so full scans take about 1% of the claim connection's time (while a full scan
 #: takes under 0.1 s), however many dead entries a long transaction keeps in the index ...

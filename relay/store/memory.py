@@ -28,6 +28,7 @@ from relay.store.base import (
     Status,
     chained_keys,
     in_key_order,
+    next_attempt,
 )
 
 #: The columns of a row that ``dead`` lists as they are.
@@ -232,7 +233,7 @@ class MemoryStore:
             reaped += row.lease_expires_at is not None
             row.claim_token = token
             row.lease_expires_at = now + timedelta(seconds=self.lease_seconds)
-            row.attempts += 1
+            row.attempts = next_attempt(row.attempts)
             events.append(replace(self._as_event(row), attempts=row.attempts, chained=runs[row.id]))
         return Claim(token=token, events=events, reaped=reaped)
 

@@ -53,7 +53,7 @@ WITH candidates AS (
         ORDER BY f.id
         LIMIT 1) AS first ON o.key IS NOT NULL
     WHERE o.state = 'pending'
-      AND o.id >= %(after)s  -- the keyset hint (relay/store/floor.py); 0 for a full scan
+      AND o.id >= %(after)s  -- the keyset hint (relay/store/floor.py); the least bigint for a full scan
       AND o.deliver_at <= now()
       AND (o.lease_expires_at IS NULL
            OR (o.lease_expires_at < now() AND o.attempts < %(max_attempts)s))
@@ -75,7 +75,10 @@ WITH candidates AS (
     -- right after its last event in flight (its tail), to the tail's topic, if
     -- the tail's lease still holds; any other key starts at its first event.
     -- %(tail_keys)s, %(tail_ids)s, %(tail_topics)s: the relay's tails, key by key.
-    SELECT k.key, k.n, coalesce(t.id + 1, k.first_id) AS start, coalesce(t.topic, k.first_topic) AS topic,
+    -- (A tail at the largest bigint has nothing after it, and t.id + 1 would overflow.)
+    SELECT k.key, k.n,
+           coalesce(CASE WHEN t.id < 9223372036854775807 THEN t.id + 1 ELSE t.id END, k.first_id) AS start,
+           coalesce(t.topic, k.first_topic) AS topic,
            t.id IS NOT NULL AS flying
     FROM keyed AS k
     LEFT JOIN unnest(%(tail_keys)s::text[], %(tail_ids)s::bigint[], %(tail_topics)s::text[]) AS t(key, id, topic)
@@ -133,7 +136,8 @@ UPDATE {table} AS o
 SET claim_token = %(token)s,
     lease_owner = %(owner)s,
     lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-    attempts = o.attempts + 1
+    -- One more, counting from 0 at least and never past the int column (relay/store/base.py, next_attempt).
+    attempts = least(greatest(o.attempts, 0), 2147483646) + 1
 FROM chosen AS c
 WHERE o.id = c.id
 RETURNING o.id, o.topic, o.key, o.payload::text AS payload, o.payload_bytes, o.content_type,

@@ -50,6 +50,7 @@ class Harness(Protocol):
     def id_of(self, idem: str) -> int: ...
     def snapshot(self, idem: str) -> tuple[Any, ...]: ...
     def created(self, idem: str, ago: float) -> None: ...
+    def set_attempts(self, idem: str, attempts: int) -> None: ...
 
 
 class MemoryHarness:
@@ -87,6 +88,9 @@ class MemoryHarness:
         """Set the event's created_at ``ago`` seconds back (ahead, if negative), as plain SQL may."""
         row = next(r for r in self.store.rows.values() if r.idempotency_key == idem)
         row.created_at = self.store.now() - timedelta(seconds=ago)
+
+    def set_attempts(self, idem: str, attempts: int) -> None:
+        next(r for r in self.store.rows.values() if r.idempotency_key == idem).attempts = attempts
 
 
 class PostgresHarness:
@@ -141,6 +145,9 @@ class PostgresHarness:
         self._execute(
             "UPDATE outbox SET created_at = now() - make_interval(secs => %s) WHERE idempotency_key = %s", [ago, idem]
         )
+
+    def set_attempts(self, idem: str, attempts: int) -> None:
+        self._execute("UPDATE outbox SET attempts = %s WHERE idempotency_key = %s", [attempts, idem])
 
 
 class MySQLHarness:
@@ -209,3 +216,6 @@ class MySQLHarness:
             "UPDATE outbox SET created_at = UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND WHERE idempotency_key = %s",
             [round(ago * 1e6), idem],
         )
+
+    def set_attempts(self, idem: str, attempts: int) -> None:
+        self._execute("UPDATE outbox SET attempts = %s WHERE idempotency_key = %s", [attempts, idem])

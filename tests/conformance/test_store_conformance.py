@@ -429,3 +429,22 @@ def test_a_key_behind_a_dead_letter_is_parked_not_waiting_on_a_schedule(h: Harne
     h.insert("t", {}, key="k", idempotency_key="due")
     for status in (run(h.store.status()), run(h.store.gauges())):
         assert (status.parked_keys, status.scheduled, status.keys_waiting_on_schedule) == (1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("written", "counted"),
+    [(2**31 - 1, 2**31 - 1), (2**31 - 2, 2**31 - 1), (-(2**31), 1), (-1, 1), (0, 1), (MAX + 5, MAX + 6)],
+)
+def test_a_claim_counts_an_attempt_within_the_column_whatever_the_row_holds(
+    h: Harness, written: int, counted: int
+) -> None:
+    # attempts is the relay's column, but plain SQL can write any int there: the claim that
+    # added 1 to the largest one failed, and every claim after it (one row stopped the relay).
+    h.insert("t", {}, key="k", idempotency_key="odd")
+    h.insert("t", {}, idempotency_key="odd-null")
+    h.insert("t", {}, key="j", idempotency_key="plain")
+    for idem in ("odd", "odd-null"):
+        h.set_attempts(idem, written)
+    claim = run(h.store.claim(10, max_attempts=MAX))
+    assert {e.idempotency_key: e.attempts for e in claim.events} == {"odd": counted, "odd-null": counted, "plain": 1}
+    assert h.snapshot("odd")[1] == counted

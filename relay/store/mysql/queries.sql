@@ -62,7 +62,8 @@ FOR UPDATE SKIP LOCKED;
 -- Dead-letter a locked candidate no event can be made of (relay/store/mysql/store.py,
 -- _unusable): inside the claim's transaction, counted as an attempt, never leased.
 UPDATE {table}
-SET state = 'failed', failed_at = UTC_TIMESTAMP(6), attempts = attempts + 1, last_error = LEFT(%(error)s, 16000),
+SET state = 'failed', failed_at = UTC_TIMESTAMP(6), attempts = LEAST(GREATEST(attempts, 0), 2147483646) + 1,
+    last_error = LEFT(%(error)s, 16000),
     lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
 WHERE id = %(id)s AND state = 'pending';
 
@@ -94,7 +95,8 @@ UPDATE {table}
 SET claim_token = %(token)s,
     lease_owner = %(owner)s,
     lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %(lease_us)s MICROSECOND,
-    attempts = attempts + 1
+    -- One more, from 0 at least and never past the int column (relay/store/base.py, next_attempt).
+    attempts = LEAST(GREATEST(attempts, 0), 2147483646) + 1
 WHERE id IN %(ids)s;
 
 -- name: reap_exhausted

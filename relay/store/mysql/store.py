@@ -20,7 +20,7 @@ from uuid import uuid4
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
 from relay.errors import ClaimTimeout, StoreError, StoreUnavailable
 from relay.events import Event
-from relay.store.base import Claim, Dead, Retry, Settlement, Status, chained_keys, in_key_order
+from relay.store.base import Claim, Dead, Retry, Settlement, Status, chained_keys, in_key_order, next_attempt
 from relay.store.mysql import runs as planner
 from relay.store.mysql.admin import MySQLAdmin, micros, text, undecodable, utc
 from relay.store.mysql.connection import STATEMENT_TIMEOUT, error_code, rows_of, transaction
@@ -181,7 +181,8 @@ class MySQLStore(MySQLAdmin):
         chained, reaped = {c.id: flag for c, flag in placed}, {c.id for c, _ in placed if c.reaped}
         # The lease counted an attempt after the rows were read.
         events = [
-            self._event(rows[c.id], chained=chained[c.id], attempts=rows[c.id]["attempts"] + 1) for c, _ in placed
+            self._event(rows[c.id], chained=chained[c.id], attempts=next_attempt(rows[c.id]["attempts"]))
+            for c, _ in placed
         ]
         priority = {c.id: c.priority for c, _ in placed}
         events = in_key_order(events, lambda e: (-priority[e.id], e.id), event=lambda e: e)

@@ -17,7 +17,7 @@ from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName
 from relay.errors import ClaimTimeout, SchemaError, StoreUnavailable
 from relay.events import Event
 from relay.store.base import Claim, Dead, Retry, Settlement, Status, chained_keys, in_key_order
-from relay.store.floor import FULL_SCAN_INTERVAL_SECONDS, ClaimFloor
+from relay.store.floor import FULL_SCAN_AFTER, FULL_SCAN_INTERVAL_SECONDS, ClaimFloor
 from relay.store.postgres import monitoring
 from relay.store.postgres.admin import PostgresAdmin
 from relay.store.postgres.connection import column_of, id_array
@@ -159,7 +159,8 @@ class PostgresStore(PostgresAdmin):
         token = uuid4()
         after = self._floor.next_after()
         params = {
-            "after": after,
+            # 0 is the floor's full scan: from the least bigint, so that ids written by hand below 0 are seen.
+            "after": after if after else FULL_SCAN_AFTER,
             "limit": limit,
             "max_bytes": UNBOUNDED_BYTES if max_bytes is None else max_bytes,
             "max_attempts": max_attempts,
