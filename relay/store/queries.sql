@@ -36,8 +36,9 @@
 -- The last two columns, the same in every row, are the xmin of the claim's
 -- snapshot and its own transaction id, for the keyset hint (relay/store/floor.py).
 -- The store reads every column by name. created_at is clamped to the years a
--- Python datetime holds: plain SQL may write 'infinity' or year 20000, and a
--- row no claim could load would stall every claim.
+-- Python datetime holds, in any session time zone (hence a day inside each
+-- end): plain SQL may write 'infinity' or year 20000, and a row no claim could
+-- load would stall every claim.
 -- A hinted claim runs this as claim_hinted (relay/store/sql.py), which enters
 -- the claim index at (priority, after) for each priority seen so far.
 WITH candidates AS (
@@ -142,8 +143,8 @@ FROM chosen AS c
 WHERE o.id = c.id
 RETURNING o.id, o.topic, o.key, o.payload::text AS payload, o.payload_bytes, o.content_type,
           nullif(o.headers, '{{}}'::jsonb)::text AS headers, o.idempotency_key,
-          o.attempts, least(greatest(o.created_at, '0001-01-01 00:00:00+00'::timestamptz),
-                            '9999-12-31 23:59:59.999999+00'::timestamptz) AS created_at,
+          o.attempts, least(greatest(o.created_at, '0001-01-02 00:00:00+00'::timestamptz),
+                            '9999-12-30 00:00:00+00'::timestamptz) AS created_at,
           o.priority, c.old_lease IS NOT NULL AS reaped, c.chained,
           (SELECT pg_snapshot_xmin(pg_current_snapshot()))::text::bigint AS snapshot_xmin,
           (SELECT pg_current_xact_id())::text::bigint AS xact_id;

@@ -8,7 +8,7 @@ PostgreSQL takes ``'infinity'``, ``'-infinity'`` and years up to 294276 in a
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -19,11 +19,16 @@ from tests.acceptance.cli import cli
 from tests.conformance.harness import run
 
 BEYOND = ["infinity", "-infinity", "20000-01-01 00:00:00+00", "4713-01-01 00:00:00+00 BC", "9999-12-31 23:59:59+00"]
-EDGES = {"infinity": datetime.max, "20000-01-01 00:00:00+00": datetime.max, "-infinity": datetime.min}
+FIRST, LAST = datetime(1, 1, 2, tzinfo=UTC), datetime(9999, 12, 30, tzinfo=UTC)
+EDGES = {"infinity": LAST, "20000-01-01 00:00:00+00": LAST, "-infinity": FIRST, "4713-01-01 00:00:00+00 BC": FIRST}
 
 
 @pytest.mark.parametrize("created_at", BEYOND)
-def test_a_claim_takes_rows_whose_created_at_no_datetime_holds(database_url: str, created_at: str) -> None:
+@pytest.mark.parametrize("zone", ["UTC", "Pacific/Kiritimati", "Pacific/Pago_Pago"])  # UTC, +14 h, -11 h
+def test_a_claim_takes_rows_whose_created_at_no_datetime_holds(
+    database_url: str, created_at: str, zone: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGTZ", zone)  # libpq sends it after the relay's own TimeZone: the session's zone
     with psycopg.connect(database_url) as conn:
         for key in ("k", None):
             conn.execute(
@@ -39,8 +44,8 @@ def test_a_claim_takes_rows_whose_created_at_no_datetime_holds(database_url: str
     assert len(events) == 3
     for event in events[:2]:
         assert event.created_at.tzinfo is not None
-        if created_at in EDGES:  # clamped to the nearest time a datetime holds
-            assert event.created_at.replace(tzinfo=None, microsecond=0) == EDGES[created_at].replace(microsecond=0)
+        if created_at in EDGES:  # clamped to the nearest time a datetime holds, whatever the zone
+            assert event.created_at == EDGES[created_at]
 
 
 @pytest.mark.parametrize("moment", BEYOND)
@@ -60,7 +65,11 @@ def test_dead_and_inspect_show_times_no_datetime_holds(database_url: str, moment
     assert shown.returncode == 0, shown.stderr
     row = json.loads(shown.stdout)
     for value in (listed["created_at"], listed["failed_at"], row["created_at"], row["deliver_at"]):
-        if moment.startswith("9999"):  # a datetime holds it in UTC, the relay's sessions' zone
+        if moment in ("infinity", "-infinity"):
+            assert value == moment
+        elif zone != "UTC":  # shown in the zone the operator's PGTZ asks for, as a datetime or as text
+            assert value and value[0].isdigit()
+        elif moment.startswith("9999"):  # a datetime holds it in UTC, the relay's sessions' zone
             assert value.replace("T", " ") == "9999-12-31 23:59:59+00:00"
-        else:  # PostgreSQL's own text for it, in UTC
+        else:  # PostgreSQL's own text for it
             assert value == moment

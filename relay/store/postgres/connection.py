@@ -73,8 +73,11 @@ def connect_kwargs(
         # JIT compiling pays off for long analytical queries, never for the
         # relay's short ones: on a large table a status count spent seconds
         # compiling (its subqueries' cost estimates cross jit_above_cost).
+        # Times come back in UTC whatever the server's zone, as the relay logs them and MySQL gives
+        # them (a PGTZ the operator sets still wins: libpq sends it after the options). A startup
+        # option, not a SET: through a transaction pooler a SET would change another client's session.
         "options": (
-            "-c synchronous_commit=off -c jit=off"
+            "-c synchronous_commit=off -c jit=off -c TimeZone=UTC"
             f" -c statement_timeout={max(1, int(statement_timeout * 1000))}"
             f" -c idle_in_transaction_session_timeout={int(IDLE_IN_TRANSACTION_TIMEOUT_SECONDS * 1000)}"
         ),
@@ -246,16 +249,7 @@ class Database:
             if self._columns_in_headers:
                 kwargs["options"] += " -c outbox_relay.columns_in_headers=on"
         with self.errors():
-            conn = await psycopg.AsyncConnection.connect(self.dsn, **kwargs)
-            try:
-                # Times in UTC, whatever the server's zone or PGTZ (which libpq sends after the
-                # options): as the relay logs them and MySQL gives them, and every time up to
-                # 9999-12-31 UTC loads as a datetime.
-                await conn.execute("SET TIME ZONE 'UTC'")
-            except BaseException:
-                await conn.close()
-                raise
-            return conn
+            return await psycopg.AsyncConnection.connect(self.dsn, **kwargs)
 
     async def _connection(self, lane: Lane) -> psycopg.AsyncConnection[Any]:
         existing = self._lanes.get(lane)
