@@ -110,7 +110,7 @@ def role_name(text: str) -> str:
         raise argparse.ArgumentTypeError("a role name cannot be empty")
     if len(text.encode("utf-8", "surrogateescape")) > MAX_ROLE_NAME_BYTES:
         raise argparse.ArgumentTypeError(f"{text[:40]!r}... is longer than {MAX_ROLE_NAME_BYTES} bytes")
-    if any(ch in text for ch in "`\x00") or not text.isprintable():
+    if "`" in text or not text.isprintable():  # (NUL and every control character are not printable)
         raise argparse.ArgumentTypeError(f"{text[:40]!r} holds a backtick, NUL or control character")
     return text
 

@@ -125,6 +125,18 @@ def next_attempt(attempts: int) -> int:
     return min(max(attempts, 0), MAX_ATTEMPTS_COUNT - 1) + 1
 
 
+def undecodable(value: object) -> bool:
+    """Whether ``value`` is text holding bytes that are not UTF-8, as lone surrogates: a MySQL
+    VARBINARY column's bytes (relay/store/mysql/admin.py, ``text``) or a command-line argument."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _iso(moment: datetime | str | None) -> str | None:
     return moment.isoformat() if isinstance(moment, datetime) else moment
 

@@ -9,7 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName, redact_url
-from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, Skipped, Status
+from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, Skipped, Status, undecodable
 from relay.store.mysql.connection import Database, rows_of, transaction
 
 PURGE_BATCH_SIZE = 1000
@@ -33,17 +33,6 @@ def text(value: Any) -> Any:
     ``relay/store/mysql/store.py``).
     """
     return value.decode("utf-8", "surrogateescape") if isinstance(value, _BINARY) else value
-
-
-def undecodable(value: Any) -> bool:
-    """Whether ``value``, from :func:`text`, held bytes that are not UTF-8."""
-    if not isinstance(value, str):
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def readable(value: Any) -> Any:

@@ -20,9 +20,19 @@ from uuid import uuid4
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
 from relay.errors import ClaimTimeout, StoreError, StoreUnavailable
 from relay.events import Event
-from relay.store.base import Claim, Dead, Retry, Settlement, Status, chained_keys, in_key_order, next_attempt
+from relay.store.base import (
+    Claim,
+    Dead,
+    Retry,
+    Settlement,
+    Status,
+    chained_keys,
+    in_key_order,
+    next_attempt,
+    undecodable,
+)
 from relay.store.mysql import runs as planner
-from relay.store.mysql.admin import MySQLAdmin, micros, text, undecodable, utc
+from relay.store.mysql.admin import MySQLAdmin, micros, text, utc
 from relay.store.mysql.connection import STATEMENT_TIMEOUT, error_code, rows_of, transaction
 
 logger = logging.getLogger(__name__)

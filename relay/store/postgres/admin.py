@@ -7,23 +7,11 @@ from typing import Any
 from psycopg.rows import class_row, dict_row
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName, redact_url
-from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, Skipped, Status
+from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, Skipped, Status, undecodable
 from relay.store.postgres import monitoring
 from relay.store.postgres.connection import Database, column_of
 
 PURGE_BATCH_SIZE = 1000
-
-
-def _storable(text: str | None) -> bool:
-    """Whether ``text`` (a filter's topic or key) could be in a text column: a command-line
-    argument of bytes that are not UTF-8 comes as lone surrogates, which no event holds."""
-    if text is None:
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class PostgresAdmin:
@@ -74,8 +62,8 @@ class PostgresAdmin:
 
     async def requeue(self, selection: RequeueFilter) -> list[int]:
         """Put matching dead-lettered events back to pending with their attempts reset."""
-        if not (_storable(selection.topic) and _storable(selection.key)):
-            return []
+        if undecodable(selection.topic) or undecodable(selection.key):
+            return []  # bytes that are not UTF-8 (a command-line argument): no text column holds them
         params = {"id": selection.id, "topic": selection.topic, "key": selection.key, "all": selection.all}
         return sorted(await self._db.fetch("requeue", params, column_of("id", int)))
 
@@ -95,8 +83,8 @@ class PostgresAdmin:
 
     async def replay(self, selection: ReplayFilter) -> list[int]:
         """Put kept, already-sent events back to pending; returns their ids."""
-        if not (_storable(selection.topic) and _storable(selection.key)):
-            return []
+        if undecodable(selection.topic) or undecodable(selection.key):
+            return []  # as in requeue
         params = {
             "since": selection.since,
             "until": selection.until,
