@@ -440,12 +440,16 @@ def check_event_source(text: str) -> str:
         raise ConfigError(
             f"--event-source {redact_url(text)[:80]!r} holds a user or password: it goes out with every event"
         )
+    # A password cut by a raw '/', '?' or '#' hides from the test above; ambiguity() finds its '@'.
+    cut = ambiguity(text)
+    if cut is not None:
+        raise ConfigError(f"invalid --event-source {redact_url(text)[:80]!r}: it {cut}")
     problem = next((f"{c!r} must be percent-encoded" for c in text if c in _NOT_IN_URIS), None)
     if problem is None:
         try:
             _ = urlsplit(text).port  # reading the port checks it
-        except ValueError as exc:  # an unclosed IPv6 host bracket, a port that is no number
-            problem = str(exc)
+        except ValueError:  # (its message would echo the text after the ':', a password's piece perhaps)
+            problem = "an unclosed '[' or a port that is no number"
     if problem is not None:
         raise ConfigError(f"invalid --event-source {redact_url(text)[:80]!r}: not a URI-reference ({problem})")
     return text

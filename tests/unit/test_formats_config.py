@@ -161,3 +161,21 @@ def test_run_config_takes_the_flag_or_the_default() -> None:
     assert given.describe_sinks() == "kafka (cloudevents)"
     with pytest.raises(ConfigError, match="user or password"):
         RunConfig(dsn, OUTBOX, sink, RelaySettings(), event_source="https://a:s3cret@h/x")
+
+
+@pytest.mark.parametrize(
+    ("text", "pieces"),
+    [
+        ("http://u:p\u00e4/ss@[bad/x", ["p\u00e4", "ss@"]),
+        ("https://u:s3cr/et@host/x", ["s3cr", "et@"]),
+        ("https://u:s3c?ret@host:port/x", ["s3c", "ret@"]),
+        ("https://u:s3c#ret@host/x", ["s3c", "ret@"]),
+        ("http://u:s3cr3t/x@h:port/x", ["s3cr3t"]),
+    ],
+)
+def test_an_event_source_whose_password_a_raw_character_cuts_is_refused_without_a_piece(
+    text: str, pieces: list[str]
+) -> None:
+    with pytest.raises(ConfigError, match="percent-encode") as caught:
+        check_event_source(text)
+    assert not [piece for piece in pieces if piece in str(caught.value)], str(caught.value)
