@@ -11,6 +11,7 @@ import base64
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import TypeVar
 
 from relay.cli.commands import database, table_layout
@@ -69,6 +70,24 @@ def _printable(text: str | None) -> str:
     if text is None or text.isprintable():
         return str(text)
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def _json_value(value: object) -> object:
+    """What ``inspect --json`` writes for a column JSON has no type for."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()  # the usual way to carry bytes in JSON (back with base64 -d)
+    if isinstance(value, datetime):
+        return value.isoformat()  # as dead --json writes times
+    return str(value)  # a UUID; a time no datetime holds, as the database wrote it
+
+
+def _inspected(value: object) -> str:
+    """One column as ``inspect`` prints it: on one line, headers as JSON, bytes as PostgreSQL shows a bytea."""
+    if isinstance(value, bytes):
+        return "\\x" + value.hex()
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False)
+    return _printable(None if value is None else str(value))
 
 
 def cmd_dead(args: argparse.Namespace) -> int:
@@ -131,13 +150,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: no event {args.id}", file=sys.stderr)
         return 1
     if args.json:
-        # Bytes as base64, the usual way to carry them in JSON (and back with base64 -d).
-        print(json.dumps(row, default=lambda v: base64.b64encode(v).decode() if isinstance(v, bytes) else str(v)))
+        print(json.dumps(row, default=_json_value))
     else:
         for name, value in row.items():
-            # Bytes as PostgreSQL shows bytea: a backslash, x, and hex digits.
-            shown = "\\x" + value.hex() if isinstance(value, bytes) else value
-            print(f"{name}: {shown}")
+            print(f"{name}: {_inspected(value)}")
     return 0
 
 

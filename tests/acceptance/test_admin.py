@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 
 import psycopg
 import pytest
@@ -25,6 +26,24 @@ def test_inspect_shows_one_event(database_url: str) -> None:
     assert json.loads(shown["payload"]) == {"a": 1}
     missing = cli("inspect", "999999", "--database-url", database_url)
     assert missing.returncode == 1 and "no event 999999" in missing.stderr
+
+
+def test_inspect_writes_json_headers_iso_times_and_one_line_a_column(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        producers.publish(conn, "t", {"a": True}, headers={"h": "v\u00e9"}, idempotency_key="i-2")
+        row = conn.execute(
+            "UPDATE outbox SET last_error = 'line one' || chr(10) || 'line two', failed_at = now() RETURNING id"
+        ).fetchone()
+    assert row is not None
+    shown = json.loads(cli("inspect", str(row[0]), "--json", "--database-url", database_url).stdout)
+    for column in ("created_at", "deliver_at", "failed_at"):
+        assert "T" in shown[column] and datetime.fromisoformat(shown[column]).tzinfo is not None, shown[column]
+    assert shown["headers"] == {"h": "v\u00e9"} and shown["last_error"] == "line one\nline two"
+    text = cli("inspect", str(row[0]), "--database-url", database_url).stdout
+    lines = dict(line.split(": ", 1) for line in text.splitlines())
+    assert json.loads(lines["headers"]) == {"h": "v\u00e9"}
+    assert lines["last_error"] == "line one\\nline two"
+    assert json.loads(lines["payload"]) == {"a": True}
 
 
 def test_dead_says_when_its_limit_cut_the_list(database_url: str) -> None:
