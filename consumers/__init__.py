@@ -15,6 +15,7 @@ from __future__ import annotations
 from consumers.inbox import (
     DEFAULT_INBOX_TABLE,
     HandlerLeftTransactionBroken,
+    TransactionAlreadyOpen,
     acreate_inbox,
     aprocess_once,
     create_inbox,
@@ -26,6 +27,7 @@ from consumers.inbox import (
 __all__ = [
     "DEFAULT_INBOX_TABLE",
     "HandlerLeftTransactionBroken",
+    "TransactionAlreadyOpen",
     "acreate_inbox",
     "aprocess_once",
     "create_inbox",

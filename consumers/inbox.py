@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from relay.config import TableName
 from relay.events import IDEMPOTENCY_HEADER
@@ -32,19 +33,34 @@ _CREATE = (
     " topic text,"
     " received_at timestamptz NOT NULL DEFAULT now())"
 )
-_INSERT = "INSERT INTO {table} (idempotency_key, topic) VALUES (%s, %s) ON CONFLICT (idempotency_key) DO NOTHING"
+# RETURNING, not rowcount: in pipeline mode rowcount is -1 until the pipeline syncs, and fetching syncs it.
+# The transaction's id tells, after the handler, whether it is still the one that recorded the key.
+_INSERT = (
+    "INSERT INTO {table} (idempotency_key, topic) VALUES (%s, %s) ON CONFLICT (idempotency_key) DO NOTHING"
+    " RETURNING pg_current_xact_id()::text"
+)
+_XACT = "SELECT pg_current_xact_id_if_assigned()::text"
 
 HeaderValue = str | bytes | None
 
 
 class HandlerLeftTransactionBroken(RuntimeError):
-    """The handler returned, but the transaction can no longer commit: a statement
-    failed inside it (and the handler caught the error), or the handler ended it.
+    """The handler returned, but the transaction that recorded the key cannot
+    commit: a statement failed inside it (and the handler caught the error), or
+    the handler ended it (COMMIT or ROLLBACK) itself.
 
-    The key and the handler's writes are rolled back, so a redelivery is
-    processed again; fix the handler (roll back to a savepoint, or let the error
-    propagate).
+    After a failed statement the key and the handler's writes are rolled back,
+    so a redelivery is processed again. A handler that ended the transaction
+    itself may have committed the key, or part of its work: fix the handler
+    (roll back to a savepoint, or let the error propagate; never end the
+    transaction it is given).
     """
+
+
+class TransactionAlreadyOpen(RuntimeError):
+    """``process_once`` was given a connection inside a transaction (or with
+    commands of a pipeline not yet synced): it could not commit the key with the
+    handler's writes before returning ``True``. Commit or roll back first."""
 
 
 class KafkaMessage(Protocol):
@@ -118,20 +134,22 @@ def process_once(
     nothing is recorded and the exception propagates, so a redelivery is
     processed again. If the handler returns with the transaction aborted (it
     caught a database error) or ended, :class:`HandlerLeftTransactionBroken` is
-    raised and nothing is recorded: ``True`` always means committed.
+    raised: ``True`` always means committed.
 
-    On a connection already inside a transaction the work joins it as a
-    savepoint and is committed with the caller's transaction.
+    The connection must not be inside a transaction (:class:`TransactionAlreadyOpen`):
+    its commit would be the caller's, after this returned. Pipeline mode works.
     """
     _check_key(idempotency_key)
+    _check_idle(conn.info.transaction_status)
     _, insert = _statements(table)
     with conn.transaction():
-        inserted = conn.execute(insert, (idempotency_key, topic)).rowcount == 1
-        if not inserted:
+        recorded = _fetch(conn, insert, (idempotency_key, topic))
+        if recorded is None:
             logger.debug("skipped a duplicate", extra={"action": "inbox_duplicate", "topic": topic})
             return False
         handler(conn)
         _check_transaction(conn.info.transaction_status, topic)
+        _check_same_transaction(recorded, _current_xact(conn), topic)
     return True
 
 
@@ -145,15 +163,68 @@ async def aprocess_once(
 ) -> bool:
     """The same as :func:`process_once`, for an ``AsyncConnection`` and an async handler."""
     _check_key(idempotency_key)
+    _check_idle(conn.info.transaction_status)
     _, insert = _statements(table)
     async with conn.transaction():
-        inserted = (await conn.execute(insert, (idempotency_key, topic))).rowcount == 1
-        if not inserted:
+        recorded = await _afetch(conn, insert, (idempotency_key, topic))
+        if recorded is None:
             logger.debug("skipped a duplicate", extra={"action": "inbox_duplicate", "topic": topic})
             return False
         await handler(conn)
         _check_transaction(conn.info.transaction_status, topic)
+        _check_same_transaction(recorded, await _acurrent_xact(conn), topic)
     return True
+
+
+def _check_idle(status: psycopg.pq.TransactionStatus) -> None:
+    if status != psycopg.pq.TransactionStatus.IDLE:
+        raise TransactionAlreadyOpen(
+            "process_once needs a connection outside any transaction, to commit the key with the handler's writes "
+            "before it returns True; this one is in a transaction (or has pipeline commands not synced yet): "
+            "commit or roll back first"
+        )
+
+
+def _fetch(conn: psycopg.Connection[Any], query: sql.Composed | str, params: tuple[Any, ...] = ()) -> Any:
+    """The first column of the one row ``query`` returns (None without one), whatever the connection's row factory."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(query, params).fetchone()
+    return row[0] if row else None
+
+
+async def _afetch(conn: psycopg.AsyncConnection[Any], query: sql.Composed | str, params: tuple[Any, ...] = ()) -> Any:
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        row = await (await cur.execute(query, params)).fetchone()
+    return row[0] if row else None
+
+
+def _current_xact(conn: psycopg.Connection[Any]) -> str | None:
+    try:
+        return str(_fetch(conn, _XACT) or "") or None
+    except psycopg.errors.InFailedSqlTransaction:  # a failed statement the pipeline had not reported yet
+        raise _aborted(None) from None
+
+
+async def _acurrent_xact(conn: psycopg.AsyncConnection[Any]) -> str | None:
+    try:
+        return str(await _afetch(conn, _XACT) or "") or None
+    except psycopg.errors.InFailedSqlTransaction:
+        raise _aborted(None) from None
+
+
+def _aborted(topic: str | None) -> HandlerLeftTransactionBroken:
+    return HandlerLeftTransactionBroken(
+        f"the handler returned but its transaction cannot commit (a statement failed in it; topic {topic!r}): "
+        "nothing was recorded"
+    )
+
+
+def _ended(topic: str | None) -> HandlerLeftTransactionBroken:
+    return HandlerLeftTransactionBroken(
+        f"the handler ended the transaction that recorded the key itself (COMMIT or ROLLBACK; topic {topic!r}): "
+        "the key and the handler's writes may or may not be committed, and what the handler did after it is "
+        "rolled back"
+    )
 
 
 def _check_transaction(status: psycopg.pq.TransactionStatus, topic: str | None) -> None:
@@ -163,12 +234,17 @@ def _check_transaction(status: psycopg.pq.TransactionStatus, topic: str | None) 
     error, so without this check the key and the writes would vanish while
     ``process_once`` reported success, and the consumer would move past the event.
     """
-    if status == psycopg.pq.TransactionStatus.INTRANS:
-        return
-    why = "a statement failed in it" if status == psycopg.pq.TransactionStatus.INERROR else "the handler ended it"
-    raise HandlerLeftTransactionBroken(
-        f"the handler returned but its transaction cannot commit ({why}; topic {topic!r}): nothing was recorded"
-    )
+    if status == psycopg.pq.TransactionStatus.INERROR:
+        raise _aborted(topic)
+    if status == psycopg.pq.TransactionStatus.IDLE:
+        raise _ended(topic)
+
+
+def _check_same_transaction(recorded: str, current: str | None, topic: str | None) -> None:
+    """Raise if the transaction is not the one that recorded the key: the handler
+    ended that one and went on in another (a ROLLBACK, then more statements)."""
+    if current != recorded:
+        raise _ended(topic)
 
 
 def _text(value: object) -> str | None:

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from confluent_kafka._types import HeadersType
+from psycopg.rows import dict_row
 
 import consumers
 import producers
@@ -198,15 +199,60 @@ def test_concurrent_duplicate_waits_for_the_first_then_skips_or_takes_over(
     assert inbox_keys(database_url) == ["same-key"]
 
 
-def test_inside_a_caller_transaction_the_key_commits_with_it(database_url: str) -> None:
+def test_a_connection_inside_a_transaction_is_refused_before_anything_is_written(database_url: str) -> None:
+    """True means committed: joined to the caller's transaction, the commit would come after the return."""
     prepare(database_url)
+    ran: list[str] = []
     with psycopg.connect(database_url) as conn:
-        with conn.transaction(force_rollback=True):
-            assert consumers.process_once(conn, "k", record("rolled back")) is True
-        assert inbox_keys(database_url) == []
-        with conn.transaction():
-            assert consumers.process_once(conn, "k", record("kept")) is True
-    assert side_effects(database_url) == ["kept"]
+        with conn.transaction(force_rollback=True), pytest.raises(consumers.TransactionAlreadyOpen):
+            consumers.process_once(conn, "k", lambda c: ran.append("in a transaction block"))
+        conn.execute("SELECT 1")  # an implicit BEGIN, as psycopg opens one on a connection without autocommit
+        with pytest.raises(consumers.TransactionAlreadyOpen):
+            consumers.process_once(conn, "k", lambda c: ran.append("after an implicit BEGIN"))
+        conn.rollback()
+        assert consumers.process_once(conn, "k", record("kept")) is True
+    with (
+        psycopg.connect(database_url, autocommit=True) as conn,
+        conn.transaction(),
+        pytest.raises(consumers.TransactionAlreadyOpen),
+    ):
+        consumers.process_once(conn, "k2", lambda c: ran.append("autocommit, in a transaction block"))
+
+    async def inside() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url) as aconn:
+            await aconn.execute("SELECT 1")
+
+            async def handler(c: psycopg.AsyncConnection[Any]) -> None:
+                ran.append("async")
+
+            with pytest.raises(consumers.TransactionAlreadyOpen):
+                await consumers.aprocess_once(aconn, "k3", handler)
+
+    asyncio.run(inside())
+    assert ran == [] and side_effects(database_url) == ["kept"] and inbox_keys(database_url) == ["k"]
+
+
+def test_pipeline_mode_and_other_row_factories(database_url: str) -> None:
+    """In pipeline mode rowcount is -1 until a sync: a new key must still run the handler."""
+    prepare(database_url)
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        with conn.pipeline():
+            assert consumers.process_once(conn, "p-1", record("in a pipeline")) is True
+            assert consumers.process_once(conn, "p-1", record("a duplicate")) is False
+        assert consumers.process_once(conn, "p-2", record("dict rows")) is True
+
+    async def apipeline() -> list[bool]:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as aconn:
+
+            async def handler(c: psycopg.AsyncConnection[Any]) -> None:
+                await c.execute("INSERT INTO side_effects (note) VALUES ('async pipeline')")
+
+            async with aconn.pipeline():
+                return [await consumers.aprocess_once(aconn, key, handler) for key in ("p-3", "p-3")]
+
+    assert asyncio.run(apipeline()) == [True, False]
+    assert side_effects(database_url) == ["in a pipeline", "dict rows", "async pipeline"]
+    assert inbox_keys(database_url) == ["p-1", "p-2", "p-3"]
 
 
 def test_aprocess_once(database_url: str) -> None:

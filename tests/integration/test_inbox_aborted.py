@@ -39,10 +39,22 @@ def ends_the_transaction(conn: psycopg.Connection[Any]) -> None:
     conn.execute("ROLLBACK")
 
 
+def rolls_back_and_goes_on(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("ROLLBACK")  # the key is gone with it ...
+    conn.execute(INSERT, ["written in a transaction of its own"])  # ... and this starts another
+
+
+def rolls_back_and_reads(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("ROLLBACK")
+    conn.execute("SELECT 1")  # another transaction, with no transaction id yet
+
+
 BROKEN: dict[str, Callable[[psycopg.Connection[Any]], None]] = {
     "catches a division by zero": swallows_an_error,
     "catches a constraint violation": swallows_a_constraint_violation,
     "ends the transaction itself": ends_the_transaction,
+    "rolls back, then writes in a new transaction": rolls_back_and_goes_on,
+    "rolls back, then reads in a new transaction": rolls_back_and_reads,
 }
 
 
@@ -60,13 +72,20 @@ def test_a_handler_that_leaves_the_transaction_broken_makes_process_once_raise(
     assert inbox_keys(database_url) == ["k-1"] and side_effects(database_url) == ["done"]
 
 
-def test_inside_a_caller_transaction_it_raises_too_and_the_caller_can_go_on(database_url: str) -> None:
+def test_a_handler_that_commits_itself_is_not_taken_for_success_and_the_error_does_not_lie(database_url: str) -> None:
     prepare(database_url)
-    with psycopg.connect(database_url) as conn, conn.transaction():
-        with pytest.raises(consumers.HandlerLeftTransactionBroken):
-            consumers.process_once(conn, "k-1", swallows_an_error)
-        conn.execute(INSERT, ["the caller's own write"])
-    assert inbox_keys(database_url) == [] and side_effects(database_url) == ["the caller's own write"]
+
+    def commits(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(INSERT, ["committed by the handler"])
+        conn.execute("COMMIT")
+
+    with (
+        psycopg.connect(database_url) as conn,
+        pytest.raises(consumers.HandlerLeftTransactionBroken, match="may or may not be committed"),
+    ):
+        consumers.process_once(conn, "k-1", commits)
+    # What the handler committed stays committed; the error said it might be.
+    assert inbox_keys(database_url) == ["k-1"] and side_effects(database_url) == ["committed by the handler"]
 
 
 def test_a_handler_that_recovers_with_its_own_savepoint_commits(database_url: str) -> None:
@@ -96,9 +115,15 @@ async def aends_the_transaction(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("ROLLBACK")
 
 
+async def arolls_back_and_goes_on(conn: psycopg.AsyncConnection[Any]) -> None:
+    await conn.execute("ROLLBACK")
+    await conn.execute(INSERT, ["written in a transaction of its own"])
+
+
 ABROKEN: dict[str, Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]] = {
     "catches a division by zero": aswallows_an_error,
     "ends the transaction itself": aends_the_transaction,
+    "rolls back, then writes in a new transaction": arolls_back_and_goes_on,
 }
 
 
