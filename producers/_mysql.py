@@ -14,7 +14,9 @@ the event.
 
 from __future__ import annotations
 
+import inspect
 import json
+import weakref
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -34,6 +36,16 @@ _INSERT_BYTES = (
 )
 #: "Duplicate entry … for key …" (both servers, both drivers: the error's first argument).
 _DUPLICATE_KEY = 1062
+#: A statement longer than the server's max_allowed_packet makes it close the
+#: connection (errors 1153, 2006, 2013): the caller's transaction is lost with
+#: it. One whose payload and headers, escaped at worst (each byte doubled),
+#: stay under this needs no check; a longer one is checked against the
+#: server's limit before it is sent.
+_UNCHECKED_BYTES = 1 << 20
+#: The statement's text, columns and escaping besides payload and headers, with room to spare.
+_STATEMENT_MARGIN = 8 * 1024
+#: The server's max_allowed_packet, by connection (asked once, for the first large event).
+_max_packet: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def _driver(conn: object) -> str:
@@ -82,11 +94,41 @@ def _duplicate_idempotency_key(exc: Exception) -> bool:
     return exc.args[:1] == (_DUPLICATE_KEY,) and "idempotency_key" in str(exc.args[1:2])
 
 
+def _raw_bytes(values: dict[str, Any]) -> int:
+    payload = values["payload"]
+    size = len(payload) if isinstance(payload, bytes) else len(payload.encode("utf-8", "surrogatepass"))
+    return size + len((values["headers"] or "").encode("utf-8", "surrogatepass"))
+
+
+def _check_packet(statement_bytes: int, limit: int) -> None:
+    if statement_bytes > limit:
+        raise ValueError(
+            f"the event makes a statement of {statement_bytes:,} bytes, more than the server's max_allowed_packet "
+            f"({limit:,} bytes), which would close the connection and lose the transaction: make the payload "
+            "smaller, or raise max_allowed_packet on the server"
+        )
+
+
+def _statement_bytes(cur: Any, statement: str, values: dict[str, Any]) -> int:
+    text = cur.mogrify(statement, values)
+    return len(text.encode("utf-8", "surrogateescape")) if isinstance(text, str) else len(text)
+
+
 def insert(conn: Any, table: str, params: dict[str, Any]) -> None:
     """Write one event in ``conn``'s current transaction (PyMySQL)."""
+    values = _values(params)
+    statement = _statement(table, params)
     with conn.cursor() as cur:
+        raw = _raw_bytes(values)
+        if 2 * raw + _STATEMENT_MARGIN > _UNCHECKED_BYTES:
+            if conn not in _max_packet:
+                cur.execute("SELECT @@max_allowed_packet")
+                _max_packet[conn] = int(cur.fetchone()[0])
+            limit = _max_packet[conn]
+            if 2 * raw + _STATEMENT_MARGIN > limit:
+                _check_packet(max(raw, _statement_bytes(cur, statement, values)), limit)
         try:
-            cur.execute(_statement(table, params), _values(params))
+            cur.execute(statement, values)
         except Exception as exc:
             if not _duplicate_idempotency_key(exc):
                 raise
@@ -94,9 +136,22 @@ def insert(conn: Any, table: str, params: dict[str, Any]) -> None:
 
 async def ainsert(conn: Any, table: str, params: dict[str, Any]) -> None:
     """Write one event in ``conn``'s current transaction (asyncmy)."""
+    values = _values(params)
+    statement = _statement(table, params)
     async with conn.cursor() as cur:
+        raw = _raw_bytes(values)
+        if 2 * raw + _STATEMENT_MARGIN > _UNCHECKED_BYTES:
+            if conn not in _max_packet:
+                await cur.execute("SELECT @@max_allowed_packet")
+                _max_packet[conn] = int((await cur.fetchone())[0])
+            limit = _max_packet[conn]
+            if 2 * raw + _STATEMENT_MARGIN > limit:
+                text = cur.mogrify(statement, values)
+                text = await text if inspect.isawaitable(text) else text
+                size = len(text.encode("utf-8", "surrogateescape")) if isinstance(text, str) else len(text)
+                _check_packet(max(raw, size), limit)
         try:
-            await cur.execute(_statement(table, params), _values(params))
+            await cur.execute(statement, values)
         except Exception as exc:
             if not _duplicate_idempotency_key(exc):
                 raise

@@ -91,6 +91,8 @@ def _params(
         raise ValueError(f"topic must be at most {TOPIC_MAX_CHARS} characters")
     if key is not None and not isinstance(key, str):
         raise TypeError(f"key must be a string or None, not {type(key).__name__}")
+    if key is not None and len(key) * 4 > KEY_MAX_BYTES and len(key.encode("utf-8", "surrogatepass")) > KEY_MAX_BYTES:
+        raise ValueError(f"key must be at most {KEY_MAX_BYTES} bytes of UTF-8")
     if headers is not None and not (
         isinstance(headers, Mapping)
         and all(isinstance(k, str) and k and isinstance(v, str) for k, v in headers.items())
@@ -102,6 +104,7 @@ def _params(
         raise TypeError(f"idempotency_key must be a string or None, not {type(idempotency_key).__name__}")
     if idempotency_key is not None and len(idempotency_key) > IDEMPOTENCY_KEY_MAX_CHARS:
         raise ValueError(f"idempotency_key must be at most {IDEMPOTENCY_KEY_MAX_CHARS} characters")
+    _check_no_nul(topic, key, idempotency_key, headers)
     if deliver_at is not None:
         _check_deliver_at(deliver_at, max_deliver_ahead)
     if isinstance(priority, bool) or not isinstance(priority, int):
@@ -111,6 +114,8 @@ def _params(
     written = _payload_params(payload, content_type)
     if "content_type" not in written:
         written["payload_json"] = _json_text(payload, "payload")
+        if written["payload_json"] is not None:
+            _check_jsonb(written["payload_json"], "payload")  # MySQL would keep it: refused on both
     headers = with_trace_context(headers)
     return {
         "topic": topic,
@@ -126,6 +131,9 @@ def _params(
 
 #: The table's limits (its CHECK constraints, on both databases; INT for priority).
 TOPIC_MAX_CHARS = 249
+#: MySQL's ``key`` column (VARBINARY(1024)); on PostgreSQL the key's index would
+#: refuse about 2,700 bytes, aborting the caller's transaction. The same limit on both.
+KEY_MAX_BYTES = 1024
 IDEMPOTENCY_KEY_MAX_CHARS = 200
 PRIORITY_RANGE = range(-(2**31), 2**31)
 
@@ -162,11 +170,26 @@ def _check_jsonb(text: str, what: str) -> None:
         raise ValueError(f"{what} holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store")
 
 
+def _check_no_nul(topic: str, key: str | None, idempotency_key: str | None, headers: Mapping[str, str] | None) -> None:
+    """Refuse a NUL character in the text columns: PostgreSQL's text cannot hold one, MySQL's would."""
+    texts = [("topic", topic), ("key", key), ("idempotency_key", idempotency_key)]
+    for what, text in texts:
+        if text is not None and "\x00" in text:
+            raise ValueError(f"{what} holds a NUL character (\\x00), which PostgreSQL cannot store")
+    for name, value in (headers or {}).items():
+        if "\x00" in name or "\x00" in value:
+            raise ValueError("a header holds a NUL character (\\x00), which PostgreSQL cannot store")
+
+
 def _check_deliver_at(deliver_at: object, max_ahead: timedelta) -> None:
     if not isinstance(deliver_at, datetime):
         raise TypeError(f"deliver_at must be a datetime or None, not {type(deliver_at).__name__}")
     if deliver_at.utcoffset() is None:
         raise ValueError("deliver_at must be timezone-aware (e.g. datetime.now(UTC) + timedelta(hours=1))")
+    try:
+        deliver_at.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01 03:00+05:00, before year 1 in UTC
+        raise ValueError(f"deliver_at {deliver_at.isoformat()} is out of range in UTC") from None
     if deliver_at - datetime.now(UTC) > max_ahead:
         raise ValueError(
             f"deliver_at {deliver_at.isoformat()} is more than {max_ahead} ahead; an event that far out would hold "
@@ -178,20 +201,19 @@ def _as_is(text: str) -> str:
     return text
 
 
-def _jsonb(text: str | None, value: Any, what: str) -> Jsonb:
+def _jsonb(text: str | None, value: Any) -> Jsonb:
     """``value`` for a jsonb parameter: its checked JSON ``text`` as it is (not dumped again), or,
     without one, ``value`` for the connection's own JSON dumper."""
     if text is None:
         return Jsonb(value)
-    _check_jsonb(text, what)
-    return Jsonb(text, dumps=_as_is)
+    return Jsonb(text, dumps=_as_is)  # NUL characters: refused by _params
 
 
 def _for_postgres(params: dict[str, Any]) -> dict[str, Any]:
-    headers = _jsonb(params["headers_json"], params["headers"], "headers")
+    headers = _jsonb(params["headers_json"], params["headers"])
     if "content_type" in params:  # bytes, sent as they are
         return {**params, "headers": headers}
-    return {**params, "payload": _jsonb(params["payload_json"], params["payload"], "payload"), "headers": headers}
+    return {**params, "payload": _jsonb(params["payload_json"], params["payload"]), "headers": headers}
 
 
 def publish(

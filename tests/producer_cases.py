@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 
 BAD_ARGUMENTS: list[tuple[dict[str, object], type[Exception]]] = [
     ({"topic": ""}, ValueError),
@@ -25,4 +25,19 @@ BAD_ARGUMENTS: list[tuple[dict[str, object], type[Exception]]] = [
     ({"priority": -(2**31) - 1}, ValueError),
     ({"priority": "high"}, TypeError),
     ({"deliver_at": datetime(2030, 1, 1)}, ValueError),
+    # Before year 1 in UTC: PostgreSQL would store a BC time no reader loads, MySQL's driver would overflow.
+    ({"deliver_at": datetime(1, 1, 1, 3, tzinfo=timezone(timedelta(hours=5)))}, ValueError),
+    # More than the key's 1,024 bytes (MySQL's column; PostgreSQL's index would abort the transaction).
+    ({"key": "k" * 1025}, ValueError),
+    ({"key": "\u00e9" * 513}, ValueError),
+    ({"key": "\U0001f600" * 257}, ValueError),
+    # NUL: PostgreSQL's text and jsonb cannot hold it, MySQL's would; refused on both.
+    ({"topic": "t\x00"}, ValueError),
+    ({"key": "k\x00"}, ValueError),
+    ({"idempotency_key": "i\x00"}, ValueError),
+    ({"headers": {"h\x00": "v"}}, ValueError),
+    ({"headers": {"h": "\x00"}}, ValueError),
+    ({"payload": {"a": "nul\x00inside"}}, ValueError),
+    ({"payload": ["\x00"]}, ValueError),
+    ({"payload": {"\x00": 1}}, ValueError),
 ]

@@ -196,15 +196,61 @@ def test_publish_refuses_asyncmy_and_apublish_pymysql_before_any_sql(mysql_url: 
     assert count(mysql_url) == 0
 
 
-def test_a_nul_character_is_kept_on_mysql(mysql_url: str) -> None:
-    # MySQL's and MariaDB's JSON keep what PostgreSQL's jsonb refuses (producers refuses it there only).
+@pytest.mark.parametrize("key", ["k" * 1024, "\u00e9" * 512, "\U0001f600" * 256, " ", "\u00a0"])
+def test_keys_up_to_the_limit_are_written(mysql_url: str, key: str) -> None:
     conn = mysql_support.connect(mysql_url)
     try:
-        key = producers.publish(conn, "t", {"a": "nul\x00inside"}, headers={"h": "x\x00y"})
+        written = producers.publish(conn, "t", {}, key=key)
     finally:
         conn.close()
-    [(payload, headers)] = mysql_support.execute(
-        mysql_url, "SELECT payload, headers FROM outbox WHERE idempotency_key = %s", [key]
-    )
-    assert json.loads(payload) == {"a": "nul\x00inside"}
-    assert json.loads(headers) == {"h": "x\x00y"}
+    [(stored,)] = mysql_support.execute(mysql_url, "SELECT `key` FROM outbox WHERE idempotency_key = %s", [written])
+    assert stored == key.encode()
+
+
+def _max_allowed_packet(url: str) -> int:
+    return int(mysql_support.execute(url, "SELECT @@max_allowed_packet")[0][0])
+
+
+def _past_the_packet(limit: int) -> list[tuple[str, object]]:
+    """Events whose INSERT is longer than ``limit``: by their size, or only once escaped (each byte doubled)."""
+    return [
+        ("json, larger than the packet", {"s": "x" * (limit + 1)}),
+        ("bytes, larger than the packet", b"a" * (limit + 1)),
+        ("bytes of NULs, 0.6 x the packet, escaped past it", b"\x00" * (limit * 6 // 10)),
+        ("json of quotes, 0.6 x the packet, escaped past it", {"s": "'" * (limit * 6 // 10)}),
+    ]
+
+
+def test_an_event_longer_than_max_allowed_packet_is_refused_and_the_transaction_goes_on(mysql_url: str) -> None:
+    """The server would close the connection, losing the caller's transaction; refused before it is sent."""
+    limit = _max_allowed_packet(mysql_url)
+    conn = mysql_support.connect(mysql_url, autocommit=False)
+    try:
+        before = producers.publish(conn, "t", {"written": "before"})
+        for name, payload in _past_the_packet(limit):
+            with pytest.raises(ValueError, match="max_allowed_packet"):
+                producers.publish(conn, "t", payload)
+            assert conn.open, name
+        after = producers.publish(conn, "t", b"b" * (limit * 4 // 10))  # checked, and under it once escaped
+        conn.commit()
+    finally:
+        conn.close()
+    rows = mysql_support.execute(mysql_url, "SELECT idempotency_key FROM outbox ORDER BY id")
+    assert [r[0] for r in rows] == [before.encode(), after.encode()]
+
+    async def apublish_past_it() -> str:
+        aconn = await _aconnect(mysql_url)
+        try:
+            await aconn.begin()
+            kept = await producers.apublish(aconn, "t", {"written": "async"})
+            for _, payload in _past_the_packet(limit):
+                with pytest.raises(ValueError, match="max_allowed_packet"):
+                    await producers.apublish(aconn, "t", payload)
+            await aconn.commit()
+            return kept
+        finally:
+            aconn.close()
+
+    kept = asyncio.run(apublish_past_it())
+    assert count(mysql_url) == 3
+    assert mysql_support.execute(mysql_url, "SELECT COUNT(*) FROM outbox WHERE idempotency_key = %s", [kept]) == [(1,)]

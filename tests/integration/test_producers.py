@@ -114,9 +114,6 @@ def test_apublish_and_a_schema_qualified_table(database_url: str) -> None:
     ("kwargs", "error"),
     [
         *BAD_ARGUMENTS,
-        # PostgreSQL's jsonb refuses a NUL character (MySQL's JSON keeps it).
-        ({"payload": {"a": "nul\x00inside"}}, ValueError),
-        ({"headers": {"h": "nul\x00"}}, ValueError),
         ({"table": 'outbox"; drop table outbox;--'}, ConfigError),
     ],
 )
@@ -226,3 +223,11 @@ def test_a_connection_s_own_json_dumper_still_writes_what_json_cannot(database_u
         key = producers.publish(conn, "t", {"amount": Decimal("1.50")})
         row = conn.execute("SELECT payload FROM outbox WHERE idempotency_key = %s", [key]).fetchone()
     assert row == ({"amount": "1.50"},)
+
+
+@pytest.mark.parametrize("key", ["k" * 1024, "\u00e9" * 512, "\U0001f600" * 256, " ", "\u00a0"])
+def test_keys_up_to_the_limit_are_written(database_url: str, key: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        written = producers.publish(conn, "t", {}, key=key)
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT key FROM outbox WHERE idempotency_key = %s", [written]).fetchone() == (key,)

@@ -33,7 +33,7 @@ CREATE TABLE {table} (
     payload_bytes    LONGBLOB,
     content_type     VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
     PRIMARY KEY (id),
-    CONSTRAINT {topic_check} CHECK (topic <> ''),
+    CONSTRAINT {topic_check} CHECK (OCTET_LENGTH(topic) > 0),
     CONSTRAINT {idempotency_key_check} CHECK (idempotency_key <> ''),
     CONSTRAINT {headers_check} CHECK (JSON_TYPE(headers) = 'OBJECT'),
     CONSTRAINT {state_check} CHECK (state IN ('pending', 'sent', 'failed', 'skipped')),
@@ -49,4 +49,4 @@ CREATE TABLE {table} (
     INDEX {failed_idx} (state, `key`)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
-INSERT INTO {version_table} (version, name) VALUES (1, 'initial'), (2, 'bytes_payloads');
+INSERT INTO {version_table} (version, name) VALUES (1, 'initial'), (2, 'bytes_payloads'), (3, 'topic_check');
