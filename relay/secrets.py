@@ -67,14 +67,17 @@ _SECRET_WORDS = (
 _NAMES_NOT_SCRUBBED = frozenset({"sasl.username"})
 #: A secret cut at these characters (by a parser that took a raw one for a
 #: delimiter) may be echoed in pieces; pieces this long or longer are scrubbed.
-_DELIMITERS = re.compile(r"[/?#@:&=;,\s]+")
-_URL_DELIMITER_GROUPS = re.compile(r"([/?#@:&=;,]+)")
+#: '[' and ']' too: urlsplit echoes what it finds between them as an IPv6 host it cannot read.
+_DELIMITERS = re.compile(r"[/?#@:&=;,\[\]\s]+")
+_URL_DELIMITER_GROUPS = re.compile(r"([/?#@:&=;,\[\]]+)")
 #: Runs of pieces are made of secrets up to this long, of at most this many pieces.
 SPAN_FORM_MAX_CHARS = 128
 SPAN_MAX_PIECES = 6
 MIN_PIECE_CHARS = 4
-# ``name=value`` in a URL query or a libpq keyword string; a quoted value may hold spaces.
-_OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>'(?:\\.|[^'\\])*'|[^&\s#;]*)")
+# ``name=value`` in a URL query or a libpq keyword string: up to a '&' or a space, and a quoted
+# part may hold spaces. Not cut at '#' or ';': a raw one in a password is part of it to whoever
+# wrote it, and what follows it would be shown.
+_OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>(?:'(?:\\.|[^'\\])*'|[^&\s])*)")
 _AUTHORITY_END = re.compile(r"[/?#]")
 _QUERY_START = re.compile(r"[?]")
 #: After a secret option's value: chunks cut off by a raw '&' or space, each without '=' (so not an option).

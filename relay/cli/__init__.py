@@ -9,6 +9,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import itertools
 import sys
 from collections.abc import Callable, Sequence
 
@@ -37,9 +40,25 @@ def _secrets(args: argparse.Namespace) -> list[str]:
     return [secret for text in texts if text for secret in secrets.secrets_in(text)]
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line parsed; argparse's own errors (an unknown flag, a typo in a
+    flag's name, a bad choice) echo the arguments, so they are scrubbed of the
+    secrets in them first."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    # A URL cut by an unquoted space arrives as two arguments: each pair is read as one too.
+    texts = [*given, *(f"{a} {b}" for a, b in itertools.pairwise(given))]
+    scrub = secrets.Scrubber(secret for text in texts for secret in secrets.secrets_in(text))
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return build_parser().parse_args(given)
+    finally:
+        sys.stderr.write(scrub(said.getvalue()))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``outbox-relay`` console script."""
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     reject_bad_env(args)
     found = _secrets(args)
     if not configure_logging(PROG, args.log_level, args.log_format, found):

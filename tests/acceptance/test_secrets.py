@@ -112,3 +112,34 @@ def test_a_running_relay_and_the_admin_commands_show_no_password(database_url: s
     outputs = {"logs": logs, "metrics": metrics, **{" ".join(c.args[3:5]): c.stdout + c.stderr for c in commands}}
     shown = {name: [line for line in text.splitlines() if leaks(line)] for name, text in outputs.items()}
     assert not any(shown.values()), shown
+
+
+#: Command lines argparse itself refuses, echoing an argument that carries a password.
+MISTYPED = {
+    "a flag the command does not take": ["status", "--database-url", DATABASE, "--sink", "amqp://u:{pw}@127.0.0.1/"],
+    "a misspelt flag": ["migrate", "--databse-url=postgresql://app:{pw}@127.0.0.1/db"],
+    "a URL where the command goes": ["--database-url", "postgresql://app:{pw}@127.0.0.1/db", "status"],
+    "a route the command does not take": ["dead", "--route", "a.*=kafka://127.0.0.1:1?sasl.password={pw}"],
+    "a bad choice beside a URL": ["run", "--database-url", "mysql://app:{pw}@127.0.0.1/db", "--log-format", "xml"],
+    "an unquoted space in the password": ["status", "--database-url", "postgresql://app:{pw} Cnry9@127.0.0.1/db"],
+}
+
+
+@pytest.mark.timeout(300)
+def test_a_mistyped_command_line_echoes_no_password() -> None:
+    jobs = {
+        (case, form): [arg.format(pw=password) for arg in args]
+        for case, args in MISTYPED.items()
+        for form, password in PASSWORDS.items()
+    }
+    # The space case splits its URL into two arguments, as a shell does.
+    jobs = {
+        job: [part for arg in args for part in (arg.split(" ") if job[0].startswith("an unquoted") else [arg])]
+        for job, args in jobs.items()
+    }
+    with ThreadPoolExecutor(6) as pool:
+        results = dict(zip(jobs, pool.map(lambda args: cli(*args), jobs.values()), strict=True))
+    for job, result in results.items():
+        assert result.returncode == 2 and "error:" in result.stderr, (job, result.stderr)
+    shown = {job: r.stdout + r.stderr for job, r in results.items() if leaks(r.stdout + r.stderr)}
+    assert not shown, shown

@@ -27,6 +27,7 @@ from relay.config import (
 from relay.errors import ConfigError
 from relay.logs import JsonFormatter, ScrubSecrets
 from relay.metrics import Metrics
+from relay.secrets import Scrubber
 from relay.sinks import build_router
 
 #: Every piece of every canary holds this marker, so a canary cut into pieces by
@@ -44,6 +45,10 @@ PASSWORDS = {
     "percent-encoded": "Cnry1%2FCnry2%40Cnry3%3ACnry4%23Cnry5%3FCnry6",
     "non-ASCII": "Cnry1üß€Cnry2",
     "percent-encoded non-ASCII": "Cnry1%C3%BC%E2%82%ACCnry2",
+    # urlsplit echoes what lies between brackets as an IPv6 host it cannot read.
+    "raw brackets": "Cnry1[Cnry2]Cnry3",
+    "raw semicolon": "Cnry1;Cnry2",
+    "raw quote": "Cnry1'Cnry2",
 }
 #: Where a password goes, by kind of URL.
 URLS = {
@@ -222,3 +227,22 @@ def test_json_logs_scrub_the_structured_fields_too(password: str) -> None:
 def test_a_kafka_config_repr_masks_every_secret_option(name: str) -> None:
     config = KafkaSinkConfig("k:1", {name: "Cnry1", "linger.ms": "5"})
     assert not leaks(repr(config)) and "'linger.ms': '5'" in repr(config)
+
+
+#: A secret option's value with a raw character that ends no query value, in the places it is written.
+RAW_VALUE_TEXTS = [
+    "kafka://k1.example:9092?sasl.password={pw}&client.id=relay",
+    "kafka://k1.example:9092?ssl.key.password={pw}",
+    "postgresql://app@db.example/shop?password={pw}",
+    "postgresql://app@db.example/shop?sslpassword={pw} x",
+    "host=db.example password={pw} dbname=shop",
+    "mysql://app@db.example/shop?ssl-key=/keys/{pw}",
+]
+
+
+@pytest.mark.parametrize("value", ["Cnry1;Cnry2", "Cnry1#Cnry2", "'Cnry1'Cnry2", "Cnry1'Cnry2", "Cnry1;Cnry2#Cnry3"])
+@pytest.mark.parametrize("template", RAW_VALUE_TEXTS)
+def test_a_secret_value_is_masked_and_scrubbed_past_a_raw_semicolon_hash_or_quote(template: str, value: str) -> None:
+    text = template.format(pw=value)
+    assert not leaks(redact_url(text)), redact_url(text)
+    assert not leaks(Scrubber.of(text)(f"error in {text}: {value} {unquote(value)}")), text
