@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from devservers import free_port
-from relay.config import AmqpSinkConfig, parse_sink_url
+from relay.config import AmqpSinkConfig, Format, parse_sink_url
 from relay.errors import ConfigError, SinkError, SinkUnavailable
 from relay.events import HELD, IDEMPOTENCY_HEADER, Event, Failure, Outcome
 from relay.holds import KeyHolds
@@ -278,6 +278,31 @@ def test_oversized_payloads_are_refused_up_front(amqp_url: str) -> None:
         assert isinstance(outcomes[1], Failure) and outcomes[1].permanent
         assert "202 bytes is larger than" in outcomes[1].error
         assert len(queue.collect(2)) == 2
+
+
+@pytest.mark.parametrize("chosen", [Format.CLOUDEVENTS_STRUCTURED, Format.CLOUDEVENTS, Format.NATIVE])
+def test_a_body_over_the_limit_in_the_sink_s_format_is_refused_up_front(amqp_url: str, chosen: Format) -> None:
+    """The structured envelope carries bytes in base64 and adds its attributes: the body, not the payload,
+    is what the broker measures. The other formats send the payload as the body."""
+    limit = 2000
+    bytes_payload = replace(make_event("t", payload=b"\x07" * 1600), content_type="application/octet-stream")
+    near_json = make_event("t", payload=b'"' + b"y" * (limit - 100) + b'"')
+    small = make_event("t", payload=b'{"fits": true}')
+    with temp_queue(amqp_url) as queue:
+        events = [replace(e, topic=queue.name) for e in (bytes_payload, near_json, small)]
+        sink = RabbitMQSink(
+            AmqpSinkConfig(url=amqp_url, format=chosen), publish_timeout_seconds=5.0, max_message_bytes=limit
+        )
+        [outcomes] = asyncio.run(publish_once(sink, events))
+        structured = chosen is Format.CLOUDEVENTS_STRUCTURED
+        for outcome in outcomes[:2]:
+            if structured:
+                assert isinstance(outcome, Failure) and outcome.permanent, outcomes
+                assert "message body" in outcome.error and "larger than the broker's max" in outcome.error
+            else:
+                assert outcome is None, outcomes
+        assert outcomes[2] is None
+        assert len(queue.collect(1 if structured else 3)) == (1 if structured else 3)
 
 
 def test_a_body_over_the_broker_limit_fails_alone_and_the_channel_recovers(amqp_url: str) -> None:

@@ -7,6 +7,8 @@ down with it; these checks decide that without a round trip.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from relay.events import Event
 from relay.sinks.rabbitmq.frames import SHORTSTR_MAX_BYTES
 
@@ -20,8 +22,12 @@ RESERVED_HEADERS = frozenset({"CC", "BCC", "x-death", "x-received-from", "x-deli
 RESERVED_HEADER_PREFIXES = ("x-first-death-", "x-last-death-", "x-amqp-1.0-")
 
 
-def refusal(event: Event, max_message_bytes: int) -> str | None:
-    """Why ``event`` can never be published as it is, or None."""
+def refusal(event: Event, max_message_bytes: int, body_bytes: Callable[[Event], int] | None = None) -> str | None:
+    """Why ``event`` can never be published as it is, or None.
+
+    ``body_bytes`` is the size of the body the sink's format makes of an event
+    (a CloudEvents envelope is larger than the payload it carries); without it,
+    the payload is the body."""
     for name in event.headers:
         if name in RESERVED_HEADERS or name.startswith(RESERVED_HEADER_PREFIXES):
             return (
@@ -36,6 +42,8 @@ def refusal(event: Event, max_message_bytes: int) -> str | None:
         return f"idempotency key (message_id) is longer than {SHORTSTR_MAX_BYTES} bytes"
     if len(event.payload) > max_message_bytes:
         return too_large(len(event.payload), max_message_bytes)
+    if body_bytes is not None and (size := body_bytes(event)) > max_message_bytes:
+        return too_large(size, max_message_bytes, what="message body (the payload in its CloudEvents envelope)")
     return None
 
 
@@ -45,6 +53,6 @@ def too_long(text: str) -> bool:
     return len(text) > SHORTSTR_MAX_BYTES // 4 and len(text.encode()) > SHORTSTR_MAX_BYTES
 
 
-def too_large(size: int, max_bytes: int) -> str:
-    """The failure text of a payload over the broker's max message size."""
-    return f"payload of {size} bytes is larger than the broker's max message size of {max_bytes} bytes"
+def too_large(size: int, max_bytes: int, *, what: str = "payload") -> str:
+    """The failure text of a payload (or body) over the broker's max message size."""
+    return f"{what} of {size} bytes is larger than the broker's max message size of {max_bytes} bytes"

@@ -250,7 +250,7 @@ class Link:
             size, max_bytes = int(oversize.group(1)), int(oversize.group(2))
             self._learn_max_size(max_bytes)
             for tag, (batch, index) in list(self._pending.items()):
-                if len(batch.events[index].payload) == size:
+                if self._body_is(batch.events[index], size):
                     del self._pending[tag]
                     batch.resolve(index, Failure(too_large(size, max_bytes), permanent=True), settled=True)
         # The connection's refusal reaches its channels first.
@@ -269,6 +269,12 @@ class Link:
             # Connection-level losses are logged once, by the connection callback.
             logger.warning("%s", self.last_error, extra={"action": "rabbitmq.channel_closed"})
 
+    def _body_is(self, event: Event, size: int) -> bool:
+        """Whether ``event``'s body, in the sink's format, is ``size`` bytes (the size a 406 names)."""
+        if len(event.payload) > size:
+            return False  # a body is never smaller than its payload
+        return len(event.payload) == size or len(self._encode(event)[0]) == size
+
     def _fail_pending(self, error: str, *, refused: bool) -> None:
         """Every message awaiting a confirm is lost with the channel; after a
         refusal each is a suspect, sent again to find the one refused."""
@@ -279,7 +285,8 @@ class Link:
             if refused:
                 batch.suspect([index], f"unconfirmed, {error}")
             else:
-                batch.resolve(index, Failure(f"unconfirmed, {error}"), settled=False)
+                # Not the event's fault (the broker may even have it): given back without an attempt spent.
+                batch.resolve(index, Failure(f"unconfirmed, {error}", unavailable=True), settled=False)
 
     def _on_return(
         self, channel: Channel, method: spec.Basic.Return, properties: spec.BasicProperties, body: bytes

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from relay.config import CONNECT_TIMEOUT_SECONDS, AmqpSinkConfig
+from relay.config import CONNECT_TIMEOUT_SECONDS, AmqpSinkConfig, Format
 from relay.errors import ConfigError, SinkError, SinkTimeout, SinkUnavailable
 from relay.events import Event, Failure, Outcome
 from relay.holds import KeyHolds
@@ -30,6 +30,10 @@ from relay.sinks.rabbitmq.params import connection_parameters
 
 logger = logging.getLogger(__name__)
 
+#: At most how many times its payload a CloudEvents body is, plus its attributes' bytes:
+#: a text payload becomes a JSON string, whose escapes (\u0000) take six bytes a byte.
+ENVELOPE_GROWTH_MAX = 6
+ENVELOPE_BYTES_MAX = 64 * 1024
 #: RabbitMQ 3.x's default ``max_message_size``; a larger body closes the channel.
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 HEARTBEAT_SECONDS = 30
@@ -70,6 +74,7 @@ class RabbitMQSink:
         self._exchange = config.exchange
         # The message shape (config.format), chosen once: called per event as it is sent.
         self._encode = amqp_encoder(config.format, event_source)
+        self._native = config.format is Format.NATIVE
         self._url = redact_url(config.url)
         self._redact = Scrubber.of(config.url)
         self._publish_timeout = publish_timeout_seconds
@@ -121,7 +126,7 @@ class RabbitMQSink:
     async def _publish(self, batch: Batch) -> list[Outcome]:
         loop = asyncio.get_running_loop()
         for index, event in enumerate(batch.events):
-            refused = refusal(event, self._max_message_bytes)
+            refused = refusal(event, self._max_message_bytes, None if self._native else self._body_bytes)
             if refused is not None:
                 batch.refused[index] = refused
         if len(batch.refused) == len(batch.events) and not batch.waiting:
@@ -340,6 +345,13 @@ class RabbitMQSink:
             if self._link is link:
                 self._link = None
         await link.close(graceful=graceful)
+
+    def _body_bytes(self, event: Event) -> int:
+        """The size of ``event``'s body in the sink's format; encoded only when it could pass the limit
+        (an envelope adds its attributes, and base64 a third, or escaping up to six times, to a payload)."""
+        if len(event.payload) * ENVELOPE_GROWTH_MAX + ENVELOPE_BYTES_MAX <= self._max_message_bytes:
+            return len(event.payload)
+        return len(self._encode(event)[0])
 
     def _learn_max_size(self, max_bytes: int) -> None:
         # The broker's limit is lower than configured: check against it up
