@@ -30,6 +30,10 @@ BACKOFF_INITIAL_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 300.0
 LEASE_SECONDS = 60.0
 PUBLISH_TIMEOUT_SECONDS = 30.0
+#: Below this no broker acknowledges in time: every publish would time out and be repeated.
+MIN_PUBLISH_TIMEOUT_SECONDS = 0.1
+#: Where /metrics and the health endpoints listen unless told: this host only.
+DEFAULT_METRICS_HOST = "127.0.0.1"
 POLL_INTERVAL_SECONDS = 0.5
 POLL_INTERVAL_MAX_SECONDS = 5.0
 CONNECT_TIMEOUT_SECONDS = 10.0
@@ -348,7 +352,7 @@ def _parse_kafka(url: str) -> KafkaSinkConfig:
         raise ConfigError(f"kafka sink URL {redact_url(url)!r} names no broker (kafka://host:port)")
     for host in hosts:
         name, sep, port = host.rpartition(":")
-        if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not name or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             shown = Scrubber.of(url)(host)
             raise ConfigError(f"kafka broker {shown!r} in {redact_url(url)!r} is not host:port")
     chosen = Format.NATIVE
@@ -513,8 +517,13 @@ class RelaySettings:
                 self.backoff_max_seconds >= self.backoff_initial_seconds,
                 "--backoff-max must be >= --backoff-initial",
             ),
-            (self.publish_timeout_seconds > 0, "--publish-timeout must be positive"),
+            (
+                self.publish_timeout_seconds >= MIN_PUBLISH_TIMEOUT_SECONDS,
+                f"--publish-timeout must be at least {MIN_PUBLISH_TIMEOUT_SECONDS:g} s: a shorter one times out "
+                "every publish, and each repeat is a copy",
+            ),
             (self.poll_interval_seconds > 0, "--poll-interval must be positive"),
+            (self.poll_interval_max_seconds > 0, "--poll-interval-max must be positive"),
             (self.pipeline_depth >= 1, "pipeline depth must be at least 1"),
         ]
         for ok, message in checks:

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from relay.cli.commands import database, table_layout
 from relay.cli.flags import MAX_INT, PROG
-from relay.config import parse_duration
+from relay.config import MIN_PUBLISH_TIMEOUT_SECONDS, parse_duration
 from relay.errors import ConfigError
 from relay.store.base import Admin, ReplayFilter, RequeueFilter, Skipped
 
@@ -125,6 +125,8 @@ def cmd_requeue(args: argparse.Namespace) -> int:
 
 def cmd_skip(args: argparse.Namespace) -> int:
     """``outbox-relay skip``."""
+    if args.publish_timeout < MIN_PUBLISH_TIMEOUT_SECONDS:  # as run refuses it: the same variable
+        raise ConfigError(f"--publish-timeout must be at least {MIN_PUBLISH_TIMEOUT_SECONDS:g} s")
     grace = args.publish_timeout + PUBLISH_OVERRUN_SECONDS
     outcome = _on_admin(args, lambda admin: admin.skip(args.id, lease_grace_seconds=grace))
     if outcome is Skipped.SKIPPED:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 
 from relay.config import (
+    DEFAULT_METRICS_HOST,
     RelaySettings,
     TableLayout,
     TableName,
@@ -63,8 +64,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         backoff_max_seconds=args.backoff_max,
         lease_seconds=args.lease_seconds,
         publish_timeout_seconds=args.publish_timeout,
-        poll_interval_seconds=args.poll_interval,
-        poll_interval_max_seconds=max(args.poll_interval, args.poll_interval_max),
+        # A longest wait below the first one caps it: "never wait longer than this" (docs/mysql.md).
+        poll_interval_seconds=min(args.poll_interval, args.poll_interval_max) or args.poll_interval,
+        poll_interval_max_seconds=args.poll_interval_max,
         pipeline_depth=args.pipeline_depth,
         listen=args.listen,
     )
@@ -77,7 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         settings=settings,
         keep_sent=args.keep_sent,
         retention_seconds=parse_duration(args.retention) if args.retention else None,
-        metrics_host=args.metrics_host,
+        # Empty (a template that filled in nothing) is unset, as for the database URL: never every interface.
+        metrics_host=args.metrics_host.strip() or DEFAULT_METRICS_HOST,
         metrics_port=args.metrics_port,
         startup_timeout_seconds=args.startup_timeout,
         event_source=args.event_source,

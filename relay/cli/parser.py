@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from relay import __version__, config
 from relay.cli.flags import (
@@ -101,9 +101,17 @@ _RUN_HELP = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, as every other configuration error."""
+
+    def error(self, message: str) -> NoReturn:
+        """Say what is wrong on one line, where to look, and exit 2."""
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line, for ``main`` and for the generated docs."""
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = Parser(
         prog=PROG,
         description="Deliver a PostgreSQL or MySQL outbox table to Kafka or RabbitMQ, at least once, in key order.",
     )
@@ -235,7 +243,7 @@ def _add_run(commands: Commands) -> None:
         help="serve /metrics, /healthz and /readyz on this port",
         metavar="N",
     )
-    env_flag(run, "--metrics-host", default="127.0.0.1", help="address for --metrics-port")
+    env_flag(run, "--metrics-host", default=config.DEFAULT_METRICS_HOST, help="address for --metrics-port")
     env_flag(
         run,
         "--startup-timeout",

@@ -66,7 +66,7 @@ def migrate(url: str, table: TableName, *, notify: bool | None = None, layout: T
     """Apply the migrations ``table`` lacks (``notify`` is PostgreSQL's NOTIFY trigger switch)."""
     if is_mysql_url(url):
         _native_only(layout)
-        if notify is not None:
+        if notify:  # off is what MySQL has: an environment shared with PostgreSQL may well say so
             raise ConfigError("--notify is for PostgreSQL: MySQL has no NOTIFY, relays poll")
         _mysql()
         from relay.store.mysql.migrate import migrate as migrate_mysql

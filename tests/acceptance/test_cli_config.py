@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -236,3 +238,77 @@ def test_migrate_twice_and_status_json(empty_database: str) -> None:
     assert status["oldest_pending_age_seconds"] >= 5
     text = cli("status", "--database-url", empty_database).stdout
     assert "pending: 1" in text
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--batch-size", "abc"],
+        ["run", "--poll-interval", "soon"],
+        ["run", "--metrics-port", "70000"],
+        ["dead", "--limit", "-1"],
+        ["status", "--no-such-flag"],
+        ["no-such-command"],
+        [],
+    ],
+)
+def test_a_command_line_argparse_refuses_is_one_line_too(args: list[str]) -> None:
+    result = cli(*args)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("outbox-relay") and ": error: " in lines[0] and "--help" in lines[0], lines
+    assert "usage:" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "needle"),
+    [
+        (["--publish-timeout", "1e-9"], {}, "--publish-timeout must be at least 0.1"),
+        ([], {"RELAY_PUBLISH_TIMEOUT": "0.05"}, "--publish-timeout must be at least 0.1"),
+        (["--poll-interval-max", "0"], {}, "--poll-interval-max must be positive"),
+        (["--sink", "kafka://127.0.0.1:\u0669\u0660\u0669\u0662"], {}, "is not host:port"),
+        (["--sink", "kafka://127.0.0.1:\uff19\uff10\uff19\uff12"], {}, "is not host:port"),
+        (["--sink", "kafka://127.0.0.1:9092?linger.ms=nan"], {}, "not a number of milliseconds from 0 up"),
+        (["--sink", "kafka://127.0.0.1:9092?linger.ms=-1"], {}, "not a number of milliseconds from 0 up"),
+        (["--sink", "kafka://127.0.0.1:9092?queue.buffering.max.ms=inf"], {}, "not a number of milliseconds"),
+        (["--sink", "kafka://127.0.0.1:9092?linger.ms=1&queue.buffering.max.ms=nan"], {}, "milliseconds"),
+    ],
+)
+def test_values_no_publish_could_work_with_are_refused_at_start(
+    database_url: str, flags: list[str], env: dict[str, str], needle: str
+) -> None:
+    args = ["run", "--database-url", database_url, *flags]
+    if "--sink" not in flags:
+        args += ["--sink", "kafka://127.0.0.1:9092"]
+    result = cli(*args, timeout=60, **env)
+    assert_one_line_error(result, needle)
+    assert result.returncode == 2
+
+
+def test_skip_refuses_a_publish_timeout_run_refuses(database_url: str) -> None:
+    result = cli("skip", "--id", "1", "--database-url", database_url, RELAY_PUBLISH_TIMEOUT="0")
+    assert_one_line_error(result, "--publish-timeout must be at least 0.1")
+
+
+def test_an_empty_metrics_host_is_the_default_loopback_not_every_interface(database_url: str, amqp_url: str) -> None:
+    port = free_port()
+    relay = spawn("run", "--database-url", database_url, "--sink", amqp_url, "--metrics-port", str(port),
+                  RELAY_METRICS_HOST=" ")  # fmt: skip
+    try:
+        deadline = 30.0
+        started = time.monotonic()
+        while time.monotonic() - started < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError("metrics never served on 127.0.0.1")
+        listening = [line for line in Path("/proc/net/tcp").read_text().splitlines()[1:] if f":{port:04X} " in line]
+        assert listening and all(line.split()[1].startswith("0100007F:") for line in listening), listening
+        on_ipv6 = [line for line in Path("/proc/net/tcp6").read_text().splitlines()[1:] if f":{port:04X} " in line]
+        assert on_ipv6 == [], on_ipv6
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        relay.communicate(timeout=30)

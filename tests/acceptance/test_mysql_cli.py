@@ -13,6 +13,7 @@ import pytest
 
 from devservers import free_port, wait_for_port
 from tests import mysql_support
+from tests.acceptance.cli import cli as env_cli
 from tests.acceptance.test_run_kafka import http_get, metric
 from tests.integration.kafka_support import consume, unique_topic
 from tests.relay_support import relay_process, stop_process, wait_until
@@ -161,3 +162,11 @@ def test_replay_takes_times_at_the_ends_of_the_calendar(mysql_url: str, bounds: 
     conn.close()
     replayed = json.loads(ok("replay", *bounds, "--json", "--database-url", mysql_url))["replayed"]
     assert len(replayed) == 1
+
+
+def test_notify_off_is_what_mysql_has_and_on_is_refused(mysql_empty_url: str) -> None:
+    """An environment shared with PostgreSQL may turn NOTIFY off; MySQL has no NOTIFY to turn on."""
+    assert "applied" in ok("migrate", "--database-url", mysql_empty_url, "--no-notify")
+    assert "up to date" in env_cli("migrate", "--database-url", mysql_empty_url, RELAY_NOTIFY="0").stdout
+    refused = cli("migrate", "--database-url", mysql_empty_url, "--notify")
+    assert refused.returncode == 2 and "--notify is for PostgreSQL" in refused.stderr

@@ -164,3 +164,31 @@ def test_table_layouts_and_their_options() -> None:
 def test_bad_table_layouts_are_refused(name: str, options: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         TableLayout.parse(name, **options)
+
+
+@pytest.mark.parametrize(
+    ("flags", "first", "longest"),
+    [
+        ([], 0.5, 5.0),
+        (["--poll-interval-max", "0.1"], 0.1, 0.1),  # below the first wait: it caps it (docs/mysql.md)
+        (["--poll-interval", "2", "--poll-interval-max", "1"], 1.0, 1.0),
+        (["--poll-interval", "0.2", "--poll-interval-max", "3"], 0.2, 3.0),
+    ],
+)
+def test_the_longest_poll_wait_caps_the_first(
+    monkeypatch: pytest.MonkeyPatch, flags: list[str], first: float, longest: float
+) -> None:
+    import relay.app
+    from relay.cli import build_parser
+    from relay.cli.commands import cmd_run
+
+    seen: list[Any] = []
+
+    async def capture(config: Any) -> None:
+        seen.append(config.settings)
+
+    monkeypatch.setattr(relay.app, "serve", capture)
+    args = build_parser().parse_args(["run", "--database-url", "postgresql://h/db", "--sink", "kafka://h:1", *flags])
+    assert cmd_run(args) == 0
+    [settings] = seen
+    assert (settings.poll_interval_seconds, settings.poll_interval_max_seconds) == (first, longest)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from relay.config import KafkaSinkConfig
@@ -40,15 +41,20 @@ def producer_config(config: KafkaSinkConfig, *, publish_timeout_seconds: float, 
         "log.connection.close": False,
     }
     options = checked_options(config.options)
-    linger = options.get("linger.ms", options.get("queue.buffering.max.ms", str(LINGER_MS)))
-    try:
-        linger_ms = float(linger)
-    except ValueError:
-        raise ConfigError(f"kafka option linger.ms={linger[:20]!r} is not a number of milliseconds") from None
-    if linger_ms >= timeout_ms:
-        raise ConfigError(
-            f"kafka option linger.ms={linger_ms:g} must be shorter than --publish-timeout ({timeout_ms} ms): "
-            "messages would time out waiting in the producer's queue"
-        )
+    # Either name sets it (librdkafka's alias); each one given is checked.
+    for name in [n for n in ("linger.ms", "queue.buffering.max.ms") if n in options] or ["linger.ms"]:
+        linger = options.get(name, str(LINGER_MS))
+        shown = name if name == "linger.ms" else f"{name} (linger.ms)"
+        try:
+            linger_ms = float(linger)
+        except ValueError:
+            raise ConfigError(f"kafka option {shown}={linger[:20]!r} is not a number of milliseconds") from None
+        if not math.isfinite(linger_ms) or linger_ms < 0:
+            raise ConfigError(f"kafka option {shown}={linger[:20]!r} is not a number of milliseconds from 0 up")
+        if linger_ms >= timeout_ms:
+            raise ConfigError(
+                f"kafka option {shown}={linger_ms:g} must be shorter than --publish-timeout ({timeout_ms} ms): "
+                "messages would time out waiting in the producer's queue"
+            )
     settings.update(options)
     return settings
