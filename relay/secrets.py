@@ -78,6 +78,8 @@ MIN_PIECE_CHARS = 4
 # part may hold spaces. Not cut at '#' or ';': a raw one in a password is part of it to whoever
 # wrote it, and what follows it would be shown.
 _OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>(?:'(?:\\.|[^'\\])*'|[^&\s])*)")
+#: The ``PATTERN=`` of a ``PATTERN=URL`` route (at the start, or after a space in RELAY_ROUTES).
+_ROUTE_PATTERN = re.compile(r"(?:^|(?<=\s))[^=\s]+=(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
 _AUTHORITY_END = re.compile(r"[/?#]")
 _QUERY_START = re.compile(r"[?]")
 #: After a secret option's value: chunks cut off by a raw '&' or space, each without '=' (so not an option).
@@ -148,7 +150,12 @@ def _mask_options(text: str) -> str:
             return match[0]
         return f"{match['name']}{match['eq']}{MASK}"
 
-    return _OPTION.sub(mask, text)
+    # A route's pattern is shown as it is: it is no option, whatever words it holds ("secrets.*").
+    shown, last = [], 0
+    for route in _ROUTE_PATTERN.finditer(text):
+        shown += [_OPTION.sub(mask, text[last : route.start()]), route[0]]
+        last = route.end()
+    return "".join([*shown, _OPTION.sub(mask, text[last:])])
 
 
 def redact_url(url: str) -> str:
@@ -180,6 +187,7 @@ def secrets_in(text: str) -> list[str]:
     route or a libpq keyword string. The password is read as everything between
     the scheme's ``//`` and the last ``@``, which covers what any parser takes it for."""
     found: list[str] = []
+    text = _ROUTE_PATTERN.sub("", text)  # a route's pattern is no option, whatever words it holds
     _, separator, rest = text.partition("://")
     if separator:
         userinfo, at, _ = rest.rpartition("@")

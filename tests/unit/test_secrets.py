@@ -246,3 +246,13 @@ def test_a_secret_value_is_masked_and_scrubbed_past_a_raw_semicolon_hash_or_quot
     text = template.format(pw=value)
     assert not leaks(redact_url(text)), redact_url(text)
     assert not leaks(Scrubber.of(text)(f"error in {text}: {value} {unquote(value)}")), text
+
+
+@pytest.mark.parametrize("pattern", ["secrets.*", "tokens", "api-key.events", "password-resets.*"])
+def test_a_route_pattern_is_no_option_whatever_words_it_holds(pattern: str) -> None:
+    """Taken for a secret option, the pattern's "value" (the whole URL) would scrub the broker's host from every log."""
+    route = f"{pattern}=kafka://broker.example:9092?client.id=relay&sasl.password=Cnry1;Cnry2"
+    scrub = Scrubber.of(route)
+    assert scrub("connected to broker.example:9092 as relay") == "connected to broker.example:9092 as relay"
+    assert not leaks(scrub("Cnry1;Cnry2")) and not leaks(redact_url(route))
+    assert redact_url(route).startswith(f"{pattern}=kafka://broker.example:9092?client.id=relay&sasl.password=***")
