@@ -163,7 +163,8 @@ async def start(relay: Relay, timeout: float, stop: asyncio.Event | None = None)
             return True
         except RelayError as exc:
             await relay.store.close()
-            if asyncio.get_running_loop().time() >= deadline:
+            # A configuration mistake (a URL libpq refuses) stays one: no waiting mends it.
+            if isinstance(exc, ConfigError) or asyncio.get_running_loop().time() >= deadline:
                 raise
             logger.warning("not started yet, trying again: %s", exc, extra={"action": "start_retry"})
             with contextlib.suppress(TimeoutError):

@@ -312,3 +312,27 @@ def test_an_empty_metrics_host_is_the_default_loopback_not_every_interface(datab
     finally:
         relay.send_signal(signal.SIGTERM)
         relay.communicate(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("query", "needle"),
+    [
+        ("?bogus=1", 'invalid URI query parameter: "bogus"'),
+        ("?sslmode=bogus", 'invalid sslmode value: "bogus"'),
+        ("?target_session_attrs=nonsense", 'invalid target_session_attrs value: "nonsense"'),
+        ("?gssencmode=maybe", 'invalid gssencmode value: "maybe"'),
+    ],
+)
+def test_a_database_url_libpq_refuses_is_a_configuration_error_at_once(
+    database_url: str, query: str, needle: str
+) -> None:
+    """Not "trying again" for --startup-timeout: no wait mends it (MySQL's URL checks say so at once too)."""
+    params = psycopg.conninfo.conninfo_to_dict(database_url)
+    url = f"postgresql://{params['user']}:{CANARY}@127.0.0.1:{params.get('port', 5432)}/{params['dbname']}{query}"
+    for args in (["status"], ["run", "--sink", "kafka://127.0.0.1:1", "--startup-timeout", "30"]):
+        started = time.monotonic()
+        result = cli(*args, "--database-url", url, timeout=60)
+        assert_one_line_error(result, needle)
+        assert result.returncode == 2 and time.monotonic() - started < 15, result.stderr
+    keywords = f"{psycopg.conninfo.make_conninfo(database_url)} password={CANARY} bogus=1"
+    assert_one_line_error(cli("status", "--database-url", keywords), 'invalid connection option "bogus"')

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -170,3 +171,17 @@ def test_notify_off_is_what_mysql_has_and_on_is_refused(mysql_empty_url: str) ->
     assert "up to date" in env_cli("migrate", "--database-url", mysql_empty_url, RELAY_NOTIFY="0").stdout
     refused = cli("migrate", "--database-url", mysql_empty_url, "--notify")
     assert refused.returncode == 2 and "--notify is for PostgreSQL" in refused.stderr
+
+
+def test_server_errors_read_as_sentences_not_driver_tuples(mysql_empty_url: str) -> None:
+    base = mysql_empty_url.rsplit("/", 1)[0]
+    cases = [
+        (["status", "--database-url", f"{base}/no_such_database_here"], "MySQL error 1049: Unknown database"),
+        (["status", "--database-url", mysql_empty_url, "--table", "information_schema.outbox"], "does not exist"),
+        (["dead", "--database-url", mysql_empty_url], "does not exist: run `outbox-relay migrate` first"),
+    ]
+    for args, needle in cases:
+        result = cli(*args)
+        errors = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode != 0 and len(errors) == 1 and needle in errors[0], result.stderr
+        assert re.search(r"\(\d{4}, ", result.stderr) is None, result.stderr  # not the driver's (1049, "...")

@@ -48,6 +48,8 @@ READ_ONLY = frozenset({1290, 1792, 1836})
 #: The statement hit max_execution_time (MySQL 3024) or max_statement_time (MariaDB 1969).
 STATEMENT_TIMEOUT = frozenset({3024, 1969})
 _NO_TABLE, _NO_COLUMN = 1146, 1054
+#: ER_UNKNOWN_TABLE: the table named in a database with no such table (information_schema.outbox).
+_UNKNOWN_TABLE = 1109
 
 R = TypeVar("R")
 Lane = Literal["main", "settle", "stats"]
@@ -104,7 +106,10 @@ _NOT_TLS = "WRONG_VERSION_NUMBER"
 
 def describe(exc: BaseException, url: str) -> str:
     """A one-line description of a driver error with any password removed."""
-    text = one_line(str(exc).replace(url, redact_url(url)), Scrubber.of(url)) or type(exc).__name__
+    said = str(exc)
+    if isinstance(exc, my_errors.MySQLError) and len(exc.args) == 2 and isinstance(exc.args[0], int):
+        said = f"MySQL error {exc.args[0]}: {exc.args[1]}"  # not the driver's tuple, (1049, "Unknown ...")
+    text = one_line(said.replace(url, redact_url(url)), Scrubber.of(url)) or type(exc).__name__
     if _NOT_TLS in text:
         text += " (the server does not speak TLS: is TLS enabled on it?)"
     return text
@@ -120,7 +125,7 @@ def error_code(exc: BaseException) -> int | None:
 def translate(exc: BaseException, url: str, table: TableName) -> StoreError:
     """The relay's exception for a driver exception, without secrets."""
     code = error_code(exc)
-    if code == _NO_TABLE:
+    if code in (_NO_TABLE, _UNKNOWN_TABLE):
         return SchemaError(f"table {table} does not exist: run `outbox-relay migrate` first")
     if code == _NO_COLUMN:
         return SchemaError(f"table {table} is not an outbox table or is out of date ({describe(exc, url)})")

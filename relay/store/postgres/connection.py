@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, Literal, TypeVar
@@ -16,7 +17,7 @@ from psycopg.rows import AsyncRowFactory, BaseRowFactory, RowMaker
 from psycopg.types.datetime import TimestamptzLoader
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName, redact_url
-from relay.errors import SchemaError, StoreError, StoreReadOnly, StoreUnavailable
+from relay.errors import ConfigError, SchemaError, StoreError, StoreReadOnly, StoreUnavailable
 from relay.secrets import Scrubber, one_line, secrets_in
 from relay.store import sql as named
 
@@ -94,6 +95,10 @@ def describe(exc: BaseException, dsn: str) -> str:
     return one_line(str(exc).replace(dsn, redact_url(dsn)), Scrubber.of(dsn)) or type(exc).__name__
 
 
+#: libpq's words for a connection option with a value it does not know (invalid sslmode value: "x").
+_BAD_OPTION_VALUE = re.compile(r"\binvalid [\w ]+ value: ")
+
+
 @contextlib.contextmanager
 def translate_errors(dsn: str, table: TableName, layout: TableLayout | None = None) -> Iterator[None]:
     """Turn psycopg exceptions into the relay's hierarchy, without secrets; with the ``layout``
@@ -115,7 +120,13 @@ def translate_errors(dsn: str, table: TableName, layout: TableLayout | None = No
         raise SchemaError(
             f"table {table} is not an outbox table or is out of date ({exc.diag.message_primary}){hint}"
         ) from None
+    except psycopg.ProgrammingError as exc:
+        if exc.sqlstate is None:  # libpq refused the URL itself: an unknown parameter or option
+            raise ConfigError(f"invalid database URL: {describe(exc, dsn)}") from None
+        raise StoreError(describe(exc, dsn)) from exc
     except psycopg.OperationalError as exc:
+        if exc.sqlstate is None and _BAD_OPTION_VALUE.search(str(exc)):  # sslmode=bogus, and the like
+            raise ConfigError(f"invalid database URL: {describe(exc, dsn)}") from None
         raise StoreUnavailable(describe(exc, dsn)) from exc
     except psycopg.errors.ReadOnlySqlTransaction:
         # A failover's old primary, or a database made read-only for maintenance:
