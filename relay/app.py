@@ -205,7 +205,8 @@ async def _relay_until_stopped(
         extra={"action": "start", "batch_size": config.settings.batch_size},
     )
     side_tasks = []
-    if config.keep_sent and config.retention_seconds is not None and hasattr(relay.store, "purge"):
+    # What the table keeps, skipped events always and sent ones with --keep-sent, is purged once old.
+    if config.retention_seconds is not None and hasattr(relay.store, "purge"):
         admin: Admin = relay.store  # type: ignore[assignment]  # both database stores are also Admin
         side_tasks.append(asyncio.create_task(purge_forever(admin, config.retention_seconds, stop), name="retention"))
     for task in side_tasks:

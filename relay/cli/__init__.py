@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from relay import secrets
 from relay.cli import admin, commands
-from relay.cli.flags import PROG, add_env_flag, reject_bad_env
+from relay.cli.flags import PROG, add_env_flag, misspelt_env, reject_bad_env
 from relay.cli.parser import build_parser
 from relay.errors import ConfigError, RelayError
 from relay.logs import configure_from_flags as configure_logging
@@ -60,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``outbox-relay`` console script."""
     args = _parse(argv)
     reject_bad_env(args)
+    for warning in misspelt_env():
+        print(warning, file=sys.stderr)
     found = _secrets(args)
     if not configure_logging(PROG, args.log_level, args.log_format, found):
         return 2

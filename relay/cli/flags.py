@@ -8,6 +8,7 @@ names the variable.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -23,8 +24,13 @@ def env_name(flag: str) -> str:
     return "RELAY_" + flag.lstrip("-").replace("-", "_").upper()
 
 
+#: Every variable a flag reads (filled in as the parser is built).
+_READ: set[str] = set()
+
+
 def env_value(flag: str) -> str | None:
     """The variable behind ``flag``, if set (``--database-url`` also reads ``DATABASE_URL``)."""
+    _READ.add(env_name(flag))
     value = os.environ.get(env_name(flag))
     if not value and flag == "--database-url":
         # An empty RELAY_DATABASE_URL (a template that filled in nothing) does not hide DATABASE_URL.
@@ -235,3 +241,15 @@ class RouteList(argparse.Action):
         routes = [] if current is None or current is self.default else list(current)
         routes.append(values)
         setattr(namespace, self.dest, routes)
+
+
+def misspelt_env() -> list[str]:
+    """Warnings for set ``RELAY_*`` variables that no flag reads but that look like one that does
+    (``RELAY_ROUTE`` for ``RELAY_ROUTES``): such a setting is silently without effect otherwise.
+    Call it once the parser is built. Other ``RELAY_*`` names may be another program's: not judged."""
+    warnings = []
+    for name in sorted(n for n in os.environ if n.startswith("RELAY_") and n not in _READ):
+        near = difflib.get_close_matches(name, sorted(_READ), n=1, cutoff=0.9)
+        if near:
+            warnings.append(f"{PROG}: warning: {name} is not read (did you mean {near[0]}?); it has no effect")
+    return warnings

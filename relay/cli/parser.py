@@ -233,7 +233,8 @@ def _add_run(commands: Commands) -> None:
     env_flag(
         run,
         "--retention",
-        help="with --keep-sent: purge sent events older than this (e.g. 7d, 12h) in small batches every minute",
+        help="purge what the table keeps (skipped events; with --keep-sent, sent ones) once older than this "
+        "(e.g. 7d, 12h), in small batches every minute",
         metavar="DURATION",
     )
     env_flag(

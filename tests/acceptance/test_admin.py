@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
@@ -11,7 +12,7 @@ import psycopg
 import pytest
 
 import producers
-from tests.acceptance.cli import cli
+from tests.acceptance.cli import cli, spawn
 from tests.integration.rabbit_support import temp_queue
 from tests.relay_support import RelayThread, outbox_counts, wait_until
 
@@ -265,3 +266,26 @@ def test_dead_lists_one_line_per_event_whatever_its_error_holds(database_url: st
     (line,) = done.stdout.splitlines()
     assert line.split("\t")[1:3] == ["t\\tx", "key=k\\ny"]
     assert line.endswith("first line\\n42\\tlooks like an id\\r")
+
+
+def test_retention_without_keep_sent_purges_old_skipped_events(database_url: str, amqp_url: str) -> None:
+    """Skipped events stay in the table whatever --keep-sent says: --retention ages them out."""
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox (topic, payload, state, idempotency_key, created_at, failed_at) VALUES"
+            " ('t', '{}', 'skipped', 'old-skipped', now() - interval '3 hours', now() - interval '2 hours'),"
+            " ('t', '{}', 'skipped', 'new-skipped', now(), now()),"
+            " ('t', '{}', 'failed', 'old-dead', now() - interval '3 hours', now() - interval '2 hours')"
+        )
+    relay = spawn("run", "--database-url", database_url, "--sink", amqp_url, "--retention", "1h")
+    try:
+
+        def left() -> list[str]:
+            with psycopg.connect(database_url) as conn:
+                return [r[0] for r in conn.execute("SELECT idempotency_key FROM outbox ORDER BY idempotency_key")]
+
+        wait_until(lambda: left() == ["new-skipped", "old-dead"], timeout=30)
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        relay.communicate(timeout=30)
+    assert relay.returncode == 0

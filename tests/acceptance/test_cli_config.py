@@ -336,3 +336,15 @@ def test_a_database_url_libpq_refuses_is_a_configuration_error_at_once(
         assert result.returncode == 2 and time.monotonic() - started < 15, result.stderr
     keywords = f"{psycopg.conninfo.make_conninfo(database_url)} password={CANARY} bogus=1"
     assert_one_line_error(cli("status", "--database-url", keywords), 'invalid connection option "bogus"')
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [("RELAY_ROUTE", "RELAY_ROUTES"), ("RELAY_FIELD_HEADER", "RELAY_FIELD_HEADERS"),
+     ("RELAY_BATCHSIZE", "RELAY_BATCH_SIZE"), ("RELAY_MAX_ATTEMPT", "RELAY_MAX_ATTEMPTS")],
+)  # fmt: skip
+def test_a_misspelt_variable_is_named_not_silently_ignored(database_url: str, name: str, meant: str) -> None:
+    result = cli("status", "--json", "--database-url", database_url, **{name: "x", "RELAY_SOMETHING_ELSE": "1"})
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("outbox-relay: warning:")]
+    assert warnings == [f"outbox-relay: warning: {name} is not read (did you mean {meant}?); it has no effect"]
