@@ -344,7 +344,8 @@ def test_a_database_url_libpq_refuses_is_a_configuration_error_at_once(
      ("RELAY_BATCHSIZE", "RELAY_BATCH_SIZE"), ("RELAY_MAX_ATTEMPT", "RELAY_MAX_ATTEMPTS")],
 )  # fmt: skip
 def test_a_misspelt_variable_is_named_not_silently_ignored(database_url: str, name: str, meant: str) -> None:
-    result = cli("status", "--json", "--database-url", database_url, **{name: "x", "RELAY_SOMETHING_ELSE": "1"})
+    variables: dict[str, str] = {name: "x", "RELAY_SOMETHING_ELSE": "1"}
+    result = cli("status", "--json", "--database-url", database_url, timeout=60, **variables)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("outbox-relay: warning:")]
     assert warnings == [f"outbox-relay: warning: {name} is not read (did you mean {meant}?); it has no effect"]
