@@ -150,6 +150,12 @@ class Relay:
                     self.metrics.oldest_pending_age.set(await self.store.oldest_pending_age())
             except StoreUnavailable as exc:
                 logger.info("gauges not refreshed: %s", exc, extra={"action": "gauges_retry"})
+            except Exception as exc:  # noqa: BLE001 - gauges that stop for good would hide every backlog
+                # Any other failure (a row no query expected) is said, and the next round tries again:
+                # the alerts on these gauges must not go quiet while the relay goes on.
+                logger.warning(
+                    "gauges not refreshed (%s): %s", type(exc).__name__, exc, extra={"action": "gauges_failed"}
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), AGE_INTERVAL_SECONDS)
 
@@ -418,6 +424,9 @@ class Relay:
         """
         delay = self._timeouts.next_delay()
         self._limits.publish_timed_out()
+        # Not attempts spent in the table (the broker may have them), but attempts it did not acknowledge:
+        # the "Publishing fails" alert (docs/operations.md) must see a broker that times out.
+        self.metrics.failed_attempts.inc(timed_out)
         self._resume_claims_at = max(self._resume_claims_at, time.monotonic() + delay)
         logger.warning(
             "no acknowledgement in time, releasing %d of %d events for %.1fs; next batches at most %d events%s",

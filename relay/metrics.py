@@ -33,7 +33,9 @@ class Metrics:
             Counter("outbox_relay_published", "Events acknowledged by the broker.", ["topic"], registry=r), max_topics
         )
         self.failed_attempts = Counter(
-            "outbox_relay_failed_attempts", "Publish attempts the broker did not acknowledge.", registry=r
+            "outbox_relay_failed_attempts",
+            "Publish attempts the broker did not acknowledge (errors and timeouts).",
+            registry=r,
         )
         self.dead_lettered = Counter("outbox_relay_dead_lettered", "Events dead-lettered.", registry=r)
         self.reaped = Counter(

@@ -185,3 +185,21 @@ def test_server_errors_read_as_sentences_not_driver_tuples(mysql_empty_url: str)
         errors = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode != 0 and len(errors) == 1 and needle in errors[0], result.stderr
         assert re.search(r"\(\d{4}, ", result.stderr) is None, result.stderr  # not the driver's (1049, "...")
+
+
+def test_status_counts_a_row_with_a_zero_created_at(mysql_url: str) -> None:
+    """MariaDB takes '0000-00-00' from a writer whose sql_mode lacks NO_ZERO_DATE; TIMESTAMPDIFF gives NULL for it."""
+    conn = mysql_support.connect(mysql_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION sql_mode = ''")
+            cur.execute(
+                "INSERT INTO outbox (topic, `key`, payload, created_at) VALUES"
+                " ('t', 'k', '{}', '0000-00-00 00:00:00'), ('t', 'k2', '{}', UTC_TIMESTAMP(6))"
+            )
+    finally:
+        conn.close()
+    shown = cli("status", "--json", "--database-url", mysql_url)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    status = json.loads(shown.stdout)
+    assert status["pending"] == 2 and 0 <= status["oldest_pending_age_seconds"] < 60, status

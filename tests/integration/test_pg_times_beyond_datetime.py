@@ -73,3 +73,24 @@ def test_dead_and_inspect_show_times_no_datetime_holds(database_url: str, moment
             assert value.replace("T", " ") == "9999-12-31 23:59:59+00:00"
         else:  # PostgreSQL's own text for it
             assert value == moment
+
+
+@pytest.mark.parametrize("created_at", BEYOND)
+def test_status_and_the_gauges_age_rows_no_datetime_holds(database_url: str, created_at: str) -> None:
+    """'infinity' minus a time is no interval: the age clamps such a created_at to now (0) or to year 1."""
+    with psycopg.connect(database_url) as conn:
+        conn.execute("INSERT INTO outbox (topic, key, payload, created_at) VALUES ('t', 'k', '{}', %s)", (created_at,))
+        conn.execute("INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k2', '{}')")
+    shown = cli("status", "--json", "--database-url", database_url)
+    assert shown.returncode == 0, shown.stderr
+    status = json.loads(shown.stdout)
+    assert status["pending"] == 2
+    age = status["oldest_pending_age_seconds"]
+    assert age >= 0 and (age > 3e10 if created_at.startswith(("-", "4713")) else age < 60), (created_at, age)
+    store = PostgresStore(database_url, TableName.parse("outbox"), owner="test", lease_seconds=30, listen=False)
+    run(store.open())
+    try:
+        assert run(store.oldest_pending_age()) == pytest.approx(age, abs=5.0)
+        assert run(store.gauges()).pending == 2
+    finally:
+        run(store.close())

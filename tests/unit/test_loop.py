@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from relay.config import RelaySettings
+from relay.errors import StoreError
 from relay.events import Event, Failure, Outcome
 from relay.loop import Relay
 from relay.sinks.memory import MemorySink
-from relay.store.base import Claim, Dead, Retry, Settlement
+from relay.store.base import Claim, Dead, Retry, Settlement, Status
 from relay.store.memory import MemoryStore
 
 FAST = RelaySettings(
@@ -229,3 +231,38 @@ def test_a_bug_in_a_sink_stops_the_relay_loudly() -> None:
 
     with pytest.raises(RuntimeError, match="outcomes"):
         asyncio.run(asyncio.wait_for(scenario(), 5))
+
+
+class _GaugesFailTwice(MemoryStore):
+    """A store whose gauges fail twice as no outage does (a row no query expected), then answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 0
+
+    async def gauges(self) -> Status:
+        if self.failures < 2:
+            self.failures += 1
+            raise StoreError("cannot subtract infinite timestamps")
+        return await super().gauges()
+
+    async def oldest_pending_age(self) -> float:
+        if self.failures < 2:
+            self.failures += 1
+            raise TypeError("float() argument must be a string or a real number, not 'NoneType'")
+        return await super().oldest_pending_age()
+
+
+def test_the_gauges_go_on_after_a_failure_no_outage_explains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped for good, they would read 0 while a backlog waits: the alerts on them would never fire."""
+    import relay.loop
+
+    monkeypatch.setattr(relay.loop, "AGE_INTERVAL_SECONDS", 0.01)
+    monkeypatch.setattr(relay.loop, "COUNTS_INTERVAL_SECONDS", 0.01)
+    store = _GaugesFailTwice()
+    later = datetime.now(UTC) + timedelta(hours=1)
+    for i in range(3):
+        store.insert("t", {"i": i}, deliver_at=later)  # pending, and never due while the test runs
+    relay_ = Relay(store, MemorySink(), FAST)
+    go(run_until(relay_, lambda: relay_.metrics.scheduled._value.get() == 3))
+    assert store.failures == 2

@@ -112,6 +112,11 @@ def test_a_stalled_broker_gets_a_bounded_number_of_copies_and_nothing_is_spent_o
         assert first_copies == sorted(first_copies)
     # Acknowledged again: back to full batches.
     assert SETTINGS.batch_size in sink.batches[batches_in_stall:], sink.batches
+    # Each message not acknowledged in time counts as a failed attempt ("Publishing fails" alerts on it),
+    # though none is spent in the table; none dead-lettered.
+    not_acknowledged = len(sink.stored) - len(sink.delivered)
+    assert 0 < relay.metrics.failed_attempts._value.get() <= not_acknowledged
+    assert relay.metrics.dead_lettered._value.get() == 0
 
 
 def test_the_bound_is_one_message_per_publish_timeout_and_longest_delay_in_the_long_run() -> None:
