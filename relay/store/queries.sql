@@ -233,9 +233,12 @@ FROM counts AS c;
 -- name: oldest_pending_age
 -- The age of the oldest event status counts as pending: due, and not leased.
 -- A loose index scan over the claim index: each distinct priority, then the
--- lowest due id of each that no live lease holds (ids follow insertion, so
--- that is the oldest up to transactions still open when they inserted): a
--- handful of index probes, plus a step over each event in flight.
+-- lowest due ids of each that no live lease holds (ids follow insertion, so
+-- those are the oldest up to transactions still open when they inserted): a
+-- handful of index probes, plus a step over each event in flight. The first
+-- hundred of each, not the first alone: created_at is the writer's to set,
+-- and one written ahead of the clock (a local time taken for UTC) would
+-- otherwise hide the age of every event after it.
 WITH RECURSIVE priorities AS (
     (SELECT priority FROM {table} WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
     UNION ALL
@@ -255,7 +258,7 @@ CROSS JOIN LATERAL (
     WHERE o.state = 'pending' AND o.priority = p.priority AND o.deliver_at <= now()
       AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
     ORDER BY o.priority DESC, o.id
-    LIMIT 1
+    LIMIT 100
 ) AS h
 WHERE p.priority IS NOT NULL;
 

@@ -203,3 +203,14 @@ def test_status_counts_a_row_with_a_zero_created_at(mysql_url: str) -> None:
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
     status = json.loads(shown.stdout)
     assert status["pending"] == 2 and 0 <= status["oldest_pending_age_seconds"] < 60, status
+
+
+def test_a_created_at_ahead_of_the_clock_does_not_hide_the_age_of_the_events_after_it(mysql_url: str) -> None:
+    mysql_support.execute(
+        mysql_url,
+        "INSERT INTO outbox (topic, `key`, payload, created_at) VALUES"
+        " ('t', 'a', '{}', UTC_TIMESTAMP(6) + INTERVAL 2 HOUR), ('t', 'b', '{}', UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)",
+    )
+    shown = cli("status", "--json", "--database-url", mysql_url)
+    assert shown.returncode == 0, shown.stderr
+    assert 3500 < json.loads(shown.stdout)["oldest_pending_age_seconds"] < 3700, shown.stdout

@@ -152,3 +152,27 @@ def test_a_zero_created_at_is_dead_lettered_and_its_key_parks(mysql_url: str, ka
     assert mysql_support.execute(mysql_url, "SELECT state FROM outbox WHERE idempotency_key = 'after'") == [
         ("pending",)
     ]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("digits", [4301, 5000, 20000])
+def test_json_with_integers_past_python_s_digit_limit_is_delivered(
+    mysql_url: str, kafka_bootstrap: str, digits: int
+) -> None:
+    """JSON sets no limit on a number's digits; Python's int() does (4,300): valid JSON is no dead letter."""
+    topic = unique_topic("long-ints")
+    number = "7" * digits
+    written = [
+        (topic, "k", f'{{"n":{number}}}', "payload", "{}"),
+        (topic, "k", '{"after": 1}', "after", "{}"),
+        (topic, "h", "{}", "header", f'{{"n":{number}}}'),
+    ]
+    mysql_support.insert_many(mysql_url, INSERT, written)
+    with RelayThread(mysql_url, f"kafka://{kafka_bootstrap}") as relay:
+        wait_until(lambda: mysql_support.outbox_counts(mysql_url) == {}, timeout=60)
+        received = consume(kafka_bootstrap, topic, count=3, settle_seconds=0.5)
+        assert relay.error is None
+    by_key = {m.headers["idempotency-key"].decode(): m for m in received}
+    assert set(by_key) == {"payload", "after", "header"}
+    assert by_key["payload"].value == f'{{"n":{number}}}'.encode()
+    assert by_key["header"].headers["n"] == number.encode()

@@ -94,3 +94,15 @@ def test_status_and_the_gauges_age_rows_no_datetime_holds(database_url: str, cre
         assert run(store.gauges()).pending == 2
     finally:
         run(store.close())
+
+
+def test_a_created_at_ahead_of_the_clock_does_not_hide_the_age_of_the_events_after_it(database_url: str) -> None:
+    """A writer that takes local time for UTC: the first event by id lies ahead, the next waits an hour."""
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox (topic, key, payload, created_at) VALUES"
+            " ('t', 'a', '{}', now() + interval '2 hours'), ('t', 'b', '{}', now() - interval '1 hour')"
+        )
+    shown = cli("status", "--json", "--database-url", database_url)
+    assert shown.returncode == 0, shown.stderr
+    assert 3500 < json.loads(shown.stdout)["oldest_pending_age_seconds"] < 3700, shown.stdout

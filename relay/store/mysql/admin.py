@@ -122,7 +122,7 @@ class MySQLAdmin:
                     return oldest
                 await cur.execute(queries["oldest_due_of_priority"], {"priority": priority})
                 found = await cur.fetchone()
-                if found is not None and found[0] is not None:  # NULL: a zero created_at, no age to tell
+                if found is not None and found[0] is not None:  # NULL: no row (or none with a date)
                     oldest = max(oldest, float(found[0]))
                 below = priority
             await cur.execute(queries["oldest_due_below"], {"below": below})

@@ -195,13 +195,16 @@ WHERE f.state = 'pending' AND f.deliver_at > UTC_TIMESTAMP(6)
 SELECT MAX(priority) AS priority FROM {table} WHERE state = 'pending' AND priority < %(below)s;
 
 -- name: oldest_due_of_priority
--- The oldest due event of one priority that no live lease holds.
-SELECT TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) / 1e6 AS age
-FROM {table}
-WHERE state = 'pending' AND priority = %(priority)s AND deliver_at <= UTC_TIMESTAMP(6)
-  AND (lease_expires_at IS NULL OR lease_expires_at < UTC_TIMESTAMP(6))
-ORDER BY priority DESC, id
-LIMIT 1;
+-- The oldest due event of one priority that no live lease holds: the earliest
+-- created_at of its first hundred by id, as on PostgreSQL (one written ahead
+-- of the clock must not hide the others' age). A zero date is no date.
+SELECT TIMESTAMPDIFF(MICROSECOND, MIN(h.created_at), UTC_TIMESTAMP(6)) / 1e6 AS age
+FROM (SELECT created_at FROM {table}
+      WHERE state = 'pending' AND priority = %(priority)s AND deliver_at <= UTC_TIMESTAMP(6)
+        AND (lease_expires_at IS NULL OR lease_expires_at < UTC_TIMESTAMP(6))
+        AND created_at >= '0001-01-01'
+      ORDER BY priority DESC, id
+      LIMIT 100) AS h;
 
 -- name: oldest_due_below
 -- The oldest due event below priority %(below)s that no live lease holds: one
@@ -209,7 +212,8 @@ LIMIT 1;
 SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1e6 AS age
 FROM {table}
 WHERE state = 'pending' AND priority < %(below)s AND deliver_at <= UTC_TIMESTAMP(6)
-  AND (lease_expires_at IS NULL OR lease_expires_at < UTC_TIMESTAMP(6));
+  AND (lease_expires_at IS NULL OR lease_expires_at < UTC_TIMESTAMP(6))
+  AND created_at >= '0001-01-01';
 
 -- name: dead
 SELECT o.id, o.topic, o.`key`, o.idempotency_key, o.attempts, o.last_error, o.created_at, o.failed_at,

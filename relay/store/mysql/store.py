@@ -387,7 +387,7 @@ def _unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
     row["headers_parsed"] = {}
     if headers and headers != EMPTY_JSON_OBJECT:
         try:
-            parsed = json.loads(headers)
+            parsed = json.loads(headers, parse_int=_int_or_digits)
         except ValueError as exc:
             return f"headers are not valid JSON, though the database took them: {exc}"
         if not isinstance(parsed, dict):
@@ -404,10 +404,28 @@ def _payload_problem(payload: str | bytes | None) -> str | None:
     if payload is None:
         return None
     try:
-        json.loads(payload)
+        json.loads(payload, parse_int=_unconverted)  # validity only: no int(), and so no digit limit
     except ValueError as exc:
         return f"payload is not valid JSON, though the database took it: {exc}"
     return None
+
+
+#: Python's int() refuses longer digit strings (sys.get_int_max_str_digits, 4,300); JSON has no limit.
+_INT_DIGITS_MAX = 4000
+
+
+class _Digits(str):
+    """A JSON integer too long for ``int()``, kept as its text: a header value is sent as its JSON text."""
+
+    __slots__ = ()
+
+
+def _int_or_digits(text: str) -> int | str:
+    return int(text) if len(text) <= _INT_DIGITS_MAX else _Digits(text)
+
+
+def _unconverted(text: str) -> int:
+    return 0
 
 
 def _finite(value: Any) -> bool:
