@@ -250,8 +250,9 @@ WITH RECURSIVE priorities AS (
 )
 -- (Never below 0: created_at is the writer's to set, and may lie ahead of the clock, or be
 -- 'infinity' or '-infinity', which no subtraction takes: clamped to now and to year 1.)
-SELECT coalesce(extract(epoch FROM now() - least(greatest(min(h.created_at), '0001-01-02 00:00:00+00'::timestamptz),
-                                                 now())), 0)::float8 AS age
+-- (Clamped row by row: greatest() skips a NULL, and min() of no row is one.)
+SELECT coalesce(extract(epoch FROM now() - min(least(greatest(h.created_at, '0001-01-02 00:00:00+00'::timestamptz),
+                                                     now()))), 0)::float8 AS age
 FROM priorities AS p
 CROSS JOIN LATERAL (
     SELECT o.created_at FROM {table} AS o
