@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -146,10 +146,12 @@ class MemoryStore:
     def _unsent(self, key: str) -> list[Row]:
         return sorted((r for r in self.rows.values() if r.key == key and r.state in ("pending", "failed")), key=_by_id)
 
-    def _blocked(self, row: Row, max_attempts: int, now: datetime) -> bool:
+    def _blocked(self, row: Row, max_attempts: int, now: datetime, tails: Collection[str]) -> bool:
         """Whether the oldest unsent event of the row's key, before it, is neither in flight
-        nor due and ahead of it in the claim's order (see the claim in queries.sql)."""
-        if row.key is None:
+        nor due and ahead of it in the claim's order (see the claim in queries.sql). A key
+        this relay has in flight (``tails``) is never blocked here: its run goes on after
+        its tail or not at all (``_runs``)."""
+        if row.key is None or row.key in tails:
             return False
         first = self._unsent(row.key)[0]
         if first.id >= row.id or first.state != "pending":
@@ -202,11 +204,12 @@ class MemoryStore:
         self._check()
         now = self.now()
         token = uuid4()
+        tails = chained_keys(chain)
         candidates = sorted(
             (
                 r
                 for r in self.rows.values()
-                if self._due(r, max_attempts, now) and not self._blocked(r, max_attempts, now)
+                if self._due(r, max_attempts, now) and not self._blocked(r, max_attempts, now, tails)
             ),
             key=lambda r: (-r.priority, r.id),
         )[:limit]

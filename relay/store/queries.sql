@@ -13,7 +13,10 @@
 --   and comes before it in that order: a key parked behind a dead letter or a
 --   retry, or whose oldest event has a lower priority, takes no place in the
 --   batch. A row of a key in flight does take a place (and goes nowhere unless
---   the flight is this relay's): the scan stays bounded by %(limit)s.
+--   the flight is this relay's): the scan stays bounded by %(limit)s. A key
+--   this relay has in flight (%(tail_keys)s) skips the probe: its run can only
+--   go on after its tail (heads), or not at all, whatever its first is; if its
+--   first is a retry or a dead letter, the sink holds the key (relay/holds.py).
 -- * heads: where a key's run starts. A key this relay has in flight goes on
 --   after its last event in flight (tails, in batches %(mine)s whose leases
 --   still hold), to the same topic only; any other key starts at its first,
@@ -21,7 +24,9 @@
 -- * A run takes the key's candidates from its head on, up to the first unsent
 --   event of the key that is not a candidate or goes to another topic (one
 --   index walk for a key in flight or with several candidates, from just
---   after the tail or from the first; none for any other key with one).
+--   after the tail or from the first; none for any other key with one). The
+--   walk reads ids only, from the key index, and takes each one's topic from
+--   the candidates: a row that is no candidate ends the run either way.
 -- attempts counts claims, so a lease that expires because its relay died
 -- still counts as an attempt.
 -- The batch stops adding events once their payloads reach %(max_bytes)s bytes
@@ -51,6 +56,7 @@ WITH candidates AS (
         SELECT f.id, f.priority, f.deliver_at, f.lease_expires_at, f.attempts, f.state = 'pending' AS pending
         FROM {table} AS f
         WHERE f.key = o.key AND f.state IN ('pending', 'failed')
+          AND (o.key IN (SELECT unnest(%(tail_keys)s::text[]))) IS NOT TRUE
         ORDER BY f.id
         LIMIT 1) AS first ON o.key IS NOT NULL
     WHERE o.state = 'pending'
@@ -58,7 +64,7 @@ WITH candidates AS (
       AND o.deliver_at <= now()
       AND (o.lease_expires_at IS NULL
            OR (o.lease_expires_at < now() AND o.attempts < %(max_attempts)s))
-      AND (o.key IS NULL OR first.id >= o.id
+      AND (o.key IS NULL OR first.id IS NULL OR first.id >= o.id
            OR (first.pending AND first.lease_expires_at >= now())  -- in flight
            OR (first.pending AND first.priority >= o.priority AND first.deliver_at <= now()
                AND (first.lease_expires_at IS NULL OR first.attempts < %(max_attempts)s)))
@@ -103,7 +109,7 @@ WITH candidates AS (
     FROM heads AS h
     CROSS JOIN LATERAL (
         SELECT e.id,
-               bool_and((e.topic = h.topic AND e.id IN (SELECT c.id FROM candidates AS c)) IS TRUE)
+               bool_and(((e.id, h.topic) IN (SELECT c.id, c.topic FROM candidates AS c)) IS TRUE)
                    OVER (ORDER BY e.id ROWS UNBOUNDED PRECEDING) AS unbroken
         FROM {table} AS e
         WHERE e.key = h.key AND e.id >= h.start AND e.state IN ('pending', 'failed')

@@ -35,6 +35,11 @@ def text(value: Any) -> Any:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, _BINARY) else value
 
 
+def binary(value: str) -> bytes:
+    """Text from :func:`text` as the bytes of its column again (a key to compare in SQL)."""
+    return value.encode("utf-8", "surrogateescape")
+
+
 def readable(value: Any) -> Any:
     """Text from :func:`text` as an operator can read and print it: bad bytes shown as ``\\xNN``."""
     if not undecodable(value):

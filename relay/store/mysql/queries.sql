@@ -11,7 +11,8 @@
 -- PostgreSQL (relay/store/queries.sql, claim), a keyed row goes in only if the
 -- oldest unsent event of its key is itself, is in flight, or could be claimed
 -- now and comes before it in that order: a key parked behind a dead letter or
--- a retry takes no place in the batch. The subqueries lock nothing (InnoDB
+-- a retry takes no place in the batch; a key this relay has in flight
+-- (%(tail_keys)s, when %(tailed)s) skips that check, as there. The subqueries lock nothing (InnoDB
 -- locks only the rows of the outer SELECT); the oldest unsent id is two
 -- probes of the key index, one per state. bytes is what the batch byte cap
 -- counts: a JSON payload's text, a bytes payload's length.
@@ -45,7 +46,7 @@ WHERE o.state = 'pending'
   AND o.deliver_at <= UTC_TIMESTAMP(6)
   AND (o.lease_expires_at IS NULL
        OR (o.lease_expires_at < UTC_TIMESTAMP(6) AND o.attempts < %(max_attempts)s))
-  AND (o.`key` IS NULL OR EXISTS (
+  AND (o.`key` IS NULL OR (%(tailed)s AND o.`key` IN %(tail_keys)s) OR EXISTS (
         SELECT 1 FROM {table} AS f
         WHERE f.id = LEAST(
                   COALESCE((SELECT MIN(p.id) FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending'), o.id),

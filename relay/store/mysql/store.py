@@ -32,7 +32,7 @@ from relay.store.base import (
     undecodable,
 )
 from relay.store.mysql import runs as planner
-from relay.store.mysql.admin import MySQLAdmin, micros, text, utc
+from relay.store.mysql.admin import MySQLAdmin, binary, micros, text, utc
 from relay.store.mysql.connection import STATEMENT_TIMEOUT, error_code, rows_of, transaction
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,14 @@ class MySQLStore(MySQLAdmin):
         async def lease(
             cur: Any,
         ) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]], dict[int, str]]:
-            params = {"max_attempts": max_attempts, "limit": limit, "inline_bytes": inline_bytes}
+            params = {
+                "max_attempts": max_attempts,
+                "limit": limit,
+                "inline_bytes": inline_bytes,
+                # IN () is no SQL: with no tails, a list that %(tailed)s keeps from mattering.
+                "tailed": bool(tails),
+                "tail_keys": tuple(binary(key) for key in tails) or (b"",),
+            }
             await cur.execute(queries["claim_candidates"], params)
             rows = {r["id"]: r for r in rows_of(cur, await cur.fetchall())}
             unusable: dict[int, str] = {}
