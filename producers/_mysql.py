@@ -83,6 +83,11 @@ def _values(params: dict[str, Any]) -> dict[str, Any]:
         # A value json cannot write (None from _json_text) fails here, before any SQL, as it always did.
         "payload": params["payload"] if as_bytes else params["payload_json"] or json.dumps(params["payload"]),
         "headers": params["headers_json"],
+        # VARBINARY columns keep the bytes they are sent: as text, a key or idempotency key would be
+        # stored in the connection's charset (latin1's 'café' is not utf8mb4's), one event written
+        # twice and one key split in two. As bytes they are UTF-8 whatever the connection speaks.
+        "key": None if params["key"] is None else params["key"].encode("utf-8"),
+        "idempotency_key": params["idempotency_key"].encode("utf-8"),
         # DATETIME(6) holds UTC, without a zone.
         "deliver_at": deliver_at.astimezone(UTC).replace(tzinfo=None) if deliver_at is not None else None,
     }

@@ -23,7 +23,7 @@ def connect(url: str, **kw: Any) -> pymysql.connections.Connection[Any]:
         user=target.user,
         password=target.password_bytes,
         database=target.database,
-        charset="utf8mb4",
+        charset=kw.pop("charset", "utf8mb4"),
         autocommit=kw.pop("autocommit", True),
         **kw,
     )

@@ -121,11 +121,53 @@ def test_publish_refuses_a_content_type_it_cannot_keep(
     assert count(mysql_url) == 0
 
 
-async def _aconnect(url: str) -> Any:
+async def _aconnect(url: str, charset: str = "utf8mb4") -> Any:
     target = Target.parse(url)
     return await asyncmy.connect(
-        host=target.host, port=target.port, user=target.user, password=target.password_bytes, database=target.database
+        host=target.host,
+        port=target.port,
+        user=target.user,
+        password=target.password_bytes,
+        database=target.database,
+        charset=charset,
     )
+
+
+@pytest.mark.parametrize(
+    ("charset", "key"),
+    [("latin1", "café"), ("cp1250", "Győr"), ("utf8", "ключ"), ("utf8mb4", "🔑"), ("latin1", "🔑 and ключ")],
+)
+def test_keys_are_stored_as_utf8_whatever_the_connection_speaks(mysql_url: str, charset: str, key: str) -> None:
+    conn = mysql_support.connect(mysql_url, autocommit=False, charset=charset)
+    try:
+        assert producers.publish(conn, "t", {"n": 1}, key=key, idempotency_key=f"order-{key}") == f"order-{key}"
+        conn.commit()
+    finally:
+        conn.close()
+
+    async def again() -> str:
+        aconn = await _aconnect(mysql_url, charset=charset)
+        try:
+            written = await producers.apublish(aconn, "t", {"n": 2}, key=key, idempotency_key=f"order-{key}")
+            await producers.apublish(aconn, "t", {"n": 3}, key=key, idempotency_key=f"next-{key}")
+            await aconn.commit()
+            return str(written)
+        finally:
+            aconn.close()
+
+    assert asyncio.run(again()) == f"order-{key}"
+    # The same idempotency key from another charset is the same event; the key one key, in UTF-8.
+    utf8 = mysql_support.connect(mysql_url, autocommit=False)
+    try:
+        producers.publish(utf8, "t", {"n": 4}, key=key, idempotency_key=f"order-{key}")
+        utf8.commit()
+    finally:
+        utf8.close()
+    rows = mysql_support.execute(mysql_url, "SELECT `key`, idempotency_key, payload FROM outbox ORDER BY id")
+    assert [(k, i, json.loads(p)) for k, i, p in rows] == [
+        (key.encode(), f"order-{key}".encode(), {"n": 1}),
+        (key.encode(), f"next-{key}".encode(), {"n": 3}),
+    ]
 
 
 def test_apublish_with_asyncmy_and_a_table_in_another_database(mysql_url: str, mysql_server_url: str) -> None:
