@@ -107,8 +107,9 @@ class RoutingSink:
         return target.label if target else None
 
     def states(self) -> dict[str, bool]:
-        """Each sink's label and whether it is up (not marked down)."""
-        return {t.label: not t.down for t in self._targets}
+        """Each sink's label and whether it is up: started, and not marked down since (a sink
+        still starting, or down at start-up and not yet reached, is not up)."""
+        return {t.label: t.started and not t.down for t in self._targets}
 
     def down(self) -> dict[str, str]:
         """The sinks marked down, with the error that put them there."""
