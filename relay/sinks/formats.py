@@ -15,7 +15,6 @@ has the whole mapping.
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from json.encoder import encode_basestring as _json_string
@@ -61,15 +60,24 @@ class Rfc3339:
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._last: tuple[int, str] = (-1, "")
+        self._last: tuple[datetime | None, str] = (None, "")
 
     def __call__(self, moment: datetime) -> str:
+        # From the fields, not a float timestamp: int() of one truncates toward zero (a second
+        # late before 1970), and a float has no room for the microseconds of year 9999 (it
+        # rounds them into year 10000). Years below 1000 keep their four digits.
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
-        second = int(moment.timestamp())
+        elif moment.tzinfo is not UTC:
+            moment = moment.astimezone(UTC)
+        second = moment.replace(microsecond=0)
         last = self._last
         if last[0] != second:
-            last = self._last = (second, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second)))
+            m = moment
+            last = self._last = (
+                second,
+                f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}.",
+            )
         return f"{last[1]}{moment.microsecond:06d}Z"
 
 

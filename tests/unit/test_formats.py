@@ -11,6 +11,8 @@ import pytest
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings import amqp, kafka
 from cloudevents.core.formats.json import JSONFormat
+from hypothesis import given
+from hypothesis import strategies as st
 from pika import frame, spec
 
 from relay.config import Format
@@ -185,10 +187,47 @@ def test_native_is_todays_shape_plus_a_content_type_for_bytes() -> None:
         (CREATED.astimezone(timezone(timedelta(hours=-3, minutes=-30))), "2026-12-01T09:30:15.123456Z"),
         (CREATED.replace(tzinfo=None), "2026-12-01T09:30:15.123456Z"),
         (datetime(1999, 12, 31, 23, 59, 59, 1, tzinfo=UTC), "1999-12-31T23:59:59.000001Z"),
+        (datetime(1969, 12, 31, 23, 59, 59, 500_000, tzinfo=UTC), "1969-12-31T23:59:59.500000Z"),
+        (datetime(1900, 1, 1, 0, 0, 0, 1, tzinfo=UTC), "1900-01-01T00:00:00.000001Z"),
+        (datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC), "9999-12-31T23:59:59.999999Z"),
+        (datetime(1, 1, 1, tzinfo=UTC), "0001-01-01T00:00:00.000000Z"),
+        (datetime(999, 1, 2, 3, 4, 5, 6), "0999-01-02T03:04:05.000006Z"),
     ],
 )
 def test_rfc3339(moment: datetime, text: str) -> None:
     assert rfc3339(moment) == text
+
+
+def iso_utc(moment: datetime) -> str:
+    """What rfc3339 must give, the slow way: datetime's own formatting of the time in UTC."""
+    utc = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return utc.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def in_utc_range(moment: datetime) -> bool:
+    try:
+        iso_utc(moment)
+    except OverflowError:  # an offset pushes it past year 1 or 9999: no datetime holds it in UTC
+        return False
+    return True
+
+
+ZONES = st.one_of(
+    st.none(),
+    st.just(UTC),
+    st.builds(
+        timezone, st.timedeltas(min_value=timedelta(hours=-23, minutes=-59), max_value=timedelta(hours=23, minutes=59))
+    ),
+)
+
+
+@given(st.lists(st.datetimes(timezones=ZONES).filter(in_utc_range), min_size=1, max_size=20))
+def test_rfc3339_is_the_time_in_utc_for_every_year_and_zone(moments: list[datetime]) -> None:
+    # Before 1970 (a float timestamp truncated a second late), up to 9999-12-31T23:59:59.999999
+    # (it rounded into year 10000) and from year 1 (four digits), through one clock and its cache.
+    clock = Rfc3339()
+    assert [clock(m) for m in moments] == [iso_utc(m) for m in moments]
+    assert [clock(m) for m in reversed(moments)] == [iso_utc(m) for m in reversed(moments)]
 
 
 def test_rfc3339_keeps_each_seconds_part_apart() -> None:
