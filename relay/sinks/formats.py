@@ -38,8 +38,8 @@ CONTENT_TYPE_HEADER = "content-type"
 
 #: A Kafka message: the value and the headers, as confluent-kafka's ``produce`` takes them.
 KafkaMessage = tuple[bytes, list[tuple[str, str | bytes | None]]]
-#: An AMQP message: the body, its ``content_type`` property and its headers table.
-AmqpMessage = tuple[bytes, str, dict[str, str]]
+#: An AMQP message: the body, its ``content_type`` property (None: no such property) and its headers table.
+AmqpMessage = tuple[bytes, str | None, dict[str, str]]
 KafkaEncoder = Callable[[Event], KafkaMessage]
 AmqpEncoder = Callable[[Event], AmqpMessage]
 
@@ -146,10 +146,18 @@ def kafka_native(event: Event) -> KafkaMessage:
     return event.payload, [*pairs, (CONTENT_TYPE_HEADER, event.content_type)]
 
 
+def _amqp_content_type(event: Event) -> str | None:
+    # An empty payload without a content type (a Debezium row's null payload) is no JSON:
+    # it goes without the property, as it goes without the header on Kafka.
+    if event.content_type is not None:
+        return event.content_type
+    return JSON_CONTENT_TYPE if event.payload else None
+
+
 def amqp_native(event: Event) -> AmqpMessage:
     """The relay's own AMQP message: the payload with its content type (``application/json``
-    for JSON), the row's headers and ``idempotency-key``."""
-    return event.payload, event.content_type or JSON_CONTENT_TYPE, event.message_headers()
+    for JSON, none for an empty payload without one), the row's headers and ``idempotency-key``."""
+    return event.payload, _amqp_content_type(event), event.message_headers()
 
 
 def kafka_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> KafkaEncoder:
@@ -224,6 +232,6 @@ def amqp_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> AmqpEnco
             headers.update((AMQP_PREFIX + name, value) for name, value in _trace_context(event.headers))
             headers.update((name, value) for name, value in event.headers.items() if not _amqp_clash(name))
         headers[IDEMPOTENCY_HEADER] = event.idempotency_key
-        return event.payload, event.content_type or JSON_CONTENT_TYPE, headers
+        return event.payload, _amqp_content_type(event), headers
 
     return amqp_binary

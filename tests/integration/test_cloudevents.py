@@ -65,7 +65,7 @@ def amqp_event(message: Message) -> BaseCloudEvent:
     """A message as a RabbitMQ consumer that knows CloudEvents reads it (the mode from its content type)."""
     return amqp.from_amqp(
         amqp.AMQPMessage(
-            properties={"content-type": message.content_type},
+            properties={"content-type": message.content_type} if message.content_type is not None else {},
             application_properties=message.headers,
             application_data=message.body,
         ),
@@ -208,3 +208,23 @@ def test_rabbitmq_bytes_payloads(amqp_url: str, chosen: Format) -> None:
     if chosen is Format.CLOUDEVENTS:
         assert (messages[0].body, messages[0].content_type) == (RAW, "application/x-protobuf")
     check_bytes(events, [amqp_event(m) for m in messages])
+
+
+@pytest.mark.parametrize("chosen", [Format.NATIVE, Format.CLOUDEVENTS])
+def test_rabbitmq_sends_no_content_type_for_an_empty_payload_without_one(amqp_url: str, chosen: Format) -> None:
+    # A Debezium row's null payload is no JSON: no content_type, as no content-type header on Kafka.
+    with temp_queue(amqp_url) as queue:
+        empty = make_event(queue.name, key="k-1", payload=b"")
+        empty_bytes = make_event(queue.name, key="k-1", payload=b"")
+        empty_bytes.content_type = "application/octet-stream"
+        events = [empty, empty_bytes, make_event(queue.name, key="k-1")]
+        asyncio.run(publish(f"{amqp_url}?format={chosen.value}", events))
+        messages = queue.collect(3)
+    assert [(m.body, m.content_type) for m in messages] == [
+        (b"", None),
+        (b"", "application/octet-stream"),
+        (events[2].payload, "application/json"),
+    ]
+    if chosen is Format.CLOUDEVENTS:
+        ce = amqp_event(messages[0])
+        assert ce.get_id() == empty.idempotency_key and ce.get_datacontenttype() is None and ce.get_data() is None

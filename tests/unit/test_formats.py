@@ -57,11 +57,11 @@ def from_kafka(e: Event, chosen: Format) -> tuple[BaseCloudEvent, dict[str, byte
     return kafka.from_structured(message, JSONFormat()), headers
 
 
-def from_amqp(e: Event, chosen: Format) -> tuple[BaseCloudEvent, str, dict[str, str]]:
+def from_amqp(e: Event, chosen: Format) -> tuple[BaseCloudEvent, str | None, dict[str, str]]:
     body, content_type, headers = amqp_encoder(chosen, SOURCE)(e)
-    message = amqp.AMQPMessage(
-        properties={"content-type": content_type}, application_properties=dict(headers), application_data=body
-    )
+    # A message without the property has no content-type for the SDK (None is no content type).
+    properties = {"content-type": content_type} if content_type is not None else {}
+    message = amqp.AMQPMessage(properties=properties, application_properties=dict(headers), application_data=body)
     return amqp.from_amqp(message, JSONFormat()), content_type, headers
 
 
@@ -303,5 +303,17 @@ def test_an_empty_payload_without_a_content_type_is_an_event_without_data(chosen
     else:
         value, _ = kafka_encoder(chosen, SOURCE)(event(payload=b""))
         assert "data" not in json.loads(value)
-    ce, _, _ = from_amqp(event(payload=b""), chosen)
+    ce, content_type, _ = from_amqp(event(payload=b""), chosen)
     assert ce.get_data() is None and ce.get_id() == "idem-1"
+    if chosen is Format.CLOUDEVENTS:
+        assert content_type is None  # no content_type property, as no content-type header on Kafka
+
+
+@pytest.mark.parametrize("chosen", [Format.NATIVE, Format.CLOUDEVENTS])
+@pytest.mark.parametrize("headers", [{}, {"tenant": "t1"}, {"content-type": "text/plain", "traceparent": TRACEPARENT}])
+def test_amqp_sends_no_content_type_for_an_empty_payload_without_one(chosen: Format, headers: dict[str, str]) -> None:
+    encode = amqp_encoder(chosen, SOURCE)
+    assert encode(event(payload=b"", headers=headers))[1] is None
+    # Bytes keep theirs even when empty, and a JSON payload is never empty.
+    assert encode(event(payload=b"", content_type="application/x-protobuf"))[1] == "application/x-protobuf"
+    assert encode(event(payload=b"{}", headers=headers))[1] == "application/json"

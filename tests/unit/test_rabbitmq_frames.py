@@ -21,9 +21,11 @@ def event(
 
 
 def pika_frames(channel: int, exchange: str, e: Event, body_max: int) -> bytes:
-    """What ``channel.basic_publish`` marshals for the sink's messages (pika.connection._send_message)."""
+    """What ``channel.basic_publish`` marshals for the sink's messages (pika.connection._send_message).
+
+    An empty payload without a content type is no JSON: no ``content_type`` at all."""
     properties = pika.BasicProperties(
-        content_type=e.content_type or "application/json",
+        content_type=e.content_type or ("application/json" if e.payload else None),
         delivery_mode=2,
         message_id=e.idempotency_key,
         headers=e.message_headers(),
@@ -46,6 +48,7 @@ def pika_frames(channel: int, exchange: str, e: Event, body_max: int) -> bytes:
         event("t" * 255, b"{}", {"h" * 255: "v" * 70_000}, "i" * 255),
         event("bytes", b"\x00\xff\xc3\x28", {"a": "b"}, content_type="application/x-protobuf"),
         event("empty-bytes", b"", {}, content_type="c" * 255),
+        event("empty-with-headers", b"", {"content-type": "text/plain", "h": "v"}),
     ],
     ids=[
         "plain",
@@ -56,6 +59,7 @@ def pika_frames(channel: int, exchange: str, e: Event, body_max: int) -> bytes:
         "longest-names",
         "bytes",
         "empty-bytes-longest-content-type",
+        "empty-with-headers",
     ],
 )
 @pytest.mark.parametrize(("channel", "exchange"), [(1, ""), (65_535, "events.topic")])

@@ -23,8 +23,9 @@ _METHOD, _HEADER, _BODY = 1, 2, 3
 _BASIC_PUBLISH = struct.pack(">HHH", 60, 40, 0)  # class Basic, method Publish, reserved ticket
 _MANDATORY = b"\x01"
 _CONTENT_HEADER = struct.Struct(">HHQ")  # class Basic, weight 0, body size
-# Property flags: content-type, headers, delivery-mode, message-id.
+# Property flags: content-type, headers, delivery-mode, message-id; the same less content-type.
 _PROPERTY_FLAGS = struct.pack(">H", 0x8000 | 0x2000 | 0x1000 | 0x0080)
+_PROPERTY_FLAGS_UNTYPED = struct.pack(">H", 0x2000 | 0x1000 | 0x0080)
 _PERSISTENT = b"\x02"
 _LONG = struct.Struct(">I")
 
@@ -56,11 +57,11 @@ def _content_type(text: str) -> bytes:
     return short_string(text)
 
 
-def content_header(body_size: int, content_type: str, headers: dict[str, str], message_id: str) -> bytes:
-    """The payload of a content-header frame: body size and properties, headers included."""
-    properties = (
-        _PROPERTY_FLAGS + _content_type(content_type) + _string_table(headers) + _PERSISTENT + short_string(message_id)
-    )
+def content_header(body_size: int, content_type: str | None, headers: dict[str, str], message_id: str) -> bytes:
+    """The payload of a content-header frame: body size and properties, headers included
+    (``content_type`` only when not None)."""
+    typed = _PROPERTY_FLAGS_UNTYPED if content_type is None else _PROPERTY_FLAGS + _content_type(content_type)
+    properties = typed + _string_table(headers) + _PERSISTENT + short_string(message_id)
     return _CONTENT_HEADER.pack(60, 0, body_size) + properties
 
 
