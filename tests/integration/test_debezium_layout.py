@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -106,8 +107,11 @@ def test_a_debezium_table_is_relayed_with_the_event_routers_topics_keys_values_a
         ("json", '{"b":  1, "a": 2}', b'{"b":  1, "a": 2}', None),  # json keeps the text as written
         ("text", "plain text, not JSON: é", "plain text, not JSON: é".encode(), b"text/plain; charset=utf-8"),
         ("bytea", b"\x00\xff\x80", b"\x00\xff\x80", b"application/octet-stream"),
-        ("jsonb", None, b"", None),  # a null payload: an empty value, not a tombstone
+        ("bytea", b"", b"", b"application/octet-stream"),  # empty bytes are still bytes
+        ("jsonb", None, b"", None),  # a null payload: an empty value, not a tombstone, with no content type
+        ("json", None, b"", None),
         ("text", None, b"", None),
+        ("bytea", None, b"", None),
     ],
 )
 def test_every_payload_type_goes_out_as_written(
@@ -136,6 +140,7 @@ def test_every_payload_type_goes_out_as_written(
         ("text", None, None),  # a null payload: an event without data
         ("jsonb", None, None),
         ("json", None, None),
+        ("bytea", None, None),
         ("bytea", b"\x00\xff", b"\x00\xff"),
     ],
 )
@@ -158,6 +163,22 @@ def test_structured_cloudevents_from_every_payload_type_are_json_documents(
         assert base64.b64decode(envelope["data_base64"]) == data
     else:
         assert envelope["data"] == data and envelope["datacontenttype"] == "application/json"
+
+
+@pytest.mark.parametrize("payload_type", ["bytea", "text", "jsonb"])
+def test_migrate_rebuilds_a_view_an_earlier_release_made(database_url: str, payload_type: str) -> None:
+    # Releases before this one gave a null bytea payload application/octet-stream: migrate
+    # replaces the view whatever it holds, so running it again is the whole upgrade.
+    execute(database_url, CREATE.format(name="events", payload=payload_type))
+    migrate(database_url, "events")
+    view = execute(database_url, "SELECT pg_get_viewdef('events_relay')")[0][0]
+    stale, found = re.subn(r"(CASE\s[^,]*?END|NULL::text) AS content_type", "'stale'::text AS content_type", view)
+    assert found == 1
+    execute(database_url, f"CREATE OR REPLACE VIEW events_relay AS {stale}")
+    execute(database_url, INSERT.format(name="events"), [uuid.uuid4(), "Order", "k", "Done", None])
+    assert execute(database_url, "SELECT content_type FROM events_relay") == [("stale",)]
+    migrate(database_url, "events")
+    assert execute(database_url, "SELECT payload_bytes, content_type FROM events_relay") == [(b"", None)]
 
 
 def test_migrate_adds_only_the_relays_columns_and_never_rewrites_the_table(database_url: str) -> None:

@@ -42,7 +42,7 @@ PAYLOAD_COLUMNS: dict[str, LiteralString] = {
     "text": "NULL::jsonb AS payload, convert_to(coalesce(o.payload::text, ''), 'UTF8') AS payload_bytes,"
     " CASE WHEN o.payload IS NOT NULL THEN 'text/plain; charset=utf-8' END AS content_type",
     "bytea": "NULL::jsonb AS payload, coalesce(o.payload, '\\x'::bytea) AS payload_bytes,"
-    " 'application/octet-stream'::text AS content_type",
+    " CASE WHEN o.payload IS NOT NULL THEN 'application/octet-stream' END AS content_type",
 }
 PAYLOAD_COLUMNS["character varying"] = PAYLOAD_COLUMNS["text"]
 #: jsonb_build_object takes at most 100 arguments: the id and this many columns.
