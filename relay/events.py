@@ -8,6 +8,12 @@ from datetime import datetime
 IDEMPOTENCY_HEADER = "idempotency-key"
 
 
+def is_idempotency_header(name: str) -> bool:
+    """Whether ``name`` is ``idempotency-key`` in any case: a row's header of that name gives way
+    to the relay's, since consumers often look headers up without regard to case."""
+    return len(name) == len(IDEMPOTENCY_HEADER) and name.lower() == IDEMPOTENCY_HEADER
+
+
 @dataclass(slots=True)
 class Event:
     """One claimed outbox row, ready to publish. Treat it as read-only.
@@ -34,8 +40,12 @@ class Event:
     content_type: str | None = None
 
     def message_headers(self) -> dict[str, str]:
-        """The headers a broker message carries: the row's plus the idempotency key."""
-        return {**self.headers, IDEMPOTENCY_HEADER: self.idempotency_key}
+        """The headers a broker message carries: the row's plus the idempotency key (in place of
+        a row header of that name in any case, so that a message carries one, the relay's)."""
+        headers = self.headers
+        if any(map(is_idempotency_header, headers)):
+            headers = {name: value for name, value in headers.items() if not is_idempotency_header(name)}
+        return {**headers, IDEMPOTENCY_HEADER: self.idempotency_key}
 
     def message_header_pairs(self) -> list[tuple[str, str | bytes | None]]:
         """:meth:`message_headers` as (name, value) pairs, the form Kafka clients take."""

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from json.encoder import encode_basestring as _json_string
 
 from relay.config import Format
-from relay.events import IDEMPOTENCY_HEADER, Event
+from relay.events import IDEMPOTENCY_HEADER, Event, is_idempotency_header
 
 SPECVERSION = "1.0"
 JSON_CONTENT_TYPE = "application/json"
@@ -126,14 +126,14 @@ def _own_headers(event: Event, clashes: Callable[[str], bool]) -> list[tuple[str
 
 
 def _kafka_clash(name: str) -> bool:
-    # A row's idempotency-key gives way to the relay's, as in the native shape: Kafka headers
-    # are a list, and a consumer reading the first of two would take the row's.
+    # A row's idempotency-key (in any case) gives way to the relay's, as in the native shape:
+    # Kafka headers are a list, and a consumer reading the first of two would take the row's.
     lower = name.lower()
-    return lower == CONTENT_TYPE_HEADER or lower.startswith(KAFKA_PREFIX) or name == IDEMPOTENCY_HEADER
+    return lower in (CONTENT_TYPE_HEADER, IDEMPOTENCY_HEADER) or lower.startswith(KAFKA_PREFIX)
 
 
 def _amqp_clash(name: str) -> bool:
-    return name.startswith(AMQP_ATTRIBUTE_PREFIXES) or name == IDEMPOTENCY_HEADER
+    return name.startswith(AMQP_ATTRIBUTE_PREFIXES) or is_idempotency_header(name)
 
 
 def kafka_native(event: Event) -> KafkaMessage:

@@ -228,3 +228,32 @@ def test_rabbitmq_sends_no_content_type_for_an_empty_payload_without_one(amqp_ur
     if chosen is Format.CLOUDEVENTS:
         ce = amqp_event(messages[0])
         assert ce.get_id() == empty.idempotency_key and ce.get_datacontenttype() is None and ce.get_data() is None
+
+
+ROW_IDEMPOTENCY_KEYS = [
+    {"Idempotency-Key": "upstream"},
+    {"IDEMPOTENCY-KEY": "a", "idempotency-Key": "b", "tenant": "t1"},
+]
+
+
+@pytest.mark.parametrize("chosen", list(Format))
+def test_a_rows_idempotency_key_in_any_case_gives_way_to_the_relays(
+    kafka_bootstrap: str, amqp_url: str, chosen: Format
+) -> None:
+    # Consumers often look headers up without regard to case: one of two would read the row's.
+    topic = unique_topic()
+    kafka_events = [make_event(topic, key="k-1", headers=row) for row in ROW_IDEMPOTENCY_KEYS]
+    asyncio.run(publish(f"kafka://{kafka_bootstrap}?format={chosen.value}", kafka_events))
+    received = consume(kafka_bootstrap, topic, count=len(kafka_events))
+    with temp_queue(amqp_url) as queue:
+        amqp_events = [make_event(queue.name, key="k-1", headers=row) for row in ROW_IDEMPOTENCY_KEYS]
+        asyncio.run(publish(f"{amqp_url}?format={chosen.value}", amqp_events))
+        messages = queue.collect(len(amqp_events))
+    for kafka_message, sent in zip(received, kafka_events, strict=True):
+        assert [name for name in kafka_message.headers if name.lower() == "idempotency-key"] == ["idempotency-key"]
+        assert kafka_message.headers["idempotency-key"] == sent.idempotency_key.encode()
+    assert received[1].headers["tenant"] == b"t1"
+    for amqp_message, sent in zip(messages, amqp_events, strict=True):
+        assert [name for name in amqp_message.headers if name.lower() == "idempotency-key"] == ["idempotency-key"]
+        assert amqp_message.headers["idempotency-key"] == sent.idempotency_key
+    assert messages[1].headers["tenant"] == "t1"

@@ -317,3 +317,22 @@ def test_amqp_sends_no_content_type_for_an_empty_payload_without_one(chosen: For
     # Bytes keep theirs even when empty, and a JSON payload is never empty.
     assert encode(event(payload=b"", content_type="application/x-protobuf"))[1] == "application/x-protobuf"
     assert encode(event(payload=b"{}", headers=headers))[1] == "application/json"
+
+
+#: "idempotency-key" in any mix of cases, the exact name among them.
+IDEMPOTENCY_NAMES = st.lists(st.booleans(), min_size=15, max_size=15).map(
+    lambda upper: "".join(c.upper() if u else c for c, u in zip("idempotency-key", upper, strict=True))
+)
+
+
+@given(st.sampled_from(list(Format)), st.lists(IDEMPOTENCY_NAMES, min_size=1, max_size=3, unique=True))
+def test_a_message_carries_one_idempotency_key_whatever_the_case_of_a_rows(chosen: Format, names: list[str]) -> None:
+    # Consumers often look headers up without regard to case: one of these would read the row's.
+    row = {name: "upstream" for name in names} | {"tenant": "t1"}
+    e = event(headers=row)
+    _, pairs = kafka_encoder(chosen, SOURCE)(e)
+    assert [(n, v) for n, v in pairs if n.lower() == "idempotency-key"] == [("idempotency-key", "idem-1")]
+    assert ("tenant", "t1") in pairs
+    _, _, headers = amqp_encoder(chosen, SOURCE)(e)
+    assert [(n, v) for n, v in headers.items() if n.lower() == "idempotency-key"] == [("idempotency-key", "idem-1")]
+    assert headers["tenant"] == "t1"
