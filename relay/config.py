@@ -356,14 +356,31 @@ def _parse_kafka(url: str) -> KafkaSinkConfig:
             shown = Scrubber.of(url)(host)
             raise ConfigError(f"kafka broker {shown!r} in {redact_url(url)!r} is not host:port")
     chosen = Format.NATIVE
+    # Under librdkafka's names: sasl_username and sasl.username, or a user in the URL, are one option.
+    given = set(options)
     for key, value in parse_qsl(query, keep_blank_values=True):
         if key == FORMAT_OPTION:
+            _once(url, key, given)
             chosen = parse_format(value)
             continue
         name = option_name(key)
+        _once(url, name, given)
         check_value(name, value)
         options[name] = value
     return KafkaSinkConfig(bootstrap_servers=",".join(hosts), options=options, format=chosen)
+
+
+def _once(url: str, name: str, given: set[str]) -> None:
+    """Note option ``name`` of sink ``url`` as given; ``ConfigError`` if it was already.
+
+    A repeat is a mistake (an edit that left the old value behind), not an
+    override: taking the last silently could send to the wrong exchange or in
+    the wrong format. Every option of a sink URL takes one value.
+    """
+    if name in given:
+        shown = Scrubber.of(url)(name[:60])
+        raise ConfigError(f"sink option {shown!r} is given twice in {redact_url(url)!r}: give it once")
+    given.add(name)
 
 
 def _parse_amqp(url: str) -> AmqpSinkConfig:
@@ -378,7 +395,9 @@ def _parse_amqp(url: str) -> AmqpSinkConfig:
     exchange = ""
     chosen = Format.NATIVE
     kept = []
+    given: set[str] = set()
     for key, value in query:
+        _once(url, key, given)
         if key == "exchange":
             exchange = value
         elif key == FORMAT_OPTION:

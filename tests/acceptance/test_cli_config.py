@@ -96,6 +96,8 @@ def test_invalid_table_name_is_refused_before_any_sql(database_url: str, table: 
         (f"amqp://u:{CANARY}@h:notaport/", "invalid sink URL"),
         ("kafka://h:1?format=avro", "format='avro': use one of native, cloudevents, cloudevents-structured"),
         (f"amqp://u:{CANARY}@h:5672/?format=ce", "format='ce': use one of native, cloudevents"),
+        ("kafka://h:1?format=cloudevents&format=native", "sink option 'format' is given twice"),
+        (f"amqp://u:{CANARY}@h:5672/?exchange=a&exchange=b", "sink option 'exchange' is given twice"),
     ],
 )
 def test_bad_sink_url(database_url: str, sink: str, needle: str) -> None:

@@ -64,6 +64,35 @@ def test_an_unknown_format_names_the_allowed_ones(url: str) -> None:
     assert "pw" not in message
 
 
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("kafka://k:9092?format=cloudevents&format=native", "format"),
+        ("kafka://k:9092?format=native&linger.ms=2&format=native", "format"),  # even the same value
+        ("kafka://k:9092?linger.ms=2&linger.ms=5", "linger.ms"),
+        ("kafka://k:9092?linger_ms=2&linger.ms=5", "linger.ms"),  # one option under two spellings
+        ("kafka://k:9092?compression.type=lz4&compression_type=zstd", "compression.type"),
+        ("kafka://user:pw@k:9092?sasl.username=other", "sasl.username"),  # a user in the URL is that option
+        ("kafka://user:pw@k:9092?sasl_password=hunter2", "sasl.password"),
+        ("amqp://u:pw@r/?format=cloudevents&format=native", "format"),
+        ("amqp://u:pw@r/?exchange=a&exchange=b", "exchange"),
+        ("amqp://u:pw@r/?exchange=&format=native&exchange=", "exchange"),
+        ("amqp://u:pw@r/?heartbeat=5&exchange=ev&heartbeat=10", "heartbeat"),
+        ("amqps://u:pw@r/?connection_attempts=2&connection_attempts=3", "connection_attempts"),
+    ],
+)
+def test_an_option_given_twice_is_refused_in_one_line(url: str, named: str) -> None:
+    # Last-wins would hide an edit that left the old value behind (the wrong exchange or format).
+    with pytest.raises(ConfigError) as caught:
+        parse_sink_url(url)
+    message = str(caught.value)
+    assert f"sink option {named!r} is given twice" in message
+    assert "\n" not in message
+    assert "pw" not in message and "hunter2" not in message
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_route(f"orders.*={url}")
+
+
 def test_a_bad_format_in_a_route_names_the_route() -> None:
     with pytest.raises(ConfigError, match=r"route 'billing\.\*': invalid sink option format='json'"):
         parse_route("billing.*=kafka://k:9092?format=json")
