@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
+from relay import uri_reference
 from relay.errors import ConfigError
 from relay.kafka_options import check_value, option_name
 from relay.secrets import Scrubber, ambiguity
@@ -447,34 +448,40 @@ _NOT_IN_URIS = frozenset('<>"{}|\\^`')
 def check_event_source(text: str) -> str:
     """Return ``text`` if it can be a CloudEvents ``source``: a URI-reference with no credentials.
 
-    ``ConfigError`` if it is empty, holds whitespace or control characters, or
-    names a user or password (``scheme://user:pass@host``): the source goes
+    ``ConfigError`` if it is empty, holds whitespace or control characters,
+    names a user or password (``scheme://user:pass@host``), or is no
+    URI-reference of RFC 3986 (:mod:`relay.uri_reference`): the source goes
     out with every event.
     """
     if not text:
         raise ConfigError("--event-source is empty: give a URI-reference, e.g. /shop/orders or urn:shop:orders")
+    # A network-path reference (//user:pass@host/...) is read with a stand-in scheme, so that
+    # its user and password are found, and masked, as in scheme://user:pass@host.
+    as_url = "x:" + text if text.startswith("//") else text
+    shown = repr((redact_url(as_url).removeprefix("x:") if as_url is not text else redact_url(text))[:80])
     if len(text) > EVENT_SOURCE_MAX_CHARS or any(c.isspace() or not c.isprintable() for c in text):
         raise ConfigError(
-            f"invalid --event-source {redact_url(text)[:80]!r}: a URI-reference of at most "
+            f"invalid --event-source {shown}: a URI-reference of at most "
             f"{EVENT_SOURCE_MAX_CHARS} characters, without spaces or control characters"
         )
-    _, separator, rest = text.partition("://")
+    _, separator, rest = as_url.partition("://")
     if separator and "@" in re.split(r"[/?#]", rest, maxsplit=1)[0]:
-        raise ConfigError(
-            f"--event-source {redact_url(text)[:80]!r} holds a user or password: it goes out with every event"
-        )
+        raise ConfigError(f"--event-source {shown} holds a user or password: it goes out with every event")
     # A password cut by a raw '/', '?' or '#' hides from the test above; ambiguity() finds its '@'.
-    cut = ambiguity(text)
+    cut = ambiguity(as_url)
     if cut is not None:
-        raise ConfigError(f"invalid --event-source {redact_url(text)[:80]!r}: it {cut}")
+        raise ConfigError(f"invalid --event-source {shown}: it {cut}")
     problem = next((f"{c!r} must be percent-encoded" for c in text if c in _NOT_IN_URIS), None)
     if problem is None:
+        # RFC 3986's grammar decides (urlsplit takes almost anything), and names what breaks it.
+        problem = uri_reference.problem(text)
+    if problem is None:
         try:
-            _ = urlsplit(text).port  # reading the port checks it
+            _ = urlsplit(text).port  # reading the port checks it is below 65536 too
         except ValueError:  # (its message would echo the text after the ':', a password's piece perhaps)
-            problem = "an unclosed '[' or a port that is no number"
+            problem = "a port past 65535"
     if problem is not None:
-        raise ConfigError(f"invalid --event-source {redact_url(text)[:80]!r}: not a URI-reference ({problem})")
+        raise ConfigError(f"invalid --event-source {shown}: not a URI-reference ({problem})")
     return text
 
 

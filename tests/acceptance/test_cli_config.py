@@ -130,6 +130,22 @@ def test_an_event_source_with_credentials_is_refused(database_url: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("source", "needle"),
+    [
+        ("/boutique/caf\u00e9", "not ASCII"),
+        ("/orders/100%", "percent-encoding of two hex digits"),
+        ("/orders#a#b", "a second '#'"),
+        ("/orders[1]", "may only enclose an IP address"),
+        ("1st:orders", "after no scheme"),
+        (f"//app:{CANARY}@shop.example/orders", "holds a user or password"),
+    ],
+)
+def test_an_event_source_that_is_no_uri_reference_is_refused(database_url: str, source: str, needle: str) -> None:
+    sink = "kafka://h:1?format=cloudevents"
+    assert_one_line_error(cli("run", "--database-url", database_url, "--sink", sink, "--event-source", source), needle)
+
+
 def test_a_route_after_the_catch_all_is_refused(database_url: str) -> None:
     result = cli("run", "--database-url", database_url, "--route", "*=kafka://h:1", "--sink", "kafka://h:2")
     assert_one_line_error(result, "--sink comes after the catch-all route '*'")

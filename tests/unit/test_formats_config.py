@@ -163,6 +163,7 @@ def test_event_sources_that_are_uri_references(text: str) -> None:
         ("/shop\x00", "control characters"),
         ("https://app:s3cret@shop.example/orders", "user or password"),
         ("https://app@shop.example/orders", "user or password"),
+        ("//app:s3cret@shop.example/orders", "user or password"),  # a network-path reference has an authority too
         ("http://[bad", "not a URI-reference"),
         ("http://[::1/x", "not a URI-reference"),
         ("http://host:port/x", "not a URI-reference"),
@@ -200,6 +201,8 @@ def test_run_config_takes_the_flag_or_the_default() -> None:
         ("https://u:s3c?ret@host:port/x", ["s3c", "ret@"]),
         ("https://u:s3c#ret@host/x", ["s3c", "ret@"]),
         ("http://u:s3cr3t/x@h:port/x", ["s3cr3t"]),
+        ("//u:s3cr/et@host/x", ["s3cr", "et@"]),
+        ("//u:s3c#ret@host/x", ["s3c", "ret@"]),
     ],
 )
 def test_an_event_source_whose_password_a_raw_character_cuts_is_refused_without_a_piece(
