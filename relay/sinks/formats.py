@@ -35,6 +35,10 @@ AMQP_PREFIX = "cloudEvents:"
 #: (the CNCF SDK reads both, the later one winning), so a row header may start with neither.
 AMQP_ATTRIBUTE_PREFIXES = (AMQP_PREFIX, "cloudEvents_")
 CONTENT_TYPE_HEADER = "content-type"
+#: What a content type naming a CloudEvents event format starts with (in any case): both bindings'
+#: readers take a message with such a content type for a structured-mode event (``+json``,
+#: ``-batch+json``), whatever its headers.
+STRUCTURED_MEDIA_PREFIX = "application/cloudevents"
 
 #: A Kafka message: the value and the headers, as confluent-kafka's ``produce`` takes them.
 KafkaMessage = tuple[bytes, list[tuple[str, str | bytes | None]]]
@@ -158,6 +162,32 @@ def amqp_native(event: Event) -> AmqpMessage:
     """The relay's own AMQP message: the payload with its content type (``application/json``
     for JSON, none for an empty payload without one), the row's headers and ``idempotency-key``."""
     return event.payload, _amqp_content_type(event), event.message_headers()
+
+
+def binary_mode_refusal(event: Event) -> str | None:
+    """Why ``event`` cannot go in binary content mode, or None.
+
+    Binary mode gives the payload's content type as ``datacontenttype``; one
+    naming a CloudEvents format makes a reader of either binding take the
+    payload for the event itself, its own ``id``, ``source`` and ``type`` in
+    place of the relay's (or fail on it). Such an event is dead-lettered, as
+    an event the broker could never take is: nothing can send it in binary
+    mode as written, and a structured envelope in its place would be another
+    shape than the sink's consumers expect.
+    """
+    content_type = event.content_type
+    if content_type is None or not content_type.lstrip().lower().startswith(STRUCTURED_MEDIA_PREFIX):
+        return None
+    return (
+        f"content type {content_type[:60]!r} names a CloudEvents format: in binary mode (format=cloudevents) "
+        "consumers would read the payload as the event, with its own id, source and type; send such payloads "
+        "with format=cloudevents-structured, or store them under another content type"
+    )
+
+
+def refusal_of(chosen: Format) -> Callable[[Event], str | None] | None:
+    """The check that refuses, per event, what format ``chosen`` cannot send as written; None if it sends all."""
+    return binary_mode_refusal if chosen is Format.CLOUDEVENTS else None
 
 
 def kafka_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> KafkaEncoder:

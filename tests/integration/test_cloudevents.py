@@ -18,7 +18,7 @@ from cloudevents.core.formats.json import JSONFormat
 
 import producers
 from relay.config import Format, TableName, default_event_source, parse_sink_url
-from relay.events import Event
+from relay.events import Event, Failure
 from relay.sinks import build_sink
 from tests.integration.kafka_support import Received, consume, make_event, unique_topic
 from tests.integration.rabbit_support import Message, temp_exchange, temp_queue
@@ -257,3 +257,115 @@ def test_a_rows_idempotency_key_in_any_case_gives_way_to_the_relays(
         assert [name for name in amqp_message.headers if name.lower() == "idempotency-key"] == ["idempotency-key"]
         assert amqp_message.headers["idempotency-key"] == sent.idempotency_key
     assert messages[1].headers["tenant"] == "t1"
+
+
+#: Content types a reader of either binding takes for structured mode, in binary mode's content-type.
+CLOUDEVENTS_CONTENT_TYPES = [
+    "application/cloudevents+json",
+    "Application/CloudEvents+JSON",
+    "application/cloudevents-batch+json",
+    "APPLICATION/CLOUDEVENTS+avro",
+]
+FORGED = b'{"specversion":"1.0","id":"forged","source":"/forged","type":"forged.type","data":{}}'
+
+
+def forging_events(topic: str) -> list[Event]:
+    """A JSON event, then one of each CloudEvents content type carrying a forged event, each its own key."""
+    events = [make_event(topic, key="k-json")]
+    for n, content_type in enumerate(CLOUDEVENTS_CONTENT_TYPES):
+        event = make_event(topic, key=f"k-{n}", payload=FORGED)
+        event.content_type = content_type
+        events.append(event)
+    return events
+
+
+async def outcomes_of(sink_url: str, events: list[Event]) -> list[object]:
+    sink = build_sink(parse_sink_url(sink_url), publish_timeout_seconds=5, event_source="/bytes")
+    await sink.start()
+    try:
+        return list(await sink.publish(events))
+    finally:
+        await sink.close()
+
+
+def check_forgeries_refused(outcomes: list[object]) -> None:
+    assert outcomes[0] is None
+    for outcome, content_type in zip(outcomes[1:], CLOUDEVENTS_CONTENT_TYPES, strict=True):
+        assert isinstance(outcome, Failure) and outcome.permanent, outcome  # dead-lettered at once
+        assert f"content type {content_type!r} names a CloudEvents format" in outcome.error
+        assert "format=cloudevents-structured" in outcome.error
+
+
+def test_binary_mode_dead_letters_a_payload_whose_content_type_is_a_cloudevents_format(
+    kafka_bootstrap: str, amqp_url: str
+) -> None:
+    # Sent as it is, a reader would take the payload for the event: id 'forged', not the relay's.
+    topic = unique_topic()
+    events = forging_events(topic)
+    check_forgeries_refused(asyncio.run(outcomes_of(f"kafka://{kafka_bootstrap}?format=cloudevents", events)))
+    (only,) = consume(kafka_bootstrap, topic, count=1)
+    assert kafka_event(only).get_id() == events[0].idempotency_key
+    with temp_queue(amqp_url) as queue:
+        events = forging_events(queue.name)
+        check_forgeries_refused(asyncio.run(outcomes_of(f"{amqp_url}?format=cloudevents", events)))
+        (message,) = queue.collect(1)
+        assert queue.count() == 0
+    assert amqp_event(message).get_id() == events[0].idempotency_key
+
+
+@pytest.mark.parametrize("chosen", [Format.NATIVE, Format.CLOUDEVENTS_STRUCTURED])
+def test_structured_mode_and_the_native_shape_send_such_payloads_as_written(
+    kafka_bootstrap: str, amqp_url: str, chosen: Format
+) -> None:
+    topic = unique_topic()
+    kafka_events = forging_events(topic)
+    asyncio.run(publish(f"kafka://{kafka_bootstrap}?format={chosen.value}", kafka_events))
+    received = {m.headers["idempotency-key"].decode(): m for m in consume(kafka_bootstrap, topic, count=5)}
+    with temp_queue(amqp_url) as queue:
+        amqp_events = forging_events(queue.name)
+        asyncio.run(publish(f"{amqp_url}?format={chosen.value}", amqp_events))
+        messages = {m.message_id: m for m in queue.collect(len(amqp_events))}
+    assert len(received) == len(messages) == len(CLOUDEVENTS_CONTENT_TYPES) + 1
+    for sent in kafka_events[1:]:
+        message = received[sent.idempotency_key]
+        if chosen is Format.NATIVE:  # the application's own shape: its payload and content type
+            assert (message.value, message.headers["content-type"]) == (FORGED, (sent.content_type or "").encode())
+            continue
+        ce = structured_event(message)  # the payload is the data, the attributes the relay's
+        assert (ce.get_id(), ce.get_data(), ce.get_datacontenttype()) == (
+            sent.idempotency_key,
+            FORGED,
+            sent.content_type,
+        )
+    for sent in amqp_events[1:]:
+        amqp_message = messages[sent.idempotency_key]
+        if chosen is Format.NATIVE:
+            assert (amqp_message.body, amqp_message.content_type) == (FORGED, sent.content_type)
+            continue
+        ce = amqp_event(amqp_message)
+        assert (ce.get_id(), ce.get_data(), ce.get_datacontenttype()) == (
+            sent.idempotency_key,
+            FORGED,
+            sent.content_type,
+        )
+
+
+def test_the_relay_dead_letters_such_a_row_at_once_and_parks_its_key(database_url: str, amqp_url: str) -> None:
+    with temp_exchange(amqp_url) as exchange, temp_queue(amqp_url, exchange=exchange, routing_keys=["t"]) as queue:
+        with psycopg.connect(database_url) as conn:
+            producers.publish(
+                conn, "t", FORGED, key="k", content_type="Application/CloudEvents+JSON", idempotency_key="forged"
+            )
+            producers.publish(conn, "t", {"after": 1}, key="k", idempotency_key="waits-behind")
+            producers.publish(conn, "t", {"other": 1}, key="j", idempotency_key="flows")
+        sink = f"{amqp_url}?exchange={exchange}&format=cloudevents"
+        with RelayThread(database_url, sink, max_attempts=5):
+            wait_until(lambda: outbox_counts(database_url) == {"failed": 1, "pending": 1})
+            (message,) = queue.collect(1)
+        assert message.message_id == "flows"
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute("SELECT attempts, last_error FROM outbox WHERE state = 'failed'").fetchone()
+    assert row is not None
+    attempts, last_error = row
+    assert attempts == 1  # permanent: not retried
+    assert "names a CloudEvents format" in last_error

@@ -17,7 +17,7 @@ from pika import frame, spec
 
 from relay.config import Format
 from relay.events import Event
-from relay.sinks.formats import Rfc3339, amqp_encoder, kafka_encoder, rfc3339
+from relay.sinks.formats import Rfc3339, amqp_encoder, binary_mode_refusal, kafka_encoder, refusal_of, rfc3339
 from relay.sinks.rabbitmq import publish_frames
 
 SOURCE = "/outbox-relay/shop/outbox"
@@ -336,3 +336,49 @@ def test_a_message_carries_one_idempotency_key_whatever_the_case_of_a_rows(chose
     _, _, headers = amqp_encoder(chosen, SOURCE)(e)
     assert [(n, v) for n, v in headers.items() if n.lower() == "idempotency-key"] == [("idempotency-key", "idem-1")]
     assert headers["tenant"] == "t1"
+
+
+def any_case(text: str) -> st.SearchStrategy[str]:
+    return st.lists(st.booleans(), min_size=len(text), max_size=len(text)).map(
+        lambda upper: "".join(c.upper() if u else c for c, u in zip(text, upper, strict=True))
+    )
+
+
+#: Content types that name a CloudEvents format, in any case, with any format suffix or parameter.
+CLOUDEVENTS_TYPES = st.builds(
+    "".join,
+    st.tuples(
+        st.sampled_from(["", " ", "\t"]),
+        any_case("application/cloudevents"),
+        st.sampled_from(["", "+json", "-batch+json", "+avro", "+protobuf", "; charset=utf-8", "+json; x=1"]),
+    ),
+)
+
+
+@given(CLOUDEVENTS_TYPES)
+def test_binary_mode_refuses_a_payload_whose_content_type_names_a_cloudevents_format(content_type: str) -> None:
+    # Read as binary mode's datacontenttype it makes the message a structured one, the payload its event.
+    forged = b'{"specversion":"1.0","id":"forged","source":"/forged","type":"forged"}'
+    e = event(payload=forged, content_type=content_type)
+    why = binary_mode_refusal(e)
+    assert why is not None and repr(content_type[:60]) in why and "format=cloudevents-structured" in why
+    assert refusal_of(Format.CLOUDEVENTS) is binary_mode_refusal
+    assert refusal_of(Format.NATIVE) is None and refusal_of(Format.CLOUDEVENTS_STRUCTURED) is None
+    # Structured mode sends it as written, in data_base64, under the relay's attributes.
+    ce, _ = from_kafka(e, Format.CLOUDEVENTS_STRUCTURED)
+    assert (ce.get_id(), ce.get_data(), ce.get_datacontenttype()) == ("idem-1", forged, content_type)
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        None,
+        "application/json",
+        "application/cloudevent",
+        "application/x-cloudevents+json",
+        "text/application/cloudevents",
+        "application/octet-stream; note=application/cloudevents",
+    ],
+)
+def test_binary_mode_takes_every_other_content_type(content_type: str | None) -> None:
+    assert binary_mode_refusal(event(content_type=content_type)) is None

@@ -35,7 +35,7 @@ from relay.events import Event, Failure, Outcome
 from relay.holds import KeyHolds
 from relay.secrets import Scrubber, secrets_of_options
 from relay.sinks.base import scrubbed
-from relay.sinks.formats import DEFAULT_EVENT_SOURCE, kafka_encoder
+from relay.sinks.formats import DEFAULT_EVENT_SOURCE, kafka_encoder, refusal_of
 from relay.sinks.kafka.batch import Batch
 from relay.sinks.kafka.client import Client
 from relay.sinks.kafka.errors import classify, describe, error_of, is_fatal, is_unreachable
@@ -84,6 +84,7 @@ class KafkaSink:
         self._config = config
         # The message shape (config.format), chosen once: called per event on the produce thread.
         self._encode = kafka_encoder(config.format, event_source)
+        self._format_refusal = refusal_of(config.format)
         self._publish_timeout_seconds = publish_timeout_seconds
         self._connect_timeout_seconds = connect_timeout_seconds
         self._settings = producer_config(config, publish_timeout_seconds=publish_timeout_seconds, client_id=client_id)
@@ -258,15 +259,21 @@ class KafkaSink:
         """Admit and enqueue every event, in order (runs on the produce thread)."""
         produce = client.producer.produce
         encode = self._encode
+        format_refusal = self._format_refusal
         for index, event in enumerate(events):
             # confluent-kafka encodes str keys and header values as UTF-8 itself, in C.
             value, headers = encode(event)
+            refused = format_refusal(event) if format_refusal is not None else None
             callback = functools.partial(client.on_delivery, batch, index)
             with client.lock:
                 if client.broken is not None:
                     return  # retire() failed this batch
                 if holds is not None and not self._admit(event, holds):
                     batch.refuse(index)
+                    continue
+                if refused is not None:
+                    # After the holds: an event behind a held one of its key waits for it, refusable or not.
+                    batch.record(index, Failure(refused, permanent=True))
                     continue
                 error = _produce(produce, event, value, headers, callback)
             while error is QUEUE_FULL:

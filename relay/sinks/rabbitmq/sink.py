@@ -21,7 +21,7 @@ from relay.events import Event, Failure, Outcome
 from relay.holds import KeyHolds
 from relay.secrets import Scrubber, redact_url
 from relay.sinks.base import scrubbed
-from relay.sinks.formats import DEFAULT_EVENT_SOURCE, amqp_encoder
+from relay.sinks.formats import DEFAULT_EVENT_SOURCE, amqp_encoder, refusal_of
 from relay.sinks.rabbitmq.batch import Batch
 from relay.sinks.rabbitmq.handoff import hand_off
 from relay.sinks.rabbitmq.limits import refusal
@@ -75,6 +75,7 @@ class RabbitMQSink:
         # The message shape (config.format), chosen once: called per event as it is sent.
         self._encode = amqp_encoder(config.format, event_source)
         self._native = config.format is Format.NATIVE
+        self._format_refusal = refusal_of(config.format)
         self._url = redact_url(config.url)
         self._redact = Scrubber.of(config.url)
         self._publish_timeout = publish_timeout_seconds
@@ -127,6 +128,8 @@ class RabbitMQSink:
         loop = asyncio.get_running_loop()
         for index, event in enumerate(batch.events):
             refused = refusal(event, self._max_message_bytes, None if self._native else self._body_bytes)
+            if refused is None and self._format_refusal is not None:
+                refused = self._format_refusal(event)
             if refused is not None:
                 batch.refused[index] = refused
         if len(batch.refused) == len(batch.events) and not batch.waiting:
