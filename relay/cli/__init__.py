@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import io
 import itertools
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -75,6 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`outbox-relay dead | head`): as any Unix tool, stop quietly. The
+        # output still buffered would fail again at exit, so stdout points at nothing from here.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def _scrub(text: str, found: list[str]) -> str:

@@ -106,11 +106,10 @@ def cmd_dead(args: argparse.Namespace) -> int:
         print("no dead-lettered events")
     for e in events:
         blocks = f" blocks key {e.key!r} ({e.blocked_events} waiting)" if e.blocked_events else ""
-        # One line per event: a newline or tab in an error, topic or key is shown escaped.
-        print(
-            f"{e.id}\t{_printable(e.topic)}\tkey={_printable(e.key)}\tattempts={e.attempts}{blocks}"
-            f"\t{_printable(e.last_error)}"
-        )
+        # One line per event: a newline or tab in an error, topic or key is shown escaped. An event
+        # without a key says so (key=None would read as the key 'None').
+        key = "no key" if e.key is None else f"key={_printable(e.key)}"
+        print(f"{e.id}\t{_printable(e.topic)}\t{key}\tattempts={e.attempts}{blocks}\t{_printable(e.last_error)}")
     return 0
 
 

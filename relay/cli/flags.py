@@ -49,6 +49,21 @@ def _parsed(text: str, convert: Callable[[str], N], what: str) -> N:
 MAX_INT = 2**63 - 1
 
 
+#: The smallest id an event can have: plain SQL may write any bigint, 0 and below included.
+MIN_INT = -(2**63)
+
+
+def event_id(text: str) -> int:
+    """An event's id: any bigint, written in ASCII digits (an id below 1 is as real as any)."""
+    digits = text.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an event id (a whole number)")
+    value = int(text)
+    if not MIN_INT <= value <= MAX_INT:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is no event id (ids run from {MIN_INT} to {MAX_INT})")
+    return value
+
+
 def positive_int(text: str) -> int:
     """A whole number, at least 1 and at most :data:`MAX_INT`."""
     value = _parsed(text, int, "a whole number")

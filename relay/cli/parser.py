@@ -14,6 +14,7 @@ from relay.cli.flags import (
     env_flag,
     env_switch,
     env_value,
+    event_id,
     port,
     positive_int,
     role_name,
@@ -264,14 +265,14 @@ def _add_admin_commands(commands: Commands) -> None:
 
     requeue = _command(commands, "requeue")
     which = requeue.add_mutually_exclusive_group(required=True)
-    which.add_argument("--id", type=positive_int, action=Once, help="one event by id")
+    which.add_argument("--id", type=event_id, action=Once, help="one event by id")
     which.add_argument("--topic", type=topic, action=Once, help="every dead-lettered event of a topic")
     which.add_argument("--key", action=Once, help="every dead-lettered event of a key ('' is a key)")
     which.add_argument("--all", action="store_true", help="every dead-lettered event")
     env_switch(requeue, "--json", default=False, help="print the requeued ids as JSON")
 
     skip = _command(commands, "skip")
-    skip.add_argument("--id", type=positive_int, action=Once, required=True, help="the event to skip")
+    skip.add_argument("--id", type=event_id, action=Once, required=True, help="the event to skip")
     env_flag(
         skip,
         "--publish-timeout",
@@ -282,7 +283,7 @@ def _add_admin_commands(commands: Commands) -> None:
     )
 
     inspect = _command(commands, "inspect")
-    inspect.add_argument("id", type=positive_int, help="the event id")
+    inspect.add_argument("id", type=event_id, help="the event id")
     env_switch(inspect, "--json", default=False, help="print one JSON object")
 
     purge = _command(commands, "purge")

@@ -268,6 +268,19 @@ def test_dead_lists_one_line_per_event_whatever_its_error_holds(database_url: st
     assert line.endswith("first line\\n42\\tlooks like an id\\r")
 
 
+def test_dead_tells_an_event_without_a_key_from_one_whose_key_reads_none(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        for key in (None, "None", "", "no key"):
+            conn.execute(
+                "INSERT INTO outbox (topic, key, payload, state, last_error, failed_at)"
+                " VALUES ('t', %s, '{}', 'failed', 'boom', now())",
+                [key],
+            )
+    done = cli("dead", "--database-url", database_url)
+    assert done.returncode == 0, done.stderr
+    assert [line.split("\t")[2] for line in done.stdout.splitlines()] == ["no key", "key=None", "key=", "key=no key"]
+
+
 def test_retention_without_keep_sent_purges_old_skipped_events(database_url: str, amqp_url: str) -> None:
     """Skipped events stay in the table whatever --keep-sent says: --retention ages them out."""
     with psycopg.connect(database_url) as conn:
@@ -289,3 +302,42 @@ def test_retention_without_keep_sent_purges_old_skipped_events(database_url: str
         relay.send_signal(signal.SIGTERM)
         relay.communicate(timeout=30)
     assert relay.returncode == 0
+
+
+def test_events_with_ids_of_zero_and_below_can_be_inspected_skipped_and_requeued(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox (id, topic, key, payload, state, last_error, failed_at) OVERRIDING SYSTEM VALUE"
+            " VALUES (-5, 't', 'k', '{}', 'failed', 'boom', now()), (0, 't', 'j', '{}', 'failed', 'boom', now()),"
+            " (-9223372036854775808, 't', 'i', '{}', 'failed', 'boom', now())"
+        )
+    listed = cli("dead", "--database-url", database_url)
+    assert [line.split("\t")[0] for line in listed.stdout.splitlines()] == ["-9223372036854775808", "-5", "0"]
+    inspected = cli("inspect", "-5", "--database-url", database_url)
+    assert inspected.returncode == 0 and "id: -5" in inspected.stdout, inspected.stderr
+    skipped = cli("skip", "--id", "-5", "--database-url", database_url)
+    assert skipped.returncode == 0 and "skipped event -5" in skipped.stdout, skipped.stderr
+    requeued = cli("requeue", "--id", "0", "--database-url", database_url)
+    assert requeued.returncode == 0 and "requeued 1 events" in requeued.stdout, requeued.stderr
+    lowest = cli("requeue", "--id=-9223372036854775808", "--database-url", database_url)
+    assert lowest.returncode == 0 and "requeued 1 events" in lowest.stdout, lowest.stderr
+    with psycopg.connect(database_url) as conn:
+        states = conn.execute("SELECT id, state FROM outbox ORDER BY id").fetchall()
+    assert states == [(-9223372036854775808, "pending"), (-5, "skipped"), (0, "pending")]
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(database_url: str) -> None:
+    # `outbox-relay dead | head -1`: the rest of the output meets a closed pipe.
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox (topic, key, payload, state, last_error, failed_at)"
+            " SELECT 't', 'k' || g, '{}', 'failed', repeat('e', 200), now() FROM generate_series(1, 3000) AS g"
+        )
+    for command in (["dead"], ["dead", "--json"], ["inspect", "1"]):
+        with spawn(*command, "--database-url", database_url, "--log-level", "warning") as relay:
+            assert relay.stdout is not None and relay.stderr is not None
+            relay.stdout.read(10)
+            relay.stdout.close()
+            assert relay.wait(timeout=60) in (0, 141)  # 0: it had written everything before the close
+            said = relay.stderr.read()
+        assert "Traceback" not in said and "BrokenPipe" not in said, said

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from relay.cli.flags import MAX_INT, MAX_SECONDS, positive_int, seconds, switched_on
+from relay.cli.flags import MAX_INT, MAX_SECONDS, MIN_INT, event_id, positive_int, seconds, switched_on
 from relay.config import parse_duration
 from relay.errors import ConfigError
 
@@ -65,3 +65,33 @@ def test_a_duration_over_a_hundred_years_is_refused(text: str) -> None:
 
 def test_a_hundred_years_of_weeks_is_taken() -> None:
     assert parse_duration("5200w") == 5200 * 7 * 86400
+
+
+@pytest.mark.parametrize("text", ["1", "0", "-0", "-5", "42", str(MAX_INT), str(MIN_INT), "007"])
+def test_every_bigint_is_an_event_id(text: str) -> None:
+    # Plain SQL may write ids of 0 and below (operations.md): dead lists them, so the commands take them.
+    assert event_id(text) == int(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        " 5",
+        "5 ",
+        "+5",
+        "1_000",
+        "\u0667",
+        "\uff15",
+        "1e3",
+        "0x10",
+        "5.0",
+        "--5",
+        "-",
+        str(MAX_INT + 1),
+        str(MIN_INT - 1),
+    ],
+)
+def test_an_event_id_that_is_no_bigint_in_ascii_digits_is_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="event id"):
+        event_id(text)
