@@ -457,7 +457,7 @@ class MemoryStore:
         if row.lease_expires_at is not None and row.lease_expires_at >= grace_ends:
             return Skipped.IN_FLIGHT
         row.state, row.claim_token, row.lease_expires_at = "skipped", None, None
-        row.last_error = (row.last_error or "") + " [skipped by operator]"
+        row.last_error = ("" if row.last_error is None else row.last_error + " ") + "[skipped by operator]"
         return Skipped.SKIPPED
 
 

@@ -358,7 +358,8 @@ WITH target AS (
 ), skipped AS (
     UPDATE {table} AS o
     SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL,
-        last_error = coalesce(o.last_error, '') || ' [skipped by operator]'
+        -- after the last error, if there was one
+        last_error = coalesce(o.last_error || ' ', '') || '[skipped by operator]'
     FROM target AS t
     WHERE o.id = t.id AND t.unsent AND NOT t.in_flight
     RETURNING o.id

@@ -63,6 +63,12 @@ def test_a_duration_over_a_hundred_years_is_refused(text: str) -> None:
         parse_duration(text)
 
 
+@pytest.mark.parametrize("text", ["\u0667d", "\uff17d", "7\u0660s", "1_0d", "7 d 3", "7dd", "-1d", "+1d", ".5h", "1.h"])
+def test_a_duration_not_in_ascii_digits_and_one_unit_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="invalid duration"):
+        parse_duration(text)
+
+
 def test_a_hundred_years_of_weeks_is_taken() -> None:
     assert parse_duration("5200w") == 5200 * 7 * 86400
 

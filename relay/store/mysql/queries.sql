@@ -258,7 +258,8 @@ FOR UPDATE;
 -- name: skip
 UPDATE {table}
 SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL,
-    last_error = CONCAT(LEFT(COALESCE(last_error, ''), 16000), ' [skipped by operator]')
+    -- after the last error, if there was one
+    last_error = CONCAT(COALESCE(CONCAT(LEFT(last_error, 16000), ' '), ''), '[skipped by operator]')
 WHERE id = %(id)s;
 
 -- name: check_table
