@@ -48,6 +48,10 @@ SETTLE_RESERVE_SECONDS = 1.0
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
 _TABLE_RE = re.compile(rf"^(?:({_IDENT})\.)?({_IDENT})$")
+#: The same without the length limit, so that a name too long is told so, not that its characters are wrong.
+_LONG_TABLE_RE = re.compile(r"^(?:([A-Za-z_][A-Za-z0-9_]*)\.)?([A-Za-z_][A-Za-z0-9_]*)$")
+#: The longest identifier PostgreSQL keeps whole (NAMEDATALEN - 1; MySQL's is 64).
+MAX_IDENTIFIER_CHARS = 63
 #: The longest table name: the names of its indexes and constraints are the
 #: name, ``_`` and a suffix, cut at 63 characters (PostgreSQL's limit; MySQL's
 #: is 64), and past 45 two of them come out the same (``_idempotency_key_check``
@@ -69,8 +73,12 @@ class TableName:
     @classmethod
     def parse(cls, text: str) -> TableName:
         """Validate ``schema.table`` or ``table``; raise ``ConfigError`` otherwise."""
-        match = _TABLE_RE.match(text)
-        if match is None or len(text) > 63 + 1 + 63:
+        match = _TABLE_RE.match(text) or _LONG_TABLE_RE.match(text)
+        if match is not None and len(match.group(1) or "") > MAX_IDENTIFIER_CHARS:
+            raise ConfigError(
+                f"invalid table name {text[:80]!r}: a schema name has at most {MAX_IDENTIFIER_CHARS} characters"
+            )
+        if match is None:
             raise ConfigError(
                 f"invalid table name {text[:80]!r}: use letters, digits and underscores, "
                 "optionally schema-qualified (e.g. events.outbox)"

@@ -27,9 +27,26 @@ def test_valid_table_names(text: str) -> None:
     assert str(TableName.parse(text)) == text
 
 
-@pytest.mark.parametrize("text", ["t" * 46, "t" * 63, "events." + "t" * 50, "u" * 30 + "_idempotency_key"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "t" * 46,
+        "t" * 63,
+        "t" * 64,
+        "t" * 200,
+        "events." + "t" * 50,
+        "events." + "t" * 64,
+        "u" * 30 + "_idempotency_key",
+    ],
+)
 def test_names_too_long_for_distinct_index_and_constraint_names_are_refused(text: str) -> None:
     with pytest.raises(ConfigError, match=r"invalid table name .*at most 45 characters after the schema"):
+        TableName.parse(text)
+
+
+@pytest.mark.parametrize("text", ["s" * 64 + ".outbox", "s" * 100 + "." + "t" * 100])
+def test_a_schema_name_too_long_is_told_so(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"invalid table name .*a schema name has at most 63 characters"):
         TableName.parse(text)
 
 
