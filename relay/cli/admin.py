@@ -128,8 +128,11 @@ def cmd_skip(args: argparse.Namespace) -> int:
         raise ConfigError(f"--publish-timeout must be at least {MIN_PUBLISH_TIMEOUT_SECONDS:g} s")
     grace = args.publish_timeout + PUBLISH_OVERRUN_SECONDS
     outcome = _on_admin(args, lambda admin: admin.skip(args.id, lease_grace_seconds=grace))
+    if args.json:  # as requeue --json: the ids it changed (none when refused, with the reason on stderr)
+        print(json.dumps({"skipped": [args.id] if outcome is Skipped.SKIPPED else []}))
     if outcome is Skipped.SKIPPED:
-        print(f"skipped event {args.id}")
+        if not args.json:
+            print(f"skipped event {args.id}")
         return 0
     if outcome is Skipped.IN_FLIGHT:
         problem = (

@@ -273,6 +273,7 @@ def _add_admin_commands(commands: Commands) -> None:
 
     skip = _command(commands, "skip")
     skip.add_argument("--id", type=event_id, action=Once, required=True, help="the event to skip")
+    env_switch(skip, "--json", default=False, help="print the skipped id as JSON ([] when it was not skipped)")
     env_flag(
         skip,
         "--publish-timeout",

@@ -341,3 +341,17 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(database_url: str) -
             assert relay.wait(timeout=60) in (0, 141)  # 0: it had written everything before the close
             said = relay.stderr.read()
         assert "Traceback" not in said and "BrokenPipe" not in said, said
+
+
+def test_skip_json_prints_the_skipped_id_or_none(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        (dead,) = (
+            conn.execute(
+                "INSERT INTO outbox (topic, payload, state, failed_at) VALUES ('t', '{}', 'failed', now()) RETURNING id"
+            ).fetchone()
+            or ()
+        )
+    for expected, code in (([dead], 0), ([], 1)):  # the second time it is skipped already
+        done = cli("skip", "--id", str(dead), "--json", "--database-url", database_url)
+        assert (json.loads(done.stdout), done.returncode) == ({"skipped": expected}, code), done.stderr
+    assert "not dead-lettered or waiting" in done.stderr
