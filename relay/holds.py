@@ -51,6 +51,11 @@ class KeyHolds:
             with self._lock:
                 self._held.update(keys)
 
+    def snapshot(self) -> frozenset[str]:
+        """The keys on hold now."""
+        with self._lock:
+            return frozenset(self._held)
+
     def held(self, key: str) -> bool:
         """Whether ``key`` is on hold (for tests and logs)."""
         with self._lock:

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -248,8 +249,13 @@ class Relay:
         return len(claim.events), full
 
     def _chain(self, now: float) -> list[Claim]:
-        """The batches in hand a claim may go on from: those that may still be published."""
-        return [claim for claim, at in self._flying.values() if now - at < self._latest_publish_start]
+        """The batches in hand a claim may go on from: those that may still be published,
+        without the events of keys on hold (their next runs would only come back held)."""
+        chain = [claim for claim, at in self._flying.values() if now - at < self._latest_publish_start]
+        held = self.holds.snapshot()
+        if held:
+            chain = [replace(claim, events=[e for e in claim.events if e.key not in held]) for claim in chain]
+        return chain
 
     async def _reap_now_and_then(self, now: float) -> None:
         if now < self._next_reap:

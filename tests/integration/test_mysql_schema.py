@@ -184,7 +184,8 @@ def test_keys_and_idempotency_keys_compare_byte_for_byte(mysql_url: str) -> None
     assert mysql_support.execute(mysql_url, "SELECT COUNT(DISTINCT `key`), COUNT(*) FROM outbox") == [(3, 3)]
 
 
-def test_the_claim_reads_the_claim_index(mysql_url: str) -> None:
+@pytest.mark.parametrize("tails", [0, 1000], ids=["no tails", "1000 tail keys"])
+def test_the_claim_reads_the_claim_index(mysql_url: str, tails: int) -> None:
     for i in range(200):
         mysql_support.execute(mysql_url, "INSERT INTO outbox (topic, payload) VALUES ('t', %s)", [f'{{"i": {i}}}'])
     mysql_support.execute(mysql_url, "ANALYZE TABLE outbox")
@@ -192,7 +193,9 @@ def test_the_claim_reads_the_claim_index(mysql_url: str) -> None:
     conn = mysql_support.connect(mysql_url)
     try:
         with conn.cursor() as cur:
-            cur.execute("EXPLAIN " + query, {"max_attempts": 3, "limit": 10, "inline_bytes": 4096})
+            tail_keys = tuple(f"k{i}".encode() for i in range(tails)) or (b"",)
+            params = {"max_attempts": 3, "limit": 10, "inline_bytes": 4096, "tailed": tails > 0, "tail_keys": tail_keys}
+            cur.execute("EXPLAIN " + query, params)
             names = [c[0] for c in cur.description]
             plan = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
     finally:

@@ -123,3 +123,53 @@ def test_a_hot_key_with_mixed_priorities_and_large_payloads_drains_in_order() ->
         ids = first_copies(sink, key)
         assert ids == sorted(ids) and ids
     assert len(first_copies(sink, "hot")) == 40
+
+
+class CountingSink(SlowSink):
+    """Counts the events answered HELD (given back unsent, to be claimed again)."""
+
+    def __init__(self, fail: object = None) -> None:
+        super().__init__(fail)
+        self.held = 0
+
+    async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
+        outcomes = await super().publish(events, holds)
+        self.held += sum(1 for outcome in outcomes if outcome is HELD)
+        return outcomes
+
+
+def test_a_retry_keeps_its_key_in_order_and_only_the_batches_in_hand_come_back_held() -> None:
+    failures = {5: 1}
+
+    def flaky(event: Event) -> Outcome:
+        if failures.get(event.id, 0) > 0:
+            failures[event.id] -= 1
+            return Failure("broker hiccup")
+        return None
+
+    store, sink = MemoryStore(), CountingSink(flaky)
+    for i in range(300):
+        store.insert("t", {"i": i}, key="hot")
+    # The retry waits 0.5 s: long enough for many claims, had they gone on chaining the key.
+    settings = replace(PIPELINED, backoff_initial_seconds=0.5, backoff_max_seconds=0.5)
+    go(run_until(Relay(store, sink, settings), lambda: not store.rows, timeout=20))
+    assert first_copies(sink, "hot") == list(range(1, 301))
+    # What was in flight when event 5 failed comes back held, and no more: at most the batches in hand.
+    assert 0 < sink.held <= settings.batch_size * (settings.pipeline_depth + 1), sink.held
+
+
+def test_a_claim_does_not_go_on_from_the_events_of_a_key_on_hold() -> None:
+    store = MemoryStore()
+    for i in range(6):
+        store.insert("t", {"i": i}, key="hot" if i % 2 else "cold")
+    relay = Relay(store, MemorySink(), PIPELINED)
+    claim = asyncio.run(store.claim(10, max_attempts=3))
+    relay._flying[claim.token] = (claim, 0.0)
+    assert {e.key for c in relay._chain(0.0) for e in c.events} == {"hot", "cold"}
+    # Once a key is on hold, its next runs would only come back held: the claim starts it afresh
+    # (from its oldest event, in flight here, so not at all) instead of chaining on.
+    relay.holds.hold([e for e in claim.events if e.key == "hot"])
+    chain = relay._chain(0.0)
+    assert [c.token for c in chain] == [claim.token]
+    assert {e.key for c in chain for e in c.events} == {"cold"}
+    assert not asyncio.run(store.claim(10, max_attempts=3, chain=chain)).events
