@@ -85,6 +85,7 @@ def identifiers(table: TableName) -> dict[str, str]:
         "failed_idx": quote(table.derived("failed_idx")),
         "topic_check": quote(table.derived("topic_check")),
         "idempotency_key_check": quote(table.derived("idempotency_key_check")),
+        "key_check": quote(table.derived("key_check")),
         "headers_check": quote(table.derived("headers_check")),
         "state_check": quote(table.derived("state_check")),
         "payload_check": quote(table.derived("payload_check")),
