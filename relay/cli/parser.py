@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The commands that log at INFO by default: the long-running service and the schema change.
+_LOGGING = ("run", "migrate")
+
+
 def _command(commands: Commands, name: str) -> argparse.ArgumentParser:
     """Subcommand ``name`` with the flags every command has: database, table, logging."""
     summary, description = ABOUT[name]
@@ -151,7 +155,11 @@ def _command(commands: Commands, name: str) -> argparse.ArgumentParser:
             f"(default: {config.DEFAULT_TOPIC_TEMPLATE})",
             metavar="TEMPLATE",
         )
-    env_flag(parser, "--log-level", help="DEBUG, INFO, WARNING or ERROR", default="INFO")
+    # The service and the schema change log what they do; an operator's command answers on
+    # stdout, and its stderr holds only what went wrong (a one-line error, not a log of connecting).
+    env_flag(
+        parser, "--log-level", help="DEBUG, INFO, WARNING or ERROR", default="INFO" if name in _LOGGING else "WARNING"
+    )
     env_flag(parser, "--log-format", help="text or json", default="text")
     return parser
 

@@ -355,3 +355,32 @@ def test_skip_json_prints_the_skipped_id_or_none(database_url: str) -> None:
         done = cli("skip", "--id", str(dead), "--json", "--database-url", database_url)
         assert (json.loads(done.stdout), done.returncode) == ({"skipped": expected}, code), done.stderr
     assert "not dead-lettered or waiting" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fails"),
+    [
+        (["status"], False),
+        (["status", "--json"], False),
+        (["dead"], False),
+        (["inspect", "1"], False),
+        (["inspect", "999999"], True),
+        (["skip", "--id", "999999"], True),
+        (["requeue", "--all"], False),
+        (["purge", "--older-than", "1d"], False),
+        (["replay", "--all"], False),
+    ],
+)
+def test_an_operator_command_writes_nothing_to_stderr_but_its_one_line_error(
+    database_url: str, args: list[str], fails: bool
+) -> None:
+    with psycopg.connect(database_url) as conn:
+        producers.publish(conn, "t", {"n": 1}, key="k")
+    done = cli(*args, "--database-url", database_url)
+    assert done.returncode == (1 if fails else 0), done.stderr
+    assert done.stderr.splitlines() == ([done.stderr.strip()] if fails else []), done.stderr
+    if fails:
+        assert done.stderr.startswith("outbox-relay: error: ")
+    # Asked for, the log is there.
+    logged = cli(*args, "--database-url", database_url, RELAY_LOG_LEVEL="INFO")
+    assert "connected to the database" in logged.stderr
