@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from relay.events import HELD, Event, Failure, Outcome
@@ -30,6 +30,18 @@ class SlowSink(MemorySink):
         return outcomes
 
 
+def failing(failures: dict[int, int]) -> Callable[[Event], Outcome]:
+    """A sink's outcome for each event: a failure for each of ``failures[id]`` first attempts."""
+
+    def outcome(event: Event) -> Outcome:
+        if failures.get(event.id, 0) > 0:
+            failures[event.id] -= 1
+            return Failure("broker hiccup")
+        return None
+
+    return outcome
+
+
 def first_copies(sink: MemorySink, key: str) -> list[int]:
     seen: list[int] = []
     for event in sink.delivered:
@@ -51,15 +63,7 @@ def test_a_hot_key_moves_in_runs_chained_across_the_batches_in_flight() -> None:
 
 
 def test_a_failure_in_a_run_holds_the_rest_of_its_key_in_flight_and_nothing_overtakes_it() -> None:
-    failures = {13: 1, 29: 2}
-
-    def flaky(event: Event) -> Outcome:
-        if failures.get(event.id, 0) > 0:
-            failures[event.id] -= 1
-            return Failure("broker hiccup")
-        return None
-
-    store, sink = MemoryStore(), SlowSink(flaky)
+    store, sink = MemoryStore(), SlowSink(failing({13: 1, 29: 2}))
     for i in range(80):
         store.insert("t", {"i": i}, key=f"k{i % 2}")
     go(run_until(Relay(store, sink, PIPELINED), lambda: not store.rows))
@@ -139,15 +143,7 @@ class CountingSink(SlowSink):
 
 
 def test_a_retry_keeps_its_key_in_order_and_only_the_batches_in_hand_come_back_held() -> None:
-    failures = {5: 1}
-
-    def flaky(event: Event) -> Outcome:
-        if failures.get(event.id, 0) > 0:
-            failures[event.id] -= 1
-            return Failure("broker hiccup")
-        return None
-
-    store, sink = MemoryStore(), CountingSink(flaky)
+    store, sink = MemoryStore(), CountingSink(failing({5: 1}))
     for i in range(300):
         store.insert("t", {"i": i}, key="hot")
     # The retry waits 0.5 s: long enough for many claims, had they gone on chaining the key.
