@@ -216,6 +216,16 @@ def _for_postgres(params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "payload": _jsonb(params["payload_json"], params["payload"]), "headers": headers}
 
 
+def _check_encoding(conn: Any) -> None:
+    """``ValueError``, before any SQL, unless the database is UTF8: on SQL_ASCII each writer's
+    client encoding decides the bytes stored (one key, two spellings), and on LATIN1 and the like
+    jsonb refuses the escapes of non-ASCII text, failing the caller's transaction."""
+    info = getattr(conn, "info", None) or getattr(getattr(conn, "connection", None), "info", None)
+    encoding = info.parameter_status("server_encoding") if isinstance(info, psycopg.ConnectionInfo) else None
+    if encoding is not None and encoding != "UTF8":
+        raise ValueError(f"the database is encoded in {encoding}: the outbox needs a UTF8 database")
+
+
 def publish(
     conn: psycopg.Connection[Any] | Any,
     topic: str,
@@ -256,6 +266,7 @@ def publish(
     if _mysql.is_pymysql(conn):
         _mysql.insert(conn, table, params)
     else:
+        _check_encoding(conn)
         conn.execute(_statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params))
     return str(params["idempotency_key"])
 
@@ -283,6 +294,7 @@ async def apublish(
     if _mysql.is_asyncmy(conn):
         await _mysql.ainsert(conn, table, params)
     else:
+        _check_encoding(conn)
         await conn.execute(
             _statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params)
         )

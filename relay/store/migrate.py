@@ -15,7 +15,7 @@ from psycopg import sql
 from relay.config import NATIVE, TableLayout, TableName
 from relay.errors import SchemaError
 from relay.store import sql as named
-from relay.store.postgres.connection import connect_kwargs, translate_errors
+from relay.store.postgres.connection import check_encoding, connect_kwargs, translate_errors
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,7 @@ def migrate(dsn: str, table: TableName, *, notify: bool | None = None, layout: T
     """
     ids = named.identifiers(table)
     with translate_errors(dsn, table), psycopg.connect(dsn, **connect_kwargs()) as conn, conn.transaction():
+        check_encoding(conn)
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [_LOCK_NAMESPACE + str(table)])
         if table.schema:
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(table.schema)))

@@ -99,6 +99,21 @@ def describe(exc: BaseException, dsn: str) -> str:
 _BAD_OPTION_VALUE = re.compile(r"\binvalid [\w ]+ value: ")
 
 
+def check_encoding(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """``ConfigError`` unless the database is UTF8 (libpq has its encoding already: no round trip).
+
+    On SQL_ASCII, text comes back as bytes and each writer's bytes are stored as
+    its client encoding made them (one key, two spellings); on LATIN1 and the
+    like, jsonb cannot hold the ``\\uXXXX`` escapes of non-ASCII characters.
+    """
+    encoding = conn.info.parameter_status("server_encoding")
+    if encoding is not None and encoding != "UTF8":
+        raise ConfigError(
+            f"the database {conn.info.dbname!r} is encoded in {encoding}: the outbox needs a UTF8 database "
+            "(CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0)"
+        )
+
+
 @contextlib.contextmanager
 def translate_errors(dsn: str, table: TableName, layout: TableLayout | None = None) -> Iterator[None]:
     """Turn psycopg exceptions into the relay's hierarchy, without secrets; with the ``layout``
@@ -260,7 +275,13 @@ class Database:
             if self._columns_in_headers:
                 kwargs["options"] += " -c outbox_relay.columns_in_headers=on"
         with self.errors():
-            return await psycopg.AsyncConnection.connect(self.dsn, **kwargs)
+            conn = await psycopg.AsyncConnection.connect(self.dsn, **kwargs)
+        try:
+            check_encoding(conn)
+        except ConfigError:
+            await conn.close()
+            raise
+        return conn
 
     async def _connection(self, lane: Lane) -> psycopg.AsyncConnection[Any]:
         existing = self._lanes.get(lane)
