@@ -226,6 +226,21 @@ def _check_encoding(conn: Any) -> None:
         raise ValueError(f"the database is encoded in {encoding}: the outbox needs a UTF8 database")
 
 
+#: Cursors the INSERT cannot run on: a server-side cursor would DECLARE it (a syntax error that fails
+#: the caller's transaction), a raw one takes no named parameters.
+_UNFIT_CURSORS = (psycopg.ServerCursor, psycopg.AsyncServerCursor, psycopg.RawCursor, psycopg.AsyncRawCursor)
+
+
+def _unfit_for_insert(conn: Any) -> bool:
+    """Check ``conn`` before any SQL; True if it is a connection whose cursors are raw ones, so that
+    the INSERT must run on a cursor of its own."""
+    if isinstance(conn, _UNFIT_CURSORS):
+        raise TypeError(f"publish() takes a connection or a client-side cursor, not a {type(conn).__name__}")
+    _check_encoding(conn)
+    factory = getattr(conn, "cursor_factory", None)
+    return isinstance(factory, type) and issubclass(factory, psycopg.RawCursor | psycopg.AsyncRawCursor)
+
+
 def publish(
     conn: psycopg.Connection[Any] | Any,
     topic: str,
@@ -266,8 +281,8 @@ def publish(
     if _mysql.is_pymysql(conn):
         _mysql.insert(conn, table, params)
     else:
-        _check_encoding(conn)
-        conn.execute(_statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params))
+        writer = psycopg.Cursor(conn) if _unfit_for_insert(conn) else conn
+        writer.execute(_statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params))
     return str(params["idempotency_key"])
 
 
@@ -294,8 +309,8 @@ async def apublish(
     if _mysql.is_asyncmy(conn):
         await _mysql.ainsert(conn, table, params)
     else:
-        _check_encoding(conn)
-        await conn.execute(
+        awriter = psycopg.AsyncCursor(conn) if _unfit_for_insert(conn) else conn
+        await awriter.execute(
             _statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params)
         )
     return str(params["idempotency_key"])

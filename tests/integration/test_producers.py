@@ -231,3 +231,35 @@ def test_keys_up_to_the_limit_are_written(database_url: str, key: str) -> None:
         written = producers.publish(conn, "t", {}, key=key)
     with psycopg.connect(database_url) as conn:
         assert conn.execute("SELECT key FROM outbox WHERE idempotency_key = %s", [written]).fetchone() == (key,)
+
+
+@pytest.mark.parametrize("factory", [psycopg.Cursor, psycopg.ClientCursor, psycopg.RawCursor])
+def test_publish_writes_whatever_cursors_the_connection_makes(database_url: str, factory: type) -> None:
+    with psycopg.connect(database_url, cursor_factory=factory) as conn:
+        producers.publish(conn, "t", {"n": 1}, key="k", idempotency_key="via-conn")
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT idempotency_key FROM outbox").fetchall() == [("via-conn",)]
+
+    async def asynchronous() -> None:
+        counterparts: dict[type, type] = {
+            psycopg.Cursor: psycopg.AsyncCursor,
+            psycopg.ClientCursor: psycopg.AsyncClientCursor,
+        }
+        afactory = counterparts.get(factory, psycopg.AsyncRawCursor)
+        async with await psycopg.AsyncConnection.connect(database_url, cursor_factory=afactory) as aconn:
+            await producers.apublish(aconn, "t", {"n": 2}, idempotency_key="via-aconn")
+
+    asyncio.run(asynchronous())
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (2,)
+
+
+def test_a_server_side_or_raw_cursor_is_refused_before_any_sql(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        conn.execute("CREATE TEMP TABLE business (n int)")
+        conn.execute("INSERT INTO business VALUES (1)")
+        for cursor in (conn.cursor("named"), psycopg.RawCursor(conn)):
+            with cursor, pytest.raises(TypeError, match="takes a connection or a client-side cursor"):
+                producers.publish(cursor, "t", {"n": 1})
+        producers.publish(conn.cursor(), "t", {"n": 1}, idempotency_key="by-cursor")  # a plain cursor is fine
+        assert conn.execute("SELECT count(*) FROM business").fetchone() == (1,)
