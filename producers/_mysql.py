@@ -23,15 +23,20 @@ from typing import Any
 
 from relay.config import TableName
 
+# Text and bytes other than JSON travel as hexadecimal digits, UNHEX()ed by the server: ASCII that
+# no charset or sql_mode reads otherwise. Sent as they are, a topic was cut at its first character
+# past the BMP on a utf8mb3 connection without strict mode, and asyncmy escapes bytes with
+# backslashes even under NO_BACKSLASH_ESCAPES (each backslash doubled, a quote closing the literal).
 _INSERT = (
     "INSERT INTO {table} (topic, `key`, payload, headers, idempotency_key, deliver_at, priority)"
-    " VALUES (%(topic)s, %(key)s, %(payload)s, %(headers)s, %(idempotency_key)s,"
-    " COALESCE(%(deliver_at)s, UTC_TIMESTAMP(6)), %(priority)s)"
+    " VALUES (CONVERT(UNHEX(%(topic)s) USING utf8mb4), UNHEX(%(key)s), %(payload)s, %(headers)s,"
+    " UNHEX(%(idempotency_key)s), COALESCE(%(deliver_at)s, UTC_TIMESTAMP(6)), %(priority)s)"
 )
 #: A bytes payload: its own statement, so that a JSON publish sends what it always sent.
 _INSERT_BYTES = (
     "INSERT INTO {table} (topic, `key`, payload_bytes, content_type, headers, idempotency_key, deliver_at, priority)"
-    " VALUES (%(topic)s, %(key)s, %(payload)s, %(content_type)s, %(headers)s, %(idempotency_key)s,"
+    " VALUES (CONVERT(UNHEX(%(topic)s) USING utf8mb4), UNHEX(%(key)s), UNHEX(%(payload)s),"
+    " CONVERT(UNHEX(%(content_type)s) USING utf8mb4), %(headers)s, UNHEX(%(idempotency_key)s),"
     " COALESCE(%(deliver_at)s, UTC_TIMESTAMP(6)), %(priority)s)"
 )
 #: "Duplicate entry … for key …" (both servers, both drivers: the error's first argument).
@@ -85,12 +90,27 @@ def _values(params: dict[str, Any]) -> dict[str, Any]:
         "headers": params["headers_json"],
         # VARBINARY columns keep the bytes they are sent: as text, a key or idempotency key would be
         # stored in the connection's charset (latin1's 'café' is not utf8mb4's), one event written
-        # twice and one key split in two. As bytes they are UTF-8 whatever the connection speaks.
+        # twice and one key split in two. As UTF-8 they are the same whatever the connection speaks.
         "key": None if params["key"] is None else params["key"].encode("utf-8"),
         "idempotency_key": params["idempotency_key"].encode("utf-8"),
+        "topic": params["topic"].encode("utf-8"),
+        **({"content_type": params["content_type"].encode("utf-8")} if as_bytes else {}),
         # DATETIME(6) holds UTC, without a zone.
         "deliver_at": deliver_at.astimezone(UTC).replace(tzinfo=None) if deliver_at is not None else None,
     }
+
+
+def _hexed(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` as the statements take them: every bytes value as its hexadecimal digits (see _INSERT)."""
+    return {
+        name: value.hex() if isinstance(value, bytes | bytearray | memoryview) else value
+        for name, value in values.items()
+    }
+
+
+def _first(row: Any) -> Any:
+    """The first column of a row from any cursor class (a tuple, or a dict from a DictCursor)."""
+    return next(iter(row.values())) if isinstance(row, dict) else row[0]
 
 
 def _duplicate_idempotency_key(exc: Exception) -> bool:
@@ -123,12 +143,13 @@ def insert(conn: Any, table: str, params: dict[str, Any]) -> None:
     """Write one event in ``conn``'s current transaction (PyMySQL)."""
     values = _values(params)
     statement = _statement(table, params)
+    raw = _raw_bytes(values)
+    values = _hexed(values)
     with conn.cursor() as cur:
-        raw = _raw_bytes(values)
         if 2 * raw + _STATEMENT_MARGIN > _UNCHECKED_BYTES:
             if conn not in _max_packet:
                 cur.execute("SELECT @@max_allowed_packet")
-                _max_packet[conn] = int(cur.fetchone()[0])
+                _max_packet[conn] = int(_first(cur.fetchone()))
             limit = _max_packet[conn]
             if 2 * raw + _STATEMENT_MARGIN > limit:
                 _check_packet(max(raw, _statement_bytes(cur, statement, values)), limit)
@@ -143,12 +164,13 @@ async def ainsert(conn: Any, table: str, params: dict[str, Any]) -> None:
     """Write one event in ``conn``'s current transaction (asyncmy)."""
     values = _values(params)
     statement = _statement(table, params)
+    raw = _raw_bytes(values)
+    values = _hexed(values)
     async with conn.cursor() as cur:
-        raw = _raw_bytes(values)
         if 2 * raw + _STATEMENT_MARGIN > _UNCHECKED_BYTES:
             if conn not in _max_packet:
                 await cur.execute("SELECT @@max_allowed_packet")
-                _max_packet[conn] = int((await cur.fetchone())[0])
+                _max_packet[conn] = int(_first(await cur.fetchone()))
             limit = _max_packet[conn]
             if 2 * raw + _STATEMENT_MARGIN > limit:
                 text = cur.mogrify(statement, values)

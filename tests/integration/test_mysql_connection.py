@@ -100,14 +100,17 @@ def test_relay_sessions_run_at_read_committed_in_utc(mysql_url: str) -> None:
                 if store._db.mariadb
                 else ("transaction_isolation", "max_execution_time / 1000")
             )
-            query = f"SELECT @@session.{isolation}, @@session.time_zone, @@session.{timeout}"
+            query = f"SELECT @@session.{isolation}, @@session.time_zone, @@session.{timeout}, @@session.sql_mode"
             rows: list[Any] = await store._db.call("settle", _rows(query))
             return rows
         finally:
             await store.close()
 
-    [(isolation, zone, timeout)] = asyncio.run(scenario())
+    [(isolation, zone, timeout, sql_mode)] = asyncio.run(scenario())
     assert (isolation, zone, float(timeout)) == ("READ-COMMITTED", "+00:00", 30.0)
+    # The dialect the queries are written in, whatever the server's default mode: no
+    # NO_BACKSLASH_ESCAPES (bytes parameters are escaped with backslashes), no ANSI_QUOTES.
+    assert set(sql_mode.split(",")) == {"STRICT_ALL_TABLES", "ERROR_FOR_DIVISION_BY_ZERO", "NO_ENGINE_SUBSTITUTION"}
 
 
 def test_gauges_are_exact_under_the_bound_and_estimated_past_it(mysql_url: str) -> None:

@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import asyncmy
+import asyncmy.cursors
+import pymysql.cursors
 import pytest
 
 import producers
@@ -296,3 +298,107 @@ def test_an_event_longer_than_max_allowed_packet_is_refused_and_the_transaction_
     kept = asyncio.run(apublish_past_it())
     assert count(mysql_url) == 3
     assert mysql_support.execute(mysql_url, "SELECT COUNT(*) FROM outbox WHERE idempotency_key = %s", [kept]) == [(1,)]
+
+
+#: Values with every character a literal's escaping could read otherwise: backslashes, quotes, NUL-free
+#: control characters, and a key written to close the literal and inject one of its own.
+TRICKY = {
+    "topic": "t\\o'p\"ic.\U0001f600",
+    "key": "', 0x7b7d, 0x7b7d, 'x', UTC_TIMESTAMP(6), 0) -- C:\\temp\\x",
+    "idempotency_key": "ik\\1'\"\n\x1a",
+    "content_type": 'text/x\\y\'; q="\u00e9\U0001f600"',
+}
+
+
+@pytest.mark.parametrize(
+    "sql_mode",
+    ["NO_BACKSLASH_ESCAPES", "ANSI_QUOTES,NO_BACKSLASH_ESCAPES", "PAD_CHAR_TO_FULL_LENGTH", "", "TRADITIONAL"],
+)
+@pytest.mark.parametrize("charset", ["utf8mb4", "utf8mb3"])
+def test_values_are_stored_exactly_whatever_the_writer_s_sql_mode_and_charset(
+    mysql_url: str, sql_mode: str, charset: str
+) -> None:
+    payload = b"line1\nline2\\end\x00'\""
+    conn = mysql_support.connect(mysql_url, autocommit=False, charset=charset)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION sql_mode = %s", [sql_mode])
+        for i, body in enumerate(({"a": "\\'\""}, payload)):
+            written = producers.publish(
+                conn,
+                TRICKY["topic"],
+                body,
+                key=TRICKY["key"],
+                idempotency_key=f"{TRICKY['idempotency_key']}{i}",
+                content_type=TRICKY["content_type"] if isinstance(body, bytes) else None,
+            )
+            assert written == f"{TRICKY['idempotency_key']}{i}"
+        conn.commit()
+    finally:
+        conn.close()
+
+    async def asynchronous() -> None:
+        aconn = await _aconnect(mysql_url, charset="utf8mb4" if charset == "utf8mb4" else "utf8")
+        try:
+            async with aconn.cursor() as cur:
+                await cur.execute("SET SESSION sql_mode = %s", [sql_mode])
+            await producers.apublish(
+                aconn,
+                TRICKY["topic"],
+                payload,
+                key=TRICKY["key"],
+                idempotency_key=f"{TRICKY['idempotency_key']}a",
+                content_type=TRICKY["content_type"],
+            )
+            # The same idempotency key again, as stored: nothing more written.
+            await producers.apublish(aconn, "t", {"n": 1}, idempotency_key=f"{TRICKY['idempotency_key']}0")
+            await aconn.commit()
+        finally:
+            aconn.close()
+
+    asyncio.run(asynchronous())
+    rows = mysql_support.execute(
+        mysql_url,
+        "SELECT topic, `key`, idempotency_key, payload, payload_bytes, content_type FROM outbox ORDER BY id",
+    )
+    key, topic = TRICKY["key"].encode(), TRICKY["topic"]
+    assert [(r[0], r[1], r[2], r[4], r[5]) for r in rows] == [
+        (topic, key, f"{TRICKY['idempotency_key']}0".encode(), None, None),
+        (topic, key, f"{TRICKY['idempotency_key']}1".encode(), payload, TRICKY["content_type"]),
+        (topic, key, f"{TRICKY['idempotency_key']}a".encode(), payload, TRICKY["content_type"]),
+    ]
+    assert json.loads(rows[0][3]) == {"a": "\\'\""}
+
+
+@pytest.mark.parametrize("dict_rows", ["pymysql", "asyncmy"])
+def test_a_large_event_is_checked_against_max_allowed_packet_from_a_dict_cursor_connection(
+    mysql_url: str, dict_rows: str
+) -> None:
+    big = {"x": "y" * 600_000}  # past the size whose statement is checked before it is sent
+    if dict_rows == "pymysql":
+        conn = mysql_support.connect(mysql_url, autocommit=False, cursorclass=pymysql.cursors.DictCursor)
+        try:
+            producers.publish(conn, "t", big, idempotency_key="big")
+            conn.commit()
+        finally:
+            conn.close()
+    else:
+
+        async def asynchronous() -> None:
+            target = Target.parse(mysql_url)
+            aconn = await asyncmy.connect(
+                host=target.host,
+                port=target.port,
+                user=target.user,
+                password=target.password_bytes,
+                database=target.database,
+                cursor_cls=asyncmy.cursors.DictCursor,
+            )
+            try:
+                await producers.apublish(aconn, "t", big, idempotency_key="big")
+                await aconn.commit()
+            finally:
+                aconn.close()
+
+        asyncio.run(asynchronous())
+    assert mysql_support.execute(mysql_url, "SELECT idempotency_key FROM outbox") == [(b"big",)]

@@ -148,6 +148,10 @@ def server_is_mariadb(version: str) -> bool:
     return "mariadb" in version.lower()
 
 
+#: The relay's own sessions: strict, and nothing that changes how a literal or a name is read.
+SESSION_SQL_MODE = "STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION"
+
+
 def session_settings(*, mariadb: bool, statement_timeout: float) -> list[str]:
     """The statements that set up a relay session (MySQL 8 and MariaDB spell the timeout differently)."""
     timeout = (
@@ -158,6 +162,10 @@ def session_settings(*, mariadb: bool, statement_timeout: float) -> list[str]:
     return [
         "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
         "SET SESSION time_zone = '+00:00'",
+        # The dialect the statements are written in, whatever the server's default: under
+        # NO_BACKSLASH_ESCAPES asyncmy's backslash-escaped bytes (a key with a quote in the
+        # claim's tail keys) broke the claim's SQL, and ANSI_QUOTES would read "..." as a name.
+        f"SET SESSION sql_mode = '{SESSION_SQL_MODE}'",
         f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_SECONDS}",
         timeout,
     ]
