@@ -77,8 +77,14 @@ def connect_kwargs(
         # Times come back in UTC whatever the server's zone, as the relay logs them and MySQL gives
         # them (a PGTZ the operator sets still wins: libpq sends it after the options). A startup
         # option, not a SET: through a transaction pooler a SET would change another client's session.
+        # The formats the relay reads, whatever the database's defaults: psycopg parses times only in
+        # the ISO DateStyle (under 'SQL, DMY' a claim leased its rows, then failed to read them: each
+        # restart spent an attempt until the events were dead-lettered unsent), and a float8 keeps
+        # its digits only with extra_float_digits above 0. The claim is written for READ COMMITTED
+        # (FOR UPDATE SKIP LOCKED): under a serializable default it failed and waited out a backoff.
         "options": (
-            "-c synchronous_commit=off -c jit=off -c TimeZone=UTC"
+            "-c synchronous_commit=off -c jit=off -c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=postgres"
+            r" -c extra_float_digits=3 -c default_transaction_isolation=read\ committed"
             f" -c statement_timeout={max(1, int(statement_timeout * 1000))}"
             f" -c idle_in_transaction_session_timeout={int(IDLE_IN_TRANSACTION_TIMEOUT_SECONDS * 1000)}"
         ),
