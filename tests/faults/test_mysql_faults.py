@@ -146,7 +146,10 @@ def relays_via(url: str, bootstrap: str, count: int, logs: Path) -> Iterator[lis
     base = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     args = [sys.executable, "-m", "relay", "run", "--database-url", url, "--sink", f"kafka://{bootstrap}",
             "--batch-size", str(BATCH), "--max-attempts", "10", "--lease-seconds", "9", "--publish-timeout", "2",
-            "--poll-interval", "0.05", "--poll-interval-max", "0.2", "--log-level", "WARNING"]  # fmt: skip
+            "--poll-interval", "0.05", "--poll-interval-max", "0.2", "--log-level", "WARNING",
+            # The link's faults start at once: on a busy machine a reset may reach a relay still starting,
+            # where an unreachable database is otherwise reported and ends it.
+            "--startup-timeout", "60"]  # fmt: skip
     relays = []
     try:
         for n in range(count):
