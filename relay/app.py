@@ -164,7 +164,12 @@ async def start(relay: Relay, timeout: float, stop: asyncio.Event | None = None)
         except RelayError as exc:
             await relay.store.close()
             # A configuration mistake (a URL libpq refuses) stays one: no waiting mends it.
-            if isinstance(exc, ConfigError) or asyncio.get_running_loop().time() >= deadline:
+            if isinstance(exc, ConfigError):
+                raise
+            # Stopped while the attempt waited on a server that does not answer: a stop, not an error.
+            if stop.is_set():
+                return False
+            if asyncio.get_running_loop().time() >= deadline:
                 raise
             logger.warning("not started yet, trying again: %s", exc, extra={"action": "start_retry"})
             with contextlib.suppress(TimeoutError):

@@ -1,4 +1,4 @@
-"""Signal handling: SIGTERM and SIGINT set the stop event."""
+"""Signal handling: SIGTERM, SIGINT and SIGHUP set the stop event."""
 
 from __future__ import annotations
 
@@ -10,16 +10,21 @@ from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: SIGHUP too: a closed terminal or a supervisor's "reload" killed the relay at once, its batches
+#: left to their leases. Each stops it as SIGTERM does.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @contextlib.contextmanager
 def stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
-    """Set ``stop`` on SIGTERM/SIGINT while inside; restore the old handlers after.
+    """Set ``stop`` on SIGTERM/SIGINT/SIGHUP while inside; restore the old handlers after, or,
+    once stopping, ignore those signals from then on.
 
     A second signal while stopping is logged and ignored: the batches in hand
     are bounded by the publish timeout, and cutting them short would only
-    turn settled work into duplicates.
+    turn settled work into duplicates. After the relay stopped, the process
+    still closes its clients and its loop; a repeat (an orchestrator sending
+    SIGTERM twice, a second Ctrl-C) must not kill it then, out of its exit 0.
     """
     loop = asyncio.get_running_loop()
 
@@ -37,3 +42,5 @@ def stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
     finally:
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
+            if stop.is_set():
+                signal.signal(sig, signal.SIG_IGN)
