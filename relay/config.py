@@ -25,7 +25,7 @@ from relay.secrets import is_secret_option as is_secret_option
 from relay.secrets import redact_url as redact_url
 
 DEFAULT_TABLE = "outbox"
-BATCH_SIZE = 2000
+BATCH_SIZE = 4000
 MAX_ATTEMPTS = 10
 BACKOFF_INITIAL_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 300.0

@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 #: A full batch at the default --batch-size has a bucket of its own (see test_metrics).
-BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 2500, 5000)
+BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 2500, 4000, 5000)
 #: Topics that get a series of their own in the per-topic counters; later ones share one.
 TOPIC_SERIES_MAX = 1000
 #: The label of the series the topics past the cap share: no Kafka topic can be named so.
