@@ -109,7 +109,9 @@ def cmd_dead(args: argparse.Namespace) -> int:
         # One line per event: a newline or tab in an error, topic or key is shown escaped. An event
         # without a key says so (key=None would read as the key 'None').
         key = "no key" if e.key is None else f"key={_printable(e.key)}"
-        print(f"{e.id}\t{_printable(e.topic)}\t{key}\tattempts={e.attempts}{blocks}\t{_printable(e.last_error)}")
+        # A row dead-lettered by hand may have no error: say so rather than print None.
+        error = "(no error recorded)" if e.last_error is None else _printable(e.last_error)
+        print(f"{e.id}\t{_printable(e.topic)}\t{key}\tattempts={e.attempts}{blocks}\t{error}")
     return 0
 
 

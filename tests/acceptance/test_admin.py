@@ -281,6 +281,22 @@ def test_dead_tells_an_event_without_a_key_from_one_whose_key_reads_none(databas
     assert [line.split("\t")[2] for line in done.stdout.splitlines()] == ["no key", "key=None", "key=", "key=no key"]
 
 
+def test_dead_says_when_an_event_has_no_error_recorded(database_url: str) -> None:
+    """A row dead-lettered by hand (plain SQL) may have no last_error: the line says so, not "None"."""
+    with psycopg.connect(database_url) as conn:
+        for error in (None, "None", ""):
+            conn.execute(
+                "INSERT INTO outbox (topic, key, payload, state, last_error, failed_at)"
+                " VALUES ('t', 'k', '{}', 'failed', %s, now())",
+                [error],
+            )
+    done = cli("dead", "--database-url", database_url)
+    assert done.returncode == 0, done.stderr
+    assert [line.split("\t")[-1] for line in done.stdout.splitlines()] == ["(no error recorded)", "None", ""]
+    listed = cli("dead", "--json", "--database-url", database_url)
+    assert [e["last_error"] for e in json.loads(listed.stdout)] == [None, "None", ""]
+
+
 def test_retention_without_keep_sent_purges_old_skipped_events(database_url: str, amqp_url: str) -> None:
     """Skipped events stay in the table whatever --keep-sent says: --retention ages them out."""
     with psycopg.connect(database_url) as conn:
