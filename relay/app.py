@@ -68,6 +68,12 @@ class RunConfig:
             raise ConfigError("no sink configured: set --sink or --route (RELAY_SINK, RELAY_ROUTES)")
         if self.event_source is not None:
             check_event_source(self.event_source)
+            if all(config.format is Format.NATIVE for config in self._sinks()):
+                # Set and silently unused would hide a sink URL that lost its format= option.
+                raise ConfigError(
+                    "--event-source (RELAY_EVENT_SOURCE) sets the CloudEvents source, but no sink"
+                    " has format=cloudevents or format=cloudevents-structured"
+                )
         slowest = max(self._sinks(), key=publish_grace_seconds)
         self.settings.check_lease(publish_grace_seconds(slowest), _kind(slowest))
 

@@ -146,6 +146,13 @@ def test_an_event_source_that_is_no_uri_reference_is_refused(database_url: str, 
     assert_one_line_error(cli("run", "--database-url", database_url, "--sink", sink, "--event-source", source), needle)
 
 
+@pytest.mark.parametrize("sink", ["kafka://h:1", "amqp://h:1/?format=native"])
+def test_an_event_source_no_sink_would_use_is_refused(database_url: str, sink: str) -> None:
+    needle = "no sink has format=cloudevents"
+    assert_one_line_error(cli("run", "--database-url", database_url, "--sink", sink, "--event-source", "/s"), needle)
+    assert_one_line_error(cli("run", "--database-url", database_url, "--sink", sink, RELAY_EVENT_SOURCE="/s"), needle)
+
+
 def test_a_route_after_the_catch_all_is_refused(database_url: str) -> None:
     result = cli("run", "--database-url", database_url, "--route", "*=kafka://h:1", "--sink", "kafka://h:2")
     assert_one_line_error(result, "--sink comes after the catch-all route '*'")

@@ -21,6 +21,7 @@ from relay.sinks import build_router
 from relay.sinks.kafka import producer_config
 
 OUTBOX = TableName.parse("outbox")
+DSN = "postgresql://app@db/shop"
 
 
 @pytest.mark.parametrize(
@@ -191,6 +192,34 @@ def test_run_config_takes_the_flag_or_the_default() -> None:
     assert given.describe_sinks() == "kafka (cloudevents)"
     with pytest.raises(ConfigError, match="user or password"):
         RunConfig(dsn, OUTBOX, sink, RelaySettings(), event_source="https://a:s3cret@h/x")
+
+
+@pytest.mark.parametrize(
+    ("sink", "routes"),
+    [
+        ("kafka://k:9092", ()),
+        ("amqp://r/?format=native", ()),
+        (None, ("a.*=kafka://k:9092", "*=amqp://r/")),
+        (None, ("a.*=kafka://k:9092?format=native",)),
+    ],
+)
+def test_an_event_source_no_sink_uses_is_refused(sink: str | None, routes: tuple[str, ...]) -> None:
+    parsed = tuple(parse_route(route) for route in routes)
+    with pytest.raises(ConfigError, match="no sink has format=cloudevents"):
+        RunConfig(
+            DSN, OUTBOX, parse_sink_url(sink) if sink else None, RelaySettings(), routes=parsed, event_source="urn:x"
+        )
+    # Without the flag the same sinks are fine.
+    RunConfig(DSN, OUTBOX, parse_sink_url(sink) if sink else None, RelaySettings(), routes=parsed)
+
+
+@pytest.mark.parametrize(
+    "routes",
+    [("a.*=kafka://k:9092?format=cloudevents", "*=amqp://r/"), ("*=amqp://r/?format=cloudevents-structured",)],
+)
+def test_an_event_source_one_route_uses_is_taken(routes: tuple[str, ...]) -> None:
+    parsed = tuple(parse_route(route) for route in routes)
+    assert RunConfig(DSN, OUTBOX, None, RelaySettings(), routes=parsed, event_source="urn:x").source == "urn:x"
 
 
 @pytest.mark.parametrize(
