@@ -176,3 +176,35 @@ def test_json_with_integers_past_python_s_digit_limit_is_delivered(
     assert set(by_key) == {"payload", "after", "header"}
     assert by_key["payload"].value == f'{{"n":{number}}}'.encode()
     assert by_key["header"].headers["n"] == number.encode()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["end", "start", "middle"])
+def test_a_topic_with_a_nul_is_dead_lettered_by_the_kafka_sink_and_the_relay_stays_up(
+    mysql_url: str, kafka_bootstrap: str, where: str
+) -> None:
+    """MySQL's topic column takes a NUL; the Kafka client refuses such a topic name before
+    anything is sent (it raised ValueError, which stopped the relay: a crash loop on restart)."""
+    topic = unique_topic("nul-topic")
+    bad = {"end": topic + "\x00", "start": "\x00" + topic, "middle": topic[:5] + "\x00" + topic[5:]}[where]
+    written = [
+        (topic, "k", "{}", "first", "{}"),
+        (bad, "k", "{}", "nul", "{}"),
+        (topic, "k", "{}", "after", "{}"),
+        (topic, "j", "{}", "other", "{}"),
+        (topic, None, "{}", "free", "{}"),
+    ]
+    mysql_support.insert_many(mysql_url, INSERT, written)
+    with RelayThread(mysql_url, f"kafka://{kafka_bootstrap}") as relay:
+        wait_until(lambda: mysql_support.outbox_counts(mysql_url) == {"failed": 1, "pending": 1}, timeout=30)
+        received = consume(kafka_bootstrap, topic, count=3, settle_seconds=1.0)
+        assert relay.error is None
+    assert {m.headers["idempotency-key"] for m in received} == {b"first", b"other", b"free"}
+    [(state, attempts, error)] = mysql_support.execute(
+        mysql_url, "SELECT state, attempts, last_error FROM outbox WHERE idempotency_key = 'nul'"
+    )
+    assert state == "failed" and attempts == 1, (state, attempts, error)
+    assert "topic" in error and "NUL" in error, error
+    assert mysql_support.execute(mysql_url, "SELECT state FROM outbox WHERE idempotency_key = 'after'") == [
+        ("pending",)
+    ]

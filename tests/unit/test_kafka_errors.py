@@ -146,3 +146,17 @@ def test_failing_the_rest_keeps_earlier_outcomes() -> None:
         assert batch.close() == [None, None, Failure("queue full"), Failure("queue full")]
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("raised", [ValueError("embedded null character"), TypeError("bad type"),
+                                    UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")])  # fmt: skip
+def test_a_value_the_client_refuses_before_sending_is_a_permanent_failure_not_a_crash(raised: Exception) -> None:
+    from relay.sinks.kafka.sink import _produce
+
+    def produce(*args: object, **kwargs: object) -> None:
+        raise raised
+
+    error = _produce(produce, make_event("t"), b"{}", [], lambda error, message: None)
+    assert error is not None
+    failure = classify(error)
+    assert failure.permanent and "refused" in failure.error and str(raised)[:20] in failure.error, failure

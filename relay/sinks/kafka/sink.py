@@ -38,7 +38,7 @@ from relay.sinks.base import scrubbed
 from relay.sinks.formats import DEFAULT_EVENT_SOURCE, kafka_encoder, refusal_of
 from relay.sinks.kafka.batch import Batch
 from relay.sinks.kafka.client import Client
-from relay.sinks.kafka.errors import classify, describe, error_of, is_fatal, is_unreachable
+from relay.sinks.kafka.errors import MAX_ERROR_CHARS, classify, describe, error_of, is_fatal, is_unreachable
 from relay.sinks.kafka.settings import producer_config
 
 logger = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ class KafkaSink:
         for index, event in enumerate(events):
             # confluent-kafka encodes str keys and header values as UTF-8 itself, in C.
             value, headers = encode(event)
-            refused = format_refusal(event) if format_refusal is not None else None
+            refused = _refusal(event) or (format_refusal(event) if format_refusal is not None else None)
             callback = functools.partial(client.on_delivery, batch, index)
             with client.lock:
                 if client.broken is not None:
@@ -323,4 +323,18 @@ def _produce(
         return QUEUE_FULL
     except KafkaException as exc:
         return error_of(exc)
+    except (ValueError, TypeError) as exc:
+        # The client refuses a value before sending it (a string it cannot pass to C):
+        # no retry can change that, and raising here would stop the relay.
+        return KafkaError(KafkaError._INVALID_ARG, f"the Kafka client refused the message: {exc}"[:MAX_ERROR_CHARS])
+    return None
+
+
+def _refusal(event: Event) -> str | None:
+    """Why the Kafka client can never take ``event`` (None: it may).
+
+    Plain SQL on MySQL can write a NUL into the topic; a topic name goes to
+    librdkafka as a C string, and the client refuses it."""
+    if "\x00" in event.topic:
+        return "topic contains a NUL character, which no Kafka topic name can hold"
     return None
