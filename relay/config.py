@@ -508,6 +508,12 @@ def check_database_url(url: str) -> str:
     url = url.strip()  # a value read from a file often ends in a line break
     if not url:
         raise ConfigError("no database configured: set --database-url, RELAY_DATABASE_URL or DATABASE_URL")
+    if "://" not in url and "=" not in url:
+        # Neither a URL nor a keyword string (a URL that lost its '//', a password set in its place):
+        # libpq's error would echo it whole, whatever secret it holds.
+        raise ConfigError(
+            "invalid database URL: neither scheme://... (postgresql://, mysql://) nor libpq's keyword=value pairs"
+        )
     if "://" in url:
         problem = ambiguity(url)
         if problem is not None:

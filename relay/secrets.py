@@ -86,6 +86,10 @@ _QUERY_START = re.compile(r"[?]")
 _CONTINUATION = re.compile(r"(?:[&\s]+[^&\s=#;]+(?=[&\s]|$)(?!\s*=))+")
 _CUTS = "& \t\r\n"
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+#: A keyword string starts with ``name=``; a text that does not, yet has an '@', may be a URL that lost
+#: its ``//`` (``postgresql:app:pw@host``, ``//app:pw@host``, ``app:pw@host``).
+_KEYWORD_START = re.compile(r"\s*[A-Za-z][\w.\-]*\s*=")
+_SCHEME_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 
 
 def ambiguity(url: str) -> str | None:
@@ -158,6 +162,24 @@ def _mask_options(text: str) -> str:
     return "".join([*shown, _OPTION.sub(mask, text[last:])])
 
 
+def _bare_userinfo(text: str) -> str | None:
+    """What precedes the last ``@`` of a text that reads as a URL without its ``scheme://``; None for
+    a URL or a keyword string. libpq takes such a text for a keyword string and echoes it whole."""
+    if "://" in text or "@" not in text or _KEYWORD_START.match(text):
+        return None
+    return text.strip().rpartition("@")[0]
+
+
+def _bare_passwords(userinfo: str) -> list[str]:
+    """The passwords ``userinfo`` may hold: after its first ``:``, and after a leading ``scheme:`` too
+    (whether ``postgresql:app:pw`` begins with a scheme or with a user, only its writer knows)."""
+    found = [userinfo.lstrip("/").partition(":")[2]]
+    scheme = _SCHEME_PREFIX.match(userinfo)
+    if scheme is not None:
+        found.append(userinfo[scheme.end() :].lstrip("/").partition(":")[2])
+    return found
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password and secret options replaced by ``***``.
 
@@ -169,7 +191,8 @@ def redact_url(url: str) -> str:
     text = _mask_options(url)
     scheme, separator, rest = text.partition("://")
     if not separator:
-        return text
+        bare = _bare_userinfo(text)
+        return text if bare is None or ":" not in bare else f"{MASK}@{text.strip().rpartition('@')[2]}"
     at = rest.rfind("@")
     if at < 0:
         return text
@@ -194,6 +217,10 @@ def secrets_in(text: str) -> list[str]:
         _, colon, password = userinfo.partition(":")
         if at and colon:
             found.append(password)
+    else:
+        bare = _bare_userinfo(text)
+        if bare is not None:
+            found += _bare_passwords(bare)
     for match in _OPTION.finditer(text):
         if _is_scrubbed_option(match["name"]):
             found.append(_unquote_keyword(match["value"]))

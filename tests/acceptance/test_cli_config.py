@@ -62,6 +62,22 @@ def test_unknown_database_scheme_hides_the_password() -> None:
     assert_one_line_error(cli("status", "--database-url", f"mssql://u:{CANARY}@h/db"), "unknown database URL scheme")
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql:app:{CANARY}@127.0.0.1:5432/db",
+        f"postgresql:/app:{CANARY}@127.0.0.1:5432/db",
+        f"postgresql//app:{CANARY}@127.0.0.1:5432/db",
+        f"//app:{CANARY}@127.0.0.1:5432/db",
+        f"app:{CANARY}@127.0.0.1:5432/db?sslmode=disable",
+        CANARY,  # the password alone, set where the URL belongs
+    ],
+)
+def test_a_database_url_missing_its_scheme_slashes_hides_the_password(url: str) -> None:
+    # libpq takes such a text for a keyword string and echoes it whole ('missing "=" after ...').
+    assert_one_line_error(cli("status", "--database-url", url), "invalid database URL")
+
+
 def test_unreachable_database_at_start_up() -> None:
     url = f"postgresql://app:{CANARY}@127.0.0.1:{free_port()}/db"
     for command in (["status"], ["migrate"], ["run", "--sink", "kafka://127.0.0.1:9"]):

@@ -94,6 +94,26 @@ def test_redact_url_hides_a_password_in_every_form(template: str, password: str)
     assert shown.startswith(url.split("://")[0] + "://") and "example" in shown, shown
 
 
+@pytest.mark.parametrize("password", PASSWORDS.values(), ids=PASSWORDS.keys())
+@pytest.mark.parametrize(
+    "template",
+    [
+        "postgresql:app:{pw}@db.example/shop",
+        "postgresql:/app:{pw}@db.example/shop",
+        "postgresql//app:{pw}@db.example/shop",
+        "//app:{pw}@db.example/shop",
+        "app:{pw}@db.example/shop?sslmode=require",
+    ],
+)
+def test_a_url_that_lost_its_slashes_is_redacted_and_scrubbed(template: str, password: str) -> None:
+    # libpq reads such a text as a keyword string, and its error echoes the text whole.
+    url = template.format(pw=password)
+    shown = redact_url(url)
+    assert not leaks(shown) and shown.endswith("db.example/shop" + url.partition("/shop")[2]), shown
+    said = f'missing "=" after "{url}" in connection info string'
+    assert not leaks(Scrubber.of(url)(said)), Scrubber.of(url)(said)
+
+
 @pytest.mark.parametrize("password", ["pw", "Cnry1%2FCnry2", "Cnry1:Cnry2", "Cnry1üCnry2"])
 def test_a_valid_url_keeps_its_user_host_and_plain_options(password: str) -> None:
     url = f"postgresql://app:{password}@db.example:5432/shop?sslmode=require&sslpassword={password}"
