@@ -65,6 +65,16 @@ _SECRET_WORDS = (
 #: Sensitive names whose values are masked where shown but not scrubbed from free
 #: text: a user name such as "relay" would cut words out of every message.
 _NAMES_NOT_SCRUBBED = frozenset({"sasl.username"})
+_SECRET_NAME_WORDS = sorted({*_SECRET_WORDS, *(SENSITIVE_KAFKA_OPTIONS - _NAMES_NOT_SCRUBBED)}, key=len, reverse=True)
+#: A secret option written without its '=' (``?sasl.passwordS3cret``, ``password S3cret`` is
+#: no such thing): its value is glued to its name, and every parser names the option it cannot
+#: read. The value is what follows the first secret word, up to a '&' or a space.
+_GLUED = re.compile(
+    r"(?:(?<=[?&;\s])|^)(?P<name>[\w.\-]*?(?:"
+    + "|".join(re.escape(word).replace(r"\.", r"[._\-]") for word in _SECRET_NAME_WORDS)
+    + r"))(?P<value>[^&\s=]+)(?=[&\s]|$)",
+    re.IGNORECASE,
+)
 #: A secret cut at these characters (by a parser that took a raw one for a
 #: delimiter) may be echoed in pieces; pieces this long or longer are scrubbed.
 #: '[' and ']' too: urlsplit echoes what it finds between them as an IPv6 host it cannot read.
@@ -154,12 +164,15 @@ def _mask_options(text: str) -> str:
             return match[0]
         return f"{match['name']}{match['eq']}{MASK}"
 
+    def masked(part: str) -> str:
+        return _GLUED.sub(lambda glued: f"{glued['name']}{MASK}", _OPTION.sub(mask, part))
+
     # A route's pattern is shown as it is: it is no option, whatever words it holds ("secrets.*").
     shown, last = [], 0
     for route in _ROUTE_PATTERN.finditer(text):
-        shown += [_OPTION.sub(mask, text[last : route.start()]), route[0]]
+        shown += [masked(text[last : route.start()]), route[0]]
         last = route.end()
-    return "".join([*shown, _OPTION.sub(mask, text[last:])])
+    return "".join([*shown, masked(text[last:])])
 
 
 def _bare_userinfo(text: str) -> str | None:
@@ -221,6 +234,7 @@ def secrets_in(text: str) -> list[str]:
         bare = _bare_userinfo(text)
         if bare is not None:
             found += _bare_passwords(bare)
+    found += [glued["value"] for glued in _GLUED.finditer(text)]
     for match in _OPTION.finditer(text):
         if _is_scrubbed_option(match["name"]):
             found.append(_unquote_keyword(match["value"]))

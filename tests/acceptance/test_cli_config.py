@@ -78,6 +78,27 @@ def test_a_database_url_missing_its_scheme_slashes_hides_the_password(url: str) 
     assert_one_line_error(cli("status", "--database-url", url), "invalid database URL")
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://app@127.0.0.1:5432/db?password{CANARY}",
+        f"postgresql://app@127.0.0.1:5432/db?sslmode=disable&sslpassword{CANARY}",
+        f"host=127.0.0.1 dbname=db user=app password{CANARY}",
+        f"mysql://app@127.0.0.1:3306/db?ssl_key_password{CANARY}",
+    ],
+)
+def test_a_secret_option_missing_its_equals_sign_hides_the_value(url: str) -> None:
+    # The parser names the option it cannot read, and the value is glued to its name.
+    assert_one_line_error(cli("status", "--database-url", url), "")
+
+
+@pytest.mark.parametrize("option", ["sasl.password", "sasl_password", "ssl.key.password", "sasl.oauthbearer.config"])
+def test_a_kafka_secret_option_missing_its_equals_sign_hides_the_value(database_url: str, option: str) -> None:
+    sink = f"kafka://127.0.0.1:1?acks=all&{option}{CANARY}"
+    assert_one_line_error(cli("run", "--database-url", database_url, "--sink", sink), "unknown kafka option")
+    assert_one_line_error(cli("run", "--database-url", database_url, "--route", f"a.*={sink}"), "unknown kafka option")
+
+
 def test_unreachable_database_at_start_up() -> None:
     url = f"postgresql://app:{CANARY}@127.0.0.1:{free_port()}/db"
     for command in (["status"], ["migrate"], ["run", "--sink", "kafka://127.0.0.1:9"]):

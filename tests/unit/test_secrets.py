@@ -114,6 +114,29 @@ def test_a_url_that_lost_its_slashes_is_redacted_and_scrubbed(template: str, pas
     assert not leaks(Scrubber.of(url)(said)), Scrubber.of(url)(said)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "postgresql://app@db.example/shop?password{pw}",
+        "postgresql://app@db.example/shop?sslmode=require&sslpassword{pw}",
+        "host=db.example user=app password{pw} dbname=shop",
+        "mysql://app@db.example/shop?ssl_key_password{pw}",
+        "amqp://u@mq.example/%2F?exchange=x&token{pw}",
+        "kafka://k.example:9092?sasl.password{pw}&acks=all",
+        "kafka://k.example:9092?SASL_OAUTHBEARER_CONFIG{pw}",
+        "billing.*=kafka://k.example:9092?ssl.key.password{pw}",
+    ],
+)
+def test_a_secret_option_glued_to_its_value_is_masked_and_scrubbed(text: str) -> None:
+    # An option written without its '=': each parser names the option it cannot read, value and all.
+    for password in ("Cnry1", "Cnry1-token-Cnry2", "Cnry1%2FCnry2"):
+        glued = text.format(pw=password)
+        assert not leaks(redact_url(glued)), redact_url(glued)
+        name = glued.split("?")[-1].split("&")[-1] if "?" in glued else glued.split()[2]
+        said = Scrubber.of(glued)(f"unknown option {name!r} in {glued}")
+        assert not leaks(said) and "example" in said, said
+
+
 @pytest.mark.parametrize("password", ["pw", "Cnry1%2FCnry2", "Cnry1:Cnry2", "Cnry1üCnry2"])
 def test_a_valid_url_keeps_its_user_host_and_plain_options(password: str) -> None:
     url = f"postgresql://app:{password}@db.example:5432/shop?sslmode=require&sslpassword={password}"
