@@ -61,6 +61,7 @@ _SECRET_WORDS = (
     "api.key",
     "apikey",
     "jaas",
+    "keytab",  # Kerberos keys (sasl.kerberos.keytab): a path, masked as ssl.key.location is
 )
 #: Sensitive names whose values are masked where shown but not scrubbed from free
 #: text: a user name such as "relay" would cut words out of every message.

@@ -72,6 +72,8 @@ SECRET_OPTIONS = [
     "ssl.keystore.password",
     "ssl.ca.pem",
     "sslpassword",
+    # A keytab holds Kerberos keys: masked like ssl.key.location, a path to a private key.
+    "sasl.kerberos.keytab",
 ]
 PLAIN_OPTIONS = ["bootstrap.servers", "linger.ms", "sasl.mechanism", "client.id", "security.protocol", "exchange"]
 
