@@ -78,9 +78,10 @@ _GLUED = re.compile(
 )
 #: A secret cut at these characters (by a parser that took a raw one for a
 #: delimiter) may be echoed in pieces; pieces this long or longer are scrubbed.
-#: '[' and ']' too: urlsplit echoes what it finds between them as an IPv6 host it cannot read.
-_DELIMITERS = re.compile(r"[/?#@:&=;,\[\]\s]+")
-_URL_DELIMITER_GROUPS = re.compile(r"([/?#@:&=;,\[\]]+)")
+#: '[' and ']' too: urlsplit echoes what it finds between them as an IPv6 host it cannot read;
+#: and "'": libpq ends a quoted keyword value at a raw one, and echoes the rest as a keyword.
+_DELIMITERS = re.compile(r"[/?#@:&=;,\[\]'\s]+")
+_URL_DELIMITER_GROUPS = re.compile(r"([/?#@:&=;,\[\]']+)")
 #: Runs of pieces are made of secrets up to this long, of at most this many pieces.
 SPAN_FORM_MAX_CHARS = 128
 SPAN_MAX_PIECES = 6

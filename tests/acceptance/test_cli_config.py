@@ -99,6 +99,13 @@ def test_a_kafka_secret_option_missing_its_equals_sign_hides_the_value(database_
     assert_one_line_error(cli("run", "--database-url", database_url, "--route", f"a.*={sink}"), "unknown kafka option")
 
 
+@pytest.mark.parametrize("value", [f"'it's-{CANARY}'", f"'a'{CANARY}", f"'{CANARY}'x'"])
+def test_a_keyword_password_cut_by_a_raw_quote_hides_every_piece(value: str) -> None:
+    # libpq ends a quoted value at its first unescaped quote and echoes the rest as a keyword it cannot read.
+    url = f"host=127.0.0.1 port={free_port()} dbname=db user=app password={value}"
+    assert_one_line_error(cli("status", "--database-url", url), "invalid database URL")
+
+
 def test_unreachable_database_at_start_up() -> None:
     url = f"postgresql://app:{CANARY}@127.0.0.1:{free_port()}/db"
     for command in (["status"], ["migrate"], ["run", "--sink", "kafka://127.0.0.1:9"]):

@@ -12,6 +12,8 @@ import re
 import time
 from urllib.parse import quote
 
+import psycopg
+import psycopg.conninfo
 import pytest
 
 from relay.config import KafkaSinkConfig, check_database_url, parse_route, parse_sink_url, split_routes
@@ -193,3 +195,13 @@ def test_surrounding_whitespace_from_a_secret_file_is_dropped(url: str) -> None:
         assert check_database_url(url) == url.strip()
     else:
         parse_sink_url(url)
+
+
+@pytest.mark.parametrize("value", ["'it's-qzxjvq'", "'qz'xjvqkw", "'qzxj'vqkw'"])
+def test_a_keyword_password_cut_by_a_raw_quote_is_scrubbed_in_pieces(value: str) -> None:
+    # libpq reads 'it' and then a keyword "s-qzxjvq'" with no '=': its error echoes that piece.
+    dsn = f"host=db user=app password={value} dbname=shop"
+    with pytest.raises(psycopg.ProgrammingError) as caught:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    said = Scrubber.of(dsn)(str(caught.value))
+    assert "***" in said and not shows_any(said.replace("***", " "), value.replace("'", " ")), said
