@@ -67,15 +67,16 @@ _SECRET_WORDS = (
 #: text: a user name such as "relay" would cut words out of every message.
 _NAMES_NOT_SCRUBBED = frozenset({"sasl.username"})
 _SECRET_NAME_WORDS = sorted({*_SECRET_WORDS, *(SENSITIVE_KAFKA_OPTIONS - _NAMES_NOT_SCRUBBED)}, key=len, reverse=True)
-#: A secret option written without its '=' (``?sasl.passwordS3cret``, ``password S3cret`` is
-#: no such thing): its value is glued to its name, and every parser names the option it cannot
-#: read. The value is what follows the first secret word, up to a '&' or a space.
-_GLUED = re.compile(
+#: A secret option written without its '=' (``?sasl.passwordS3cret``): its value is glued to its
+#: name, and every parser names the option it cannot read. The value is what follows the first
+#: secret word, up to a '&' or a space in a URL, up to a space in a keyword string.
+_GLUED_NAME = (
     r"(?:(?<=[?&;\s])|^)(?P<name>[\w.\-]*?(?:"
     + "|".join(re.escape(word).replace(r"\.", r"[._\-]") for word in _SECRET_NAME_WORDS)
-    + r"))(?P<value>[^&\s=]+)(?=[&\s]|$)",
-    re.IGNORECASE,
+    + "))"
 )
+_GLUED = re.compile(_GLUED_NAME + r"(?P<value>[^&\s=]+)(?=[&\s]|$)", re.IGNORECASE)
+_GLUED_KEYWORD = re.compile(_GLUED_NAME + r"(?P<value>[^\s=]+)(?=\s|$)", re.IGNORECASE)
 #: A secret cut at these characters (by a parser that took a raw one for a
 #: delimiter) may be echoed in pieces; pieces this long or longer are scrubbed.
 #: '[' and ']' too: urlsplit echoes what it finds between them as an IPv6 host it cannot read;
@@ -90,6 +91,8 @@ MIN_PIECE_CHARS = 4
 # part may hold spaces. Not cut at '#' or ';': a raw one in a password is part of it to whoever
 # wrote it, and what follows it would be shown.
 _OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>(?:'(?:\\.|[^'\\])*'|[^&\s])*)")
+#: The same in a libpq keyword string (no ``scheme://``), where only a space ends a value: a '&' is part of it.
+_KEYWORD_OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>(?:'(?:\\.|[^'\\])*'|\S)*)")
 #: The ``PATTERN=`` of a ``PATTERN=URL`` route (at the start, or after a space in RELAY_ROUTES).
 _ROUTE_PATTERN = re.compile(r"(?:^|(?<=\s))[^=\s]+=(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
 _AUTHORITY_END = re.compile(r"[/?#]")
@@ -160,14 +163,22 @@ def _is_scrubbed_option(name: str) -> bool:
     return is_secret_option(name) and normalise_option(name) not in _NAMES_NOT_SCRUBBED
 
 
+def _options_of(text: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """How options (``name=value``, and glued ``nameVALUE``) are read in ``text``: a URL's query,
+    or a libpq keyword string."""
+    return (_OPTION, _GLUED) if "://" in text else (_KEYWORD_OPTION, _GLUED_KEYWORD)
+
+
 def _mask_options(text: str) -> str:
     def mask(match: re.Match[str]) -> str:
         if not is_secret_option(match["name"]) or not match["value"]:
             return match[0]
         return f"{match['name']}{match['eq']}{MASK}"
 
+    options, glued_options = _options_of(text)
+
     def masked(part: str) -> str:
-        return _GLUED.sub(lambda glued: f"{glued['name']}{MASK}", _OPTION.sub(mask, part))
+        return glued_options.sub(lambda glued: f"{glued['name']}{MASK}", options.sub(mask, part))
 
     # A route's pattern is shown as it is: it is no option, whatever words it holds ("secrets.*").
     shown, last = [], 0
@@ -236,8 +247,9 @@ def secrets_in(text: str) -> list[str]:
         bare = _bare_userinfo(text)
         if bare is not None:
             found += _bare_passwords(bare)
-    found += [glued["value"] for glued in _GLUED.finditer(text)]
-    for match in _OPTION.finditer(text):
+    options, glued_options = _options_of(text)
+    found += [glued["value"] for glued in glued_options.finditer(text)]
+    for match in options.finditer(text):
         if _is_scrubbed_option(match["name"]):
             found.append(_unquote_keyword(match["value"]))
             # A raw '&' or space in the value cuts it: what follows, up to the next name=value, is the rest of it.

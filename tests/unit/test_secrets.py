@@ -122,6 +122,7 @@ def test_a_url_that_lost_its_slashes_is_redacted_and_scrubbed(template: str, pas
         "postgresql://app@db.example/shop?password{pw}",
         "postgresql://app@db.example/shop?sslmode=require&sslpassword{pw}",
         "host=db.example user=app password{pw} dbname=shop",
+        "host=db.example user=app password{pw}&Cnry3 dbname=shop",
         "mysql://app@db.example/shop?ssl_key_password{pw}",
         "amqp://u@mq.example/%2F?exchange=x&token{pw}",
         "kafka://k.example:9092?sasl.password{pw}&acks=all",
@@ -197,8 +198,16 @@ def test_no_repr_and_no_sink_label_shows_a_route_password(password: str) -> None
     assert not [text for text in shown if leaks(text)], shown
 
 
-def test_no_repr_of_a_built_relay_shows_a_keyword_dsn_password() -> None:
-    dsn = "host=db.example dbname=shop password='Cnry1 Cnry2' sslpassword=Cnry3"
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=db.example dbname=shop password='Cnry1 Cnry2' sslpassword=Cnry3",
+        # '&' separates nothing in a keyword string: libpq takes it as part of the password.
+        "host=db.example dbname=shop password=Cnry1&Cnry2 sslmode=disable",
+        "host=db.example dbname=shop sslpassword=Cnry1&Cnry2&Cnry3",
+    ],
+)
+def test_no_repr_of_a_built_relay_shows_a_keyword_dsn_password(dsn: str) -> None:
     config = RunConfig(dsn, TableName.parse("outbox"), parse_sink_url("kafka://k:1"), RelaySettings())
     relay = build_relay(config)
     shown = [repr(config), repr(relay.store), repr(relay.sink)]
