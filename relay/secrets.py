@@ -97,8 +97,9 @@ _KEYWORD_OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<valu
 _ROUTE_PATTERN = re.compile(r"(?:^|(?<=\s))[^=\s]+=(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
 _AUTHORITY_END = re.compile(r"[/?#]")
 _QUERY_START = re.compile(r"[?]")
-#: After a secret option's value: chunks cut off by a raw '&' or space, each without '=' (so not an option).
-_CONTINUATION = re.compile(r"(?:[&\s]+[^&\s=#;]+(?=[&\s]|$)(?!\s*=))+")
+#: After a secret option's value: chunks cut off by a raw '&' or space, each without '=' (so not an
+#: option), or starting with '=', '#' or ';' (so no option's name: ``password=ab =cd``, ``ab&;cd``).
+_CONTINUATION = re.compile(r"(?:[&\s]+(?:[=#;][^&\s]*|[^&\s=#;]+)(?=[&\s]|$)(?!\s*=))+")
 _CUTS = "& \t\r\n"
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 #: A keyword string starts with ``name=``; a text that does not, yet has an '@', may be a URL that lost

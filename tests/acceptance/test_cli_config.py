@@ -106,6 +106,20 @@ def test_a_keyword_password_cut_by_a_raw_quote_hides_every_piece(value: str) -> 
     assert_one_line_error(cli("status", "--database-url", url), "invalid database URL")
 
 
+@pytest.mark.parametrize(
+    ("flag", "url"),
+    [
+        ("--database-url", f"postgresql://app@127.0.0.1:1/db?password=x =-{CANARY}"),
+        ("--sink", f"kafka://127.0.0.1:1?sasl.password=x;a&;{CANARY}&acks=all"),
+    ],
+)
+def test_a_secret_piece_after_a_raw_space_or_ampersand_that_starts_with_a_delimiter_is_hidden(
+    database_url: str, flag: str, url: str
+) -> None:
+    args = ["--database-url", database_url, "--sink", url] if flag == "--sink" else ["--database-url", url]
+    assert_one_line_error(cli("status" if flag == "--database-url" else "run", *args), "")
+
+
 def test_unreachable_database_at_start_up() -> None:
     url = f"postgresql://app:{CANARY}@127.0.0.1:{free_port()}/db"
     for command in (["status"], ["migrate"], ["run", "--sink", "kafka://127.0.0.1:9"]):

@@ -122,6 +122,11 @@ def test_a_run_of_short_pieces_is_scrubbed_whole(secret: str, said: str) -> None
         ("host=127.0.0.1 user=u password=qzxj vqkw wkzq dbname=x", ["vqkw", "wkzq"]),
         ("kafka://127.0.0.1:9092?sasl.password=Qzx1&Vjq2Tail&acks=all", ["Vjq2Tail"]),
         ("billing.*=kafka://u:x@h:9092?sasl.password=qzxj vqkw", ["vqkw"]),
+        # A piece that starts with '=', ';' or '#' is no option's name: it is the secret's rest too.
+        ("postgresql://app@127.0.0.1/shop?password=qzxj =vqkw&sslmode=disable", ["=vqkw"]),
+        ("host=127.0.0.1 password=qzxj =vqkw dbname=x", ["=vqkw"]),
+        ("kafka://127.0.0.1:9092?sasl.password=Qzx1;a&;Vjq2Tail&acks=all", [";Vjq2Tail"]),
+        ("kafka://127.0.0.1:9092?sasl.password=Qzx1&#Vjq2Tail&acks=all", ["#Vjq2Tail"]),
     ],
 )
 def test_a_secret_value_cut_by_a_raw_ampersand_or_space_is_found_whole(text: str, secret_parts: list[str]) -> None:
