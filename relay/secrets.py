@@ -91,15 +91,17 @@ MIN_PIECE_CHARS = 4
 # part may hold spaces. Not cut at '#' or ';': a raw one in a password is part of it to whoever
 # wrote it, and what follows it would be shown.
 _OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>(?:'(?:\\.|[^'\\])*'|[^&\s])*)")
-#: The same in a libpq keyword string (no ``scheme://``), where only a space ends a value: a '&' is part of it.
-_KEYWORD_OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>(?:'(?:\\.|[^'\\])*'|\S)*)")
+#: The same in a libpq keyword string (no ``scheme://``), where only a space ends a value: a '&' is
+#: part of it, and so is a space escaped with a backslash.
+_KEYWORD_OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>(?:'(?:\\.|[^'\\])*'|\\.|\S)*)")
 #: The ``PATTERN=`` of a ``PATTERN=URL`` route (at the start, or after a space in RELAY_ROUTES).
 _ROUTE_PATTERN = re.compile(r"(?:^|(?<=\s))[^=\s]+=(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
 _AUTHORITY_END = re.compile(r"[/?#]")
 _QUERY_START = re.compile(r"[?]")
 #: After a secret option's value: chunks cut off by a raw '&' or space, each without '=' (so not an
-#: option), or starting with '=', '#' or ';' (so no option's name: ``password=ab =cd``, ``ab&;cd``).
-_CONTINUATION = re.compile(r"(?:[&\s]+(?:[=#;][^&\s]*|[^&\s=#;]+)(?=[&\s]|$)(?!\s*=))+")
+#: option), or starting with '=', '#' or ';' (so no option's name: ``password=ab =cd``, ``ab&;cd``);
+#: a raw '#' or ';' inside a chunk is part of the secret too (``ab !cd;ef``).
+_CONTINUATION = re.compile(r"(?:[&\s]+(?:[=#;][^&\s]*|[^&\s=]+)(?=[&\s]|$)(?!\s*=))+")
 _CUTS = "& \t\r\n"
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 #: A keyword string starts with ``name=``; a text that does not, yet has an '@', may be a URL that lost

@@ -205,6 +205,7 @@ def test_no_repr_and_no_sink_label_shows_a_route_password(password: str) -> None
         # '&' separates nothing in a keyword string: libpq takes it as part of the password.
         "host=db.example dbname=shop password=Cnry1&Cnry2 sslmode=disable",
         "host=db.example dbname=shop sslpassword=Cnry1&Cnry2&Cnry3",
+        "host=db.example dbname=shop password=Cnry1\\ Cnry2 sslmode=disable",  # an escaped space
     ],
 )
 def test_no_repr_of_a_built_relay_shows_a_keyword_dsn_password(dsn: str) -> None:

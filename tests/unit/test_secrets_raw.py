@@ -127,6 +127,8 @@ def test_a_run_of_short_pieces_is_scrubbed_whole(secret: str, said: str) -> None
         ("host=127.0.0.1 password=qzxj =vqkw dbname=x", ["=vqkw"]),
         ("kafka://127.0.0.1:9092?sasl.password=Qzx1;a&;Vjq2Tail&acks=all", [";Vjq2Tail"]),
         ("kafka://127.0.0.1:9092?sasl.password=Qzx1&#Vjq2Tail&acks=all", ["#Vjq2Tail"]),
+        ("host=127.0.0.1 password=qzxj !vqkw;%wk dbname=x", ["!vqkw;%wk"]),
+        ("kafka://127.0.0.1:9092?sasl.password=Qzx1&%Vjq2;#Tail&acks=all", ["%Vjq2;#Tail"]),
     ],
 )
 def test_a_secret_value_cut_by_a_raw_ampersand_or_space_is_found_whole(text: str, secret_parts: list[str]) -> None:
