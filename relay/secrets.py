@@ -280,7 +280,8 @@ def spellings(secret: str) -> set[str]:
     forms = {secret, decoded, unquote_plus(secret), quote(decoded, safe=""), quote_plus(decoded)}
     forms |= {repr(decoded)[1:-1], decoded.encode("unicode_escape").decode("ascii"), json.dumps(decoded)[1:-1]}
     forms.add(decoded.replace("\\", "\\\\").replace("'", "\\'"))  # libpq's keyword quoting
-    for form in (secret, decoded):
+    # Pieces of the escaped form too: an error that names a piece by its repr doubles its backslashes.
+    for form in (secret, decoded, repr(decoded)[1:-1], decoded.replace("\\", "\\\\")):
         forms |= {piece for piece in _DELIMITERS.split(form) if len(piece) >= MIN_PIECE_CHARS}
         forms |= _spans(form)
     return {form for form in forms if form}
