@@ -200,7 +200,7 @@ class MemoryStore:
     async def claim(
         self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
     ) -> Claim:
-        """Lease runs of up to ``limit`` due events, their payloads up to ``max_bytes`` (at least one)."""
+        """Lease runs of up to ``limit`` due events, their payloads and headers up to ``max_bytes`` (at least one)."""
         self._check()
         now = self.now()
         token = uuid4()
@@ -229,7 +229,7 @@ class MemoryStore:
             if max_bytes is not None and size >= max_bytes:
                 break
             chosen.append(row)
-            size += len(self._as_event(row).payload)
+            size += len(self._as_event(row).payload) + _headers_bytes(row.headers)
         reaped = 0
         events = []
         for row in in_key_order(chosen, lambda r: (-r.priority, r.id), event=lambda r: r):
@@ -463,3 +463,8 @@ class MemoryStore:
 
 def _by_id(row: Row) -> int:
     return row.id
+
+
+def _headers_bytes(headers: dict[str, str]) -> int:
+    """What an event's headers count toward the byte cap: their JSON text, nothing when there are none."""
+    return len(json.dumps(headers).encode()) if headers else 0

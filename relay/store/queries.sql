@@ -29,11 +29,15 @@
 --   the candidates: a row that is no candidate ends the run either way.
 -- attempts counts claims, so a lease that expires because its relay died
 -- still counts as an attempt.
--- The batch stops adding events once their payloads reach %(max_bytes)s bytes
--- (the first event always goes in), each counted at its size uncompressed:
--- the size it takes in the table unless it is compressed there (#> '{{}}' is
--- then the payload itself, decompressed); a bytes payload at its length
--- (octet_length reads it from the value's header, without decompressing).
+-- The batch stops adding events once their payloads and headers reach
+-- %(max_bytes)s bytes (the first event always goes in), each counted at its
+-- size uncompressed: the size it takes in the table unless it is compressed
+-- there (#> '{{}}' is then the value itself, decompressed); a bytes payload at
+-- its length (octet_length reads it from the value's header, without
+-- decompressing). Headers that are '{{}}' (or NULL, as a Debezium view may
+-- give them) count nothing: no jsonb but '{{}}' and '[]' is as small as 8
+-- bytes (5 in a row), and pg_column_size reads that from the value's header,
+-- so an event without headers counts only its payload, at no cost to speak of.
 -- A key's run is cut, never holed: an event counts from the place of the
 -- latest of its run's earlier events.
 -- The running sum, and the sort it needs, run only when the candidates reach
@@ -50,7 +54,10 @@ WITH candidates AS (
     SELECT o.id, o.key, o.topic, o.priority, o.lease_expires_at AS old_lease, first.id AS first_id,
            CASE WHEN o.payload IS NULL THEN octet_length(o.payload_bytes)
                 WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
-                ELSE pg_column_size(o.payload #> '{{}}') END AS bytes
+                ELSE pg_column_size(o.payload #> '{{}}') END
+           + CASE WHEN o.headers IS NULL OR pg_column_size(o.headers) <= 8 THEN 0  -- none, or '{{}}'
+                  WHEN pg_column_compression(o.headers) IS NULL THEN pg_column_size(o.headers)
+                  ELSE pg_column_size(o.headers #> '{{}}') END AS bytes
     FROM {table} AS o
     LEFT JOIN LATERAL (
         SELECT f.id, f.priority, f.deliver_at, f.lease_expires_at, f.attempts, f.state = 'pending' AS pending

@@ -378,6 +378,40 @@ def test_a_claim_stops_adding_events_once_their_payloads_reach_max_bytes(
     assert len(rest.events) == len(sizes) - claimed  # the events left out are still there, unleased
 
 
+def big_headers() -> dict[str, str]:
+    """Headers of about a thousand bytes as JSON text (each store measures them its own way, within a few bytes)."""
+    return {"h": "x" * 1000}
+
+
+@pytest.mark.parametrize(("max_bytes", "claimed"), [(2500, 3), (1, 1), (None, 5)])
+def test_headers_count_toward_max_bytes_as_payloads_do(h: Harness, max_bytes: int | None, claimed: int) -> None:
+    # Small payloads with big headers (plain SQL may write any): the cap counts what the relay holds.
+    for i in range(5):
+        h.insert("t", {}, headers=big_headers(), idempotency_key=f"b{i}")
+    claim = run(h.store.claim(10, max_attempts=MAX, max_bytes=max_bytes))
+    assert [e.idempotency_key for e in claim.events] == [f"b{i}" for i in range(claimed)]
+    assert all(e.headers == big_headers() for e in claim.events)
+    rest = run(h.store.claim(10, max_attempts=MAX))
+    assert len(rest.events) == 5 - claimed  # the events left out are still there, unleased
+
+
+def test_a_run_with_big_headers_is_cut_by_the_byte_cap_never_holed(h: Harness) -> None:
+    h.insert("t", {}, key="k", idempotency_key="k0")
+    h.insert("t", {}, headers=big_headers(), idempotency_key="free")
+    h.insert("t", {}, key="k", idempotency_key="k1")
+    h.insert("t", {}, key="k", headers=big_headers(), idempotency_key="k2")
+    h.insert("t", {}, key="k", idempotency_key="k3")
+    first = run(h.store.claim(10, max_attempts=MAX, max_bytes=1000))
+    # "free" takes the batch to the cap: k1 and the rest of the run wait, though k1's headers are empty.
+    assert keys_of(first) == [("k0", False), ("free", False)]
+    run(h.store.settle(first, sent=[e.id for e in first.events], retry=[], dead=[]))
+    second = run(h.store.claim(10, max_attempts=MAX, max_bytes=1000))
+    # k2's headers reach the cap once it is in: the run stops there, and k3 waits for the next claim.
+    assert keys_of(second) == [("k1", False), ("k2", True)]
+    run(h.store.settle(second, sent=[e.id for e in second.events], retry=[], dead=[]))
+    assert keys_of(run(h.store.claim(10, max_attempts=MAX, max_bytes=1000))) == [("k3", False)]
+
+
 def test_the_byte_cap_follows_priority_order_and_the_count_still_applies(h: Harness) -> None:
     h.insert("t", payload_of(1000), idempotency_key="low")
     h.insert("t", payload_of(1000), idempotency_key="high", priority=5)

@@ -14,8 +14,10 @@
 -- a retry takes no place in the batch; a key this relay has in flight
 -- (%(tail_keys)s, when %(tailed)s) skips that check, as there. The subqueries lock nothing (InnoDB
 -- locks only the rows of the outer SELECT); the oldest unsent id is two
--- probes of the key index, one per state. bytes is what the batch byte cap
--- counts: a JSON payload's text, a bytes payload's length.
+-- probes of the key index, one per state. bytes and headers_bytes are what
+-- the batch byte cap counts: a JSON payload's text, a bytes payload's length,
+-- and the headers' text, but nothing for '{}' (nor for NULL), so that an event
+-- without headers counts its payload alone.
 -- prev_id is the key's unsent event just before the row (0: none), two more
 -- probes of the key index: from the candidates and their prev_id the claim
 -- knows where each key's runs start and stop without reading the keys again
@@ -27,15 +29,17 @@
 -- (claim_keys), as a later statement sees them (seen is not probed for a row
 -- without a key: nothing depends on it). The row's own columns come
 -- along, so that no read by token follows the commit: locked until the
--- commit, they are what the claim leases; a payload only up to
--- %(inline_bytes)s bytes, so that a claim of big events reads no more than its
--- byte cap of them (claim_payloads reads the others the claim leases).
+-- commit, they are what the claim leases; a payload, and headers, only up to
+-- %(inline_bytes)s bytes each, so that a claim of big events reads no more than
+-- its byte cap of them (claim_payloads reads the others the claim leases).
 SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at IS NOT NULL AS reaped,
        COALESCE(LENGTH(o.payload), LENGTH(o.payload_bytes)) AS bytes,
        CASE WHEN COALESCE(LENGTH(o.payload), LENGTH(o.payload_bytes)) <= %(inline_bytes)s THEN o.payload END AS payload,
        CASE WHEN COALESCE(LENGTH(o.payload), LENGTH(o.payload_bytes)) <= %(inline_bytes)s THEN o.payload_bytes END
            AS payload_bytes,
-       o.content_type, o.headers, o.idempotency_key, o.attempts, o.created_at,
+       CASE WHEN LENGTH(o.headers) > 2 THEN LENGTH(o.headers) ELSE 0 END AS headers_bytes,
+       CASE WHEN LENGTH(o.headers) <= %(inline_bytes)s THEN o.headers END AS headers,
+       o.content_type, o.idempotency_key, o.attempts, o.created_at,
        CASE WHEN o.`key` IS NULL THEN 0 ELSE GREATEST(
            COALESCE((SELECT MAX(p.id) FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' AND p.id < o.id), 0),
            COALESCE((SELECT MAX(d.id) FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed' AND d.id < o.id), 0))
@@ -69,9 +73,10 @@ SET state = 'failed', failed_at = UTC_TIMESTAMP(6), attempts = LEAST(GREATEST(at
 WHERE id = %(id)s AND state = 'pending';
 
 -- name: claim_payloads
--- The payloads claim_candidates left out (over %(inline_bytes)s bytes), of the
--- rows the claim chose: locked by it, so what it leases.
-SELECT id, payload, payload_bytes FROM {table} WHERE id IN %(ids)s;
+-- The payloads and headers of the rows the claim chose whose payload or
+-- headers claim_candidates left out (over %(inline_bytes)s bytes): locked by
+-- it, so what it leases.
+SELECT id, payload, payload_bytes, headers FROM {table} WHERE id IN %(ids)s;
 
 -- name: claim_keys
 -- The unsent events of the candidates' keys up to the last candidate, in id

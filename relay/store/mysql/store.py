@@ -104,8 +104,8 @@ class MySQLStore(MySQLAdmin):
         mine = tuple(str(claim.token) for claim in chain)
         queries = self._db.queries
 
-        # The payloads the locking read brings along: all of them but those too big for their share of the
-        # byte cap, read once the claim has chosen (a claim of big events reads no more than its cap of them).
+        # The payloads and headers the locking read brings along: all of them but those too big for their share
+        # of the byte cap, read once the claim has chosen (a claim of big events reads no more than its cap of them).
         inline_bytes = UNBOUNDED_BYTES if max_bytes is None else max(INLINE_BYTES_AT_LEAST, max_bytes // limit)
 
         async def lease(
@@ -124,7 +124,7 @@ class MySQLStore(MySQLAdmin):
             unusable: dict[int, str] = {}
             for r in rows.values():
                 r["key"] = text(r["key"])  # once, for the runs and the events
-                r["inline"] = r["bytes"] is None or int(r["bytes"]) <= inline_bytes
+                r["inline"] = (r["bytes"] is None or int(r["bytes"]) <= inline_bytes) and r["headers"] is not None
                 problem = _unusable(r, check_payload=self._db.mariadb and r["inline"])
                 if problem is not None:
                     unusable[r["id"]] = problem
@@ -134,7 +134,7 @@ class MySQLStore(MySQLAdmin):
                     r["key"],
                     r["topic"],
                     r["priority"],
-                    int(r["bytes"]),
+                    int(r["bytes"]) + int(r["headers_bytes"]),
                     bool(r["reaped"]),
                     int(r["prev_id"]),
                 )
@@ -213,14 +213,15 @@ class MySQLStore(MySQLAdmin):
         chosen: dict[int, bool],
         placed: Sequence[planner.Candidate],
     ) -> dict[int, str]:
-        """Read the payloads of ``ids`` (chosen rows the locking read left them out of) into ``rows``;
-        dead-letter those no event can be made of as :meth:`_bury_unusable` does (and say which)."""
+        """Read the payloads and headers of ``ids`` (chosen rows the locking read left one of them out of) into
+        ``rows``; dead-letter those no event can be made of as :meth:`_bury_unusable` does (and say which)."""
         await cur.execute(self._db.queries["claim_payloads"], {"ids": ids})
         unusable: dict[int, str] = {}
-        for event_id, payload, payload_bytes in await cur.fetchall():
-            rows[event_id]["payload"], rows[event_id]["payload_bytes"] = payload, payload_bytes
+        for event_id, payload, payload_bytes, headers in await cur.fetchall():
+            row = rows[event_id]
+            row["payload"], row["payload_bytes"], row["headers"] = payload, payload_bytes, headers
             # The rest of the row was checked with the locking read's rows (_unusable).
-            problem = _payload_problem(payload) if self._db.mariadb else None
+            problem = _headers_problem(row) or (_payload_problem(payload) if self._db.mariadb else None)
             if problem is not None:
                 unusable[event_id] = problem
         return await self._bury_unusable(cur, chosen, placed, unusable) if unusable else {}
@@ -359,8 +360,8 @@ class MySQLStore(MySQLAdmin):
         await self._db.run("check_writable")
 
 
-#: A claim's locking read brings each payload of up to this many bytes along, or up to the byte cap's share
-#: of each event of the batch if that is more (relay/store/mysql/queries.sql, claim_candidates).
+#: A claim's locking read brings each payload, and headers, of up to this many bytes along, or up to the byte cap's
+#: share of each event of the batch if that is more (relay/store/mysql/queries.sql, claim_candidates).
 INLINE_BYTES_AT_LEAST = 4096
 #: "No byte cap" to the claim's SQL.
 UNBOUNDED_BYTES = 2**62
@@ -390,6 +391,14 @@ def _unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
             return f"{column} is not valid UTF-8 (its bytes in hex: {raw[:SHOWN_BYTES].hex()}{more})"
     if not isinstance(row["created_at"], datetime):  # a zero date, which MariaDB's default sql_mode lets in
         return f"created_at is not a date: {str(row['created_at'])[:40]!r}"
+    return _headers_problem(row) or (_payload_problem(row["payload"]) if check_payload else None)
+
+
+def _headers_problem(row: dict[str, Any]) -> str | None:
+    """Why a row's headers make no event (None: they do), with them parsed into ``headers_parsed``.
+
+    Headers the locking read left out (``None``: too big to bring along) parse as none until they are read.
+    """
     headers = row["headers"]
     row["headers_parsed"] = {}
     if headers and headers != EMPTY_JSON_OBJECT:
@@ -403,7 +412,7 @@ def _unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
             if not isinstance(value, str) and not _finite(value):
                 return f"header {name[:100]!r} is a number JSON cannot carry (it parses as {value!r})"
         row["headers_parsed"] = parsed
-    return _payload_problem(row["payload"]) if check_payload else None
+    return None
 
 
 def _payload_problem(payload: str | bytes | None) -> str | None:
