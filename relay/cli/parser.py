@@ -88,7 +88,8 @@ _RUN_SETTINGS: dict[str, tuple[Callable[[str], float], float]] = {
 #: ...and what they mean.
 _RUN_HELP = {
     "--batch-size": "most events claimed at once",
-    "--batch-bytes": "a claim stops adding events once their payloads reach this many bytes (at least one event)",
+    "--batch-bytes": "a claim stops adding events once their payloads and headers reach this many bytes "
+    "(at least one event)",
     "--max-attempts": "attempts before an event is dead-lettered",
     "--backoff-initial": "seconds before the first retry; doubles each attempt, with jitter",
     "--backoff-max": "longest retry delay",
