@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 from relay import uri_reference
 from relay.errors import ConfigError
 from relay.kafka_options import check_value, option_name
-from relay.secrets import Scrubber, ambiguity
+from relay.secrets import Scrubber, ambiguity, shown_before_space
 
 # What is secret is decided in relay.secrets; these two stay importable from here.
 from relay.secrets import is_secret_option as is_secret_option
@@ -254,7 +254,7 @@ def parse_sink_url(url: str) -> SinkConfig:
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     problem = ambiguity(url)
     if problem is not None and scheme in ("kafka", "amqp", "amqps"):
-        raise ConfigError(f"invalid sink URL {redact_url(url)!r}: it {problem}")
+        raise ConfigError(f"invalid sink URL {shown_before_space(url)!r}: it {problem}")
     if scheme == "kafka":
         return _parse_kafka(url)
     if scheme in ("amqp", "amqps"):
@@ -517,7 +517,7 @@ def check_database_url(url: str) -> str:
     if "://" in url:
         problem = ambiguity(url)
         if problem is not None:
-            raise ConfigError(f"invalid database URL {redact_url(url)!r}: it {problem}")
+            raise ConfigError(f"invalid database URL {shown_before_space(url)!r}: it {problem}")
         scheme, rest = url.split("://", 1)
         url = f"{scheme.lower()}://{rest}"  # libpq takes the scheme in lower case only
         try:

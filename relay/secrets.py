@@ -209,6 +209,18 @@ def _bare_passwords(userinfo: str) -> list[str]:
     return found
 
 
+def shown_before_space(url: str) -> str:
+    """:func:`redact_url` of ``url``, up to its first whitespace, for the error refusing a URL that holds some.
+
+    A raw space cuts a secret value, and a piece after it that reads like an
+    option (``sasl.password=ab cd=&acks=all``) cannot be told from one, so
+    nothing past the first whitespace left by the redaction is shown.
+    """
+    redacted = redact_url(url)
+    head = re.split(r"\s", redacted, maxsplit=1)[0]
+    return head if head == redacted else f"{head} ..."
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password and secret options replaced by ``***``.
 

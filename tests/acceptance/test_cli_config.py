@@ -120,6 +120,24 @@ def test_a_secret_piece_after_a_raw_space_or_ampersand_that_starts_with_a_delimi
     assert_one_line_error(cli("status" if flag == "--database-url" else "run", *args), "")
 
 
+@pytest.mark.parametrize(
+    ("flag", "url"),
+    [
+        ("--sink", f"kafka://127.0.0.1:1?sasl.password=x {CANARY}=&acks=all"),
+        ("--sink", f"kafka://127.0.0.1:1?acks=all&sasl.password=x\t{CANARY}=y"),
+        ("--sink", f"amqp://guest@127.0.0.1:1/?password=x {CANARY}=z"),
+        ("--database-url", f"postgresql://app@127.0.0.1:1/db?password=x {CANARY}%:TSBU='x"),
+        ("--database-url", f"mysql://app@127.0.0.1:1/db?password=x {CANARY}=1"),
+    ],
+)
+def test_a_secret_piece_after_a_raw_space_that_reads_as_an_option_is_hidden(
+    database_url: str, flag: str, url: str
+) -> None:
+    # After a raw space, "CANARY=..." reads as an option of its own: nothing past the space is shown.
+    args = ["--database-url", database_url, "--sink", url] if flag == "--sink" else ["--database-url", url]
+    assert_one_line_error(cli("status" if flag == "--database-url" else "run", *args), "holds a space")
+
+
 def test_unreachable_database_at_start_up() -> None:
     url = f"postgresql://app:{CANARY}@127.0.0.1:{free_port()}/db"
     for command in (["status"], ["migrate"], ["run", "--sink", "kafka://127.0.0.1:9"]):

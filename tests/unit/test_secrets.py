@@ -27,7 +27,7 @@ from relay.config import (
 from relay.errors import ConfigError
 from relay.logs import JsonFormatter, ScrubSecrets
 from relay.metrics import Metrics
-from relay.secrets import Scrubber
+from relay.secrets import Scrubber, shown_before_space
 from relay.sinks import build_router
 
 #: Every piece of every canary holds this marker, so a canary cut into pieces by
@@ -311,3 +311,16 @@ def test_a_route_pattern_is_no_option_whatever_words_it_holds(pattern: str) -> N
     assert scrub("connected to broker.example:9092 as relay") == "connected to broker.example:9092 as relay"
     assert not leaks(scrub("Cnry1;Cnry2")) and not leaks(redact_url(route))
     assert redact_url(route).startswith(f"{pattern}=kafka://broker.example:9092?client.id=relay&sasl.password=***")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("kafka://h:1?sasl.password=ab cd=&acks=all", "kafka://h:1?sasl.password=*** ..."),
+        ("amqp://u:ab cd@h/", "amqp://u:***@h/"),
+        ("kafka://h:1?acks=all", "kafka://h:1?acks=all"),
+        ("postgresql://u@h/db?application_name=a b&password=cd", "postgresql://u@h/db?application_name=a ..."),
+    ],
+)
+def test_a_url_refused_for_a_space_is_shown_up_to_it(url: str, shown: str) -> None:
+    assert shown_before_space(url) == shown
