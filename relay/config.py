@@ -259,7 +259,10 @@ def parse_sink_url(url: str) -> SinkConfig:
         return _parse_kafka(url)
     if scheme in ("amqp", "amqps"):
         return _parse_amqp(url)
-    raise ConfigError(f"unknown sink scheme {scheme or '(none)'!r} in {redact_url(url)!r}: use kafka:// or amqp://")
+    if not scheme:
+        # No scheme://: nothing tells a host from a password set in the URL's place, so none of it is shown.
+        raise ConfigError("invalid sink URL: it has no scheme://; use kafka://... or amqp://...")
+    raise ConfigError(f"unknown sink scheme {scheme!r} in {redact_url(url)!r}: use kafka:// or amqp://")
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,6 +138,12 @@ def test_a_secret_piece_after_a_raw_space_that_reads_as_an_option_is_hidden(
     assert_one_line_error(cli("status" if flag == "--database-url" else "run", *args), "holds a space")
 
 
+@pytest.mark.parametrize("sink", [CANARY, f"app:{CANARY}@h:9092", f"h:9092?sasl.password={CANARY}", f"{CANARY}/x"])
+def test_a_sink_without_a_scheme_is_refused_without_being_shown(database_url: str, sink: str) -> None:
+    assert_one_line_error(cli("run", "--database-url", database_url, "--sink", sink), "has no scheme://")
+    assert_one_line_error(cli("run", "--database-url", database_url, RELAY_SINK=sink), "has no scheme://")
+
+
 def test_unreachable_database_at_start_up() -> None:
     url = f"postgresql://app:{CANARY}@127.0.0.1:{free_port()}/db"
     for command in (["status"], ["migrate"], ["run", "--sink", "kafka://127.0.0.1:9"]):
