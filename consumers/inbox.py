@@ -257,18 +257,24 @@ def idempotency_key_from_kafka(message: KafkaMessage) -> str:
     """The idempotency key the relay put in a Kafka message's ``idempotency-key`` header.
 
     Raises ``ValueError`` when the header is missing or empty, e.g. for a
-    message that did not come through the relay.
+    message that did not come through the relay, or repeated with different
+    values.
     """
     raw = message.headers() or []
     pairs = raw.items() if isinstance(raw, Mapping) else raw
-    for name, value in pairs:
-        if name == IDEMPOTENCY_HEADER:
-            key = _text(value)
-            if key is not None:
-                return key
-    raise ValueError(
-        f"kafka message has no {IDEMPOTENCY_HEADER!r} header; messages published by outbox-relay always carry one"
-    )
+    # Kafka headers are a list and may repeat a name. Two different keys leave the event's own
+    # unknown: taking either could skip it as a duplicate of the event the other key belongs to.
+    keys = {key for name, value in pairs if name == IDEMPOTENCY_HEADER and (key := _text(value)) is not None}
+    if len(keys) > 1:
+        raise ValueError(
+            f"kafka message has more than one {IDEMPOTENCY_HEADER!r} header, with different values; "
+            "messages published by outbox-relay carry exactly one"
+        )
+    if not keys:
+        raise ValueError(
+            f"kafka message has no {IDEMPOTENCY_HEADER!r} header; messages published by outbox-relay always carry one"
+        )
+    return keys.pop()
 
 
 def idempotency_key_from_amqp(properties: AmqpProperties) -> str:

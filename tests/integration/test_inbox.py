@@ -311,3 +311,19 @@ def test_idempotency_key_helpers() -> None:
     assert from_amqp(pika.BasicProperties(headers={"idempotency-key": b"h-1"})) == "h-1"
     with pytest.raises(ValueError, match="neither a message_id nor"):
         from_amqp(pika.BasicProperties())
+
+
+def test_a_kafka_message_with_two_different_idempotency_keys_is_refused() -> None:
+    """Which of two keys is the event's cannot be told: taking the first would skip the event as a
+    duplicate of whichever event that key belongs to (and a consumer taking the last would not)."""
+    from_kafka = consumers.idempotency_key_from_kafka
+    conflicting: list[HeadersType] = [
+        [("idempotency-key", b"k-1"), ("idempotency-key", b"k-2")],
+        [("idempotency-key", b"k-1"), ("trace", b"t"), ("idempotency-key", "k-2")],
+    ]
+    for headers in conflicting:
+        with pytest.raises(ValueError, match="more than one 'idempotency-key'"):
+            from_kafka(Message(headers=headers))
+    # The same key twice, or beside an empty copy, is still that key.
+    assert from_kafka(Message(headers=[("idempotency-key", b"k-1"), ("idempotency-key", "k-1")])) == "k-1"
+    assert from_kafka(Message(headers=[("idempotency-key", b""), ("idempotency-key", b"k-1")])) == "k-1"
