@@ -9,6 +9,7 @@ skipped and a failed attempt leaves nothing behind for the redelivery.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import cache
@@ -134,7 +135,9 @@ def process_once(
     nothing is recorded and the exception propagates, so a redelivery is
     processed again. If the handler returns with the transaction aborted (it
     caught a database error) or ended, :class:`HandlerLeftTransactionBroken` is
-    raised: ``True`` always means committed.
+    raised: ``True`` always means committed. A handler that returns a coroutine
+    or a generator (an ``async def`` handler belongs to :func:`aprocess_once`)
+    did not run its body: ``TypeError``, nothing recorded.
 
     The connection must not be inside a transaction (:class:`TransactionAlreadyOpen`):
     its commit would be the caller's, after this returned. Pipeline mode works.
@@ -147,7 +150,7 @@ def process_once(
         if recorded is None:
             logger.debug("skipped a duplicate", extra={"action": "inbox_duplicate", "topic": topic})
             return False
-        handler(conn)
+        _check_ran(handler(conn), topic)
         _check_transaction(conn.info.transaction_status, topic)
         _check_same_transaction(recorded, _current_xact(conn), topic)
     return True
@@ -170,10 +173,23 @@ async def aprocess_once(
         if recorded is None:
             logger.debug("skipped a duplicate", extra={"action": "inbox_duplicate", "topic": topic})
             return False
-        await handler(conn)
+        _check_ran(await handler(conn), topic)
         _check_transaction(conn.info.transaction_status, topic)
         _check_same_transaction(recorded, await _acurrent_xact(conn), topic)
     return True
+
+
+def _check_ran(result: object, topic: str | None) -> None:
+    """Raise if the handler returned a coroutine, a generator or another awaitable, none of which ran:
+    an ``async def`` handler given to ``process_once``, or an async one that returns ``conn.execute(...)``
+    without awaiting it. Committing the key then would lose the event."""
+    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        result.close()  # no "never awaited" warning on top of the error
+    if inspect.isawaitable(result) or inspect.isgenerator(result):
+        raise TypeError(
+            f"the handler returned a {type(result).__name__} that did not run (topic {topic!r}): nothing was "
+            "recorded; give process_once a plain function and aprocess_once an async one, and await what they call"
+        )
 
 
 def _check_idle(status: psycopg.pq.TransactionStatus) -> None:

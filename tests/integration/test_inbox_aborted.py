@@ -145,3 +145,35 @@ def test_aprocess_once_raises_the_same_way(
 
     assert asyncio.run(scenario()) is True
     assert inbox_keys(database_url) == ["a-1"] and side_effects(database_url) == ["done"]
+
+
+def test_a_handler_whose_body_did_not_run_is_not_taken_for_success(database_url: str) -> None:
+    """An ``async def`` handler given to the sync ``process_once`` (or a generator function) returns
+    without running its body: committing the key then would lose the event."""
+    prepare(database_url)
+
+    async def async_handler(conn: Any) -> None:
+        await conn.execute(INSERT, ["never written"])
+
+    def generator_handler(conn: psycopg.Connection[Any]) -> Any:
+        conn.execute(INSERT, ["never written"])
+        yield
+
+    with psycopg.connect(database_url) as conn:
+        for handler in (async_handler, generator_handler):
+            with pytest.raises(TypeError, match="did not run"):
+                consumers.process_once(conn, "k-1", handler)
+            assert inbox_keys(database_url) == [] and side_effects(database_url) == []
+        assert consumers.process_once(conn, "k-1", lambda c: c.execute(INSERT, ["done"])) is True
+    assert inbox_keys(database_url) == ["k-1"] and side_effects(database_url) == ["done"]
+
+    async def returns_what_it_did_not_await(conn: psycopg.AsyncConnection[Any]) -> Any:
+        return conn.execute(INSERT, ["never written"])
+
+    async def scenario() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url) as aconn:
+            with pytest.raises(TypeError, match="did not run"):
+                await consumers.aprocess_once(aconn, "a-1", returns_what_it_did_not_await)
+
+    asyncio.run(scenario())
+    assert inbox_keys(database_url) == ["k-1"] and side_effects(database_url) == ["done"]
