@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from functools import cache
 from typing import Any, Protocol, TypeVar
 
@@ -61,7 +64,10 @@ class HandlerLeftTransactionBroken(RuntimeError):
 class TransactionAlreadyOpen(RuntimeError):
     """``process_once`` was given a connection inside a transaction (or with
     commands of a pipeline not yet synced): it could not commit the key with the
-    handler's writes before returning ``True``. Commit or roll back first."""
+    handler's writes before returning ``True``. Commit or roll back first.
+
+    Also raised for a connection that another thread or task is using in
+    ``process_once``: give each its own connection."""
 
 
 class KafkaMessage(Protocol):
@@ -143,17 +149,19 @@ def process_once(
     its commit would be the caller's, after this returned. Pipeline mode works.
     """
     _check_key(idempotency_key)
-    _check_idle(conn.info.transaction_status)
-    _, insert = _statements(table)
-    with conn.transaction():
-        recorded = _fetch(conn, insert, (idempotency_key, topic))
-        if recorded is None:
-            logger.debug("skipped a duplicate", extra={"action": "inbox_duplicate", "topic": topic})
-            return False
-        _check_ran(handler(conn), topic)
-        _check_transaction(conn.info.transaction_status, topic)
-        _check_same_transaction(recorded, _current_xact(conn), topic)
-    return True
+    with _exclusive(conn):
+        _check_idle(conn.info.transaction_status)
+        _, insert = _statements(table)
+        with conn.transaction() as transaction:
+            _check_outer(transaction.savepoint_name)
+            recorded = _fetch(conn, insert, (idempotency_key, topic))
+            if recorded is None:
+                logger.debug("skipped a duplicate", extra={"action": "inbox_duplicate", "topic": topic})
+                return False
+            _check_ran(handler(conn), topic)
+            _check_transaction(conn.info.transaction_status, topic)
+            _check_same_transaction(recorded, _current_xact(conn), topic)
+        return True
 
 
 async def aprocess_once(
@@ -166,17 +174,19 @@ async def aprocess_once(
 ) -> bool:
     """The same as :func:`process_once`, for an ``AsyncConnection`` and an async handler."""
     _check_key(idempotency_key)
-    _check_idle(conn.info.transaction_status)
-    _, insert = _statements(table)
-    async with conn.transaction():
-        recorded = await _afetch(conn, insert, (idempotency_key, topic))
-        if recorded is None:
-            logger.debug("skipped a duplicate", extra={"action": "inbox_duplicate", "topic": topic})
-            return False
-        _check_ran(await handler(conn), topic)
-        _check_transaction(conn.info.transaction_status, topic)
-        _check_same_transaction(recorded, await _acurrent_xact(conn), topic)
-    return True
+    with _exclusive(conn):
+        _check_idle(conn.info.transaction_status)
+        _, insert = _statements(table)
+        async with conn.transaction() as transaction:
+            _check_outer(transaction.savepoint_name)
+            recorded = await _afetch(conn, insert, (idempotency_key, topic))
+            if recorded is None:
+                logger.debug("skipped a duplicate", extra={"action": "inbox_duplicate", "topic": topic})
+                return False
+            _check_ran(await handler(conn), topic)
+            _check_transaction(conn.info.transaction_status, topic)
+            _check_same_transaction(recorded, await _acurrent_xact(conn), topic)
+        return True
 
 
 def _check_ran(result: object, topic: str | None) -> None:
@@ -192,6 +202,29 @@ def _check_ran(result: object, topic: str | None) -> None:
         )
 
 
+_in_use: weakref.WeakSet[Any] = weakref.WeakSet()
+_in_use_lock = threading.Lock()
+
+
+@contextmanager
+def _exclusive(conn: Any) -> Iterator[None]:
+    """Refuse a connection that another ``process_once`` (in another thread or task) is using.
+
+    Its transaction is the connection's: a second call would join it as a savepoint, return True
+    before the commit, and the first call's rollback (or its own ROLLBACK TO SAVEPOINT, run at any
+    point of the first's transaction) would undo the key and the handler's writes.
+    """
+    with _in_use_lock:
+        if conn in _in_use:
+            _check_idle(psycopg.pq.TransactionStatus.INTRANS)
+        _in_use.add(conn)
+    try:
+        yield
+    finally:
+        with _in_use_lock:
+            _in_use.discard(conn)
+
+
 def _check_idle(status: psycopg.pq.TransactionStatus) -> None:
     if status != psycopg.pq.TransactionStatus.IDLE:
         raise TransactionAlreadyOpen(
@@ -199,6 +232,14 @@ def _check_idle(status: psycopg.pq.TransactionStatus) -> None:
             "before it returns True; this one is in a transaction (or has pipeline commands not synced yet): "
             "commit or roll back first"
         )
+
+
+def _check_outer(savepoint_name: str | None) -> None:
+    """Raise if ``conn.transaction()`` made a savepoint: a statement from another thread (or task)
+    sharing the connection opened a transaction after :func:`_check_idle`. Inside it, the release of
+    the savepoint would be taken for the commit, and that transaction's rollback would undo both."""
+    if savepoint_name:  # "" or None for the outer transaction, by psycopg's version
+        _check_idle(psycopg.pq.TransactionStatus.INTRANS)
 
 
 def _fetch(conn: psycopg.Connection[Any], query: sql.Composed | str, params: tuple[Any, ...] = ()) -> Any:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sys
 import threading
 import time
 import uuid
@@ -327,3 +329,71 @@ def test_a_kafka_message_with_two_different_idempotency_keys_is_refused() -> Non
     # The same key twice, or beside an empty copy, is still that key.
     assert from_kafka(Message(headers=[("idempotency-key", b"k-1"), ("idempotency-key", "k-1")])) == "k-1"
     assert from_kafka(Message(headers=[("idempotency-key", b""), ("idempotency-key", b"k-1")])) == "k-1"
+
+
+class _RacedConnection(psycopg.Connection[Any]):
+    """Another thread's statement opens a transaction just after ``process_once`` found the
+    connection idle (psycopg connections may be shared between threads)."""
+
+    raced = False
+
+    def transaction(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.raced:
+            self.raced = True
+            other = threading.Thread(target=self.execute, args=["INSERT INTO side_effects (note) VALUES ('other')"])
+            other.start()
+            other.join()
+        return super().transaction(*args, **kwargs)
+
+
+def test_a_transaction_another_thread_opens_after_the_idle_check_is_refused_too(database_url: str) -> None:
+    """Joined to that transaction as a savepoint, True would come before the commit, and the other
+    thread's rollback would take the key and the handler's writes with it."""
+    prepare(database_url)
+    with _RacedConnection.connect(database_url) as conn:
+        with pytest.raises(consumers.TransactionAlreadyOpen):
+            consumers.process_once(conn, "k-1", record("in the other thread's transaction"))
+        conn.rollback()  # what the other thread does with its own transaction
+        assert inbox_keys(database_url) == [] and side_effects(database_url) == []
+        assert consumers.process_once(conn, "k-1", record("done")) is True
+    assert inbox_keys(database_url) == ["k-1"] and side_effects(database_url) == ["done"]
+
+
+def test_two_threads_sharing_a_connection_never_lose_a_key_reported_committed(database_url: str) -> None:
+    """The second call must be refused without a statement: joined to the first's transaction as a
+    savepoint it returned True before any commit, and the first's rollback undid its key and writes."""
+    prepare(database_url)
+    reported: list[str] = []
+
+    def fails(conn: psycopg.Connection[Any]) -> None:
+        record("rolled back")(conn)
+        time.sleep(0.002)
+        raise RuntimeError("first delivery failed")
+
+    def deliver(conn: psycopg.Connection[Any], start: threading.Barrier, key: str, handler: Any) -> None:
+        start.wait()
+        with contextlib.suppress(Exception):  # anything but True is allowed; True must mean committed
+            if consumers.process_once(conn, key, handler):
+                reported.append(key)
+
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, to hit the moment between the check and BEGIN
+    try:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            for attempt in range(300):
+                start = threading.Barrier(2)
+                threads = [
+                    threading.Thread(target=deliver, args=(conn, start, f"a-{attempt}", fails)),
+                    threading.Thread(target=deliver, args=(conn, start, f"b-{attempt}", record(f"b-{attempt}"))),
+                ]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join(20)
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    conn.rollback()
+    finally:
+        sys.setswitchinterval(switch_interval)
+    assert reported, "no call got through"
+    assert sorted(reported) == inbox_keys(database_url)
+    assert sorted(reported) == sorted(side_effects(database_url))
