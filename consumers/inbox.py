@@ -158,7 +158,7 @@ def process_once(
             if recorded is None:
                 logger.debug("skipped a duplicate", extra={"action": "inbox_duplicate", "topic": topic})
                 return False
-            _check_ran(handler(conn), topic)
+            _check_ran(handler, handler(conn), topic)
             _check_transaction(conn.info.transaction_status, topic)
             _check_same_transaction(recorded, _current_xact(conn), topic)
         return True
@@ -183,19 +183,21 @@ async def aprocess_once(
             if recorded is None:
                 logger.debug("skipped a duplicate", extra={"action": "inbox_duplicate", "topic": topic})
                 return False
-            _check_ran(await handler(conn), topic)
+            _check_ran(handler, await handler(conn), topic)
             _check_transaction(conn.info.transaction_status, topic)
             _check_same_transaction(recorded, await _acurrent_xact(conn), topic)
         return True
 
 
-def _check_ran(result: object, topic: str | None) -> None:
-    """Raise if the handler returned a coroutine, a generator or another awaitable, none of which ran:
-    an ``async def`` handler given to ``process_once``, or an async one that returns ``conn.execute(...)``
-    without awaiting it. Committing the key then would lose the event."""
-    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+def _check_ran(handler: object, result: object, topic: str | None) -> None:
+    """Raise if the handler's work did not run: it returned an awaitable (an ``async def`` handler
+    given to ``process_once``, or an async one returning ``conn.execute(...)`` without awaiting it),
+    or it is a generator function, whose body waits for the first ``next``. Committing the key then
+    would lose the event. (A generator the handler built and returned after its work is fine.)"""
+    never_started = inspect.isgenerator(result) and result.gi_code is getattr(handler, "__code__", None)
+    if inspect.iscoroutine(result) or (inspect.isgenerator(result) and never_started):
         result.close()  # no "never awaited" warning on top of the error
-    if inspect.isawaitable(result) or inspect.isgenerator(result):
+    if inspect.isawaitable(result) or never_started:
         raise TypeError(
             f"the handler returned a {type(result).__name__} that did not run (topic {topic!r}): nothing was "
             "recorded; give process_once a plain function and aprocess_once an async one, and await what they call"

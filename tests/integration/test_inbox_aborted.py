@@ -177,3 +177,15 @@ def test_a_handler_whose_body_did_not_run_is_not_taken_for_success(database_url:
 
     asyncio.run(scenario())
     assert inbox_keys(database_url) == ["k-1"] and side_effects(database_url) == ["done"]
+
+
+def test_a_handler_that_does_its_work_and_returns_a_generator_commits(database_url: str) -> None:
+    prepare(database_url)
+
+    def returns_a_generator(conn: psycopg.Connection[Any]) -> Any:
+        conn.execute(INSERT, ["written"])
+        return (note for note in ["a value the caller ignores"])
+
+    with psycopg.connect(database_url) as conn:
+        assert consumers.process_once(conn, "k-1", returns_a_generator) is True
+    assert inbox_keys(database_url) == ["k-1"] and side_effects(database_url) == ["written"]
