@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,6 +23,9 @@ from devservers import free_port
 READY_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 60.0
 CLAIM_HISTOGRAM = "outbox_relay_claim_duration_seconds"
+#: Extra ``run`` options for every relay the bench starts, for A/B runs of a setting
+#: (``BENCH_RELAY_ARGS="--batch-size 2000" python -m bench --only latency``).
+EXTRA_ARGS_ENV = "BENCH_RELAY_ARGS"
 
 
 class RelayProcess:
@@ -43,6 +47,7 @@ class RelayProcess:
             sys.executable, "-m", "bench.acked_relay" if note_acks else "relay", "run",
             "--database-url", database_url, "--sink", sink_url,
             "--log-level", "WARNING", "--metrics-port", str(self.metrics_port), *extra,
+            *shlex.split(os.environ.get(EXTRA_ARGS_ENV, "")),
         ]  # fmt: skip
         self._log = tempfile.NamedTemporaryFile(prefix="bench-relay-", suffix=".log", delete=False)  # noqa: SIM115
         self._process: subprocess.Popen[bytes] | None = None
