@@ -12,8 +12,10 @@ what arrived by then (see :mod:`bench.drain`). The figures go to
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import random
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,17 +43,43 @@ COPY_SQL = "COPY outbox (topic, key, payload) FROM STDIN"
 
 @dataclass(frozen=True)
 class Spread:
-    """How a backlog's keys are spread: ``keys`` None is null keys, 0 one key per event, n n keys."""
+    """How a backlog's keys are spread: ``keys`` None is null keys, 0 one key per event, n n keys.
+
+    ``hot_every``: every so many events go to one more key, the hot one, the
+    rest to the ``keys`` others. ``blob_bytes``: each payload carries that many
+    more bytes of incompressible text, and the backlog is ``divisor`` times
+    smaller, drained against ``baseline`` (L_db on a copy of the same backlog).
+    """
 
     name: str
     label: str
     keys: int | None
+    hot_every: int = 0
+    blob_bytes: int = 0
+    divisor: int = 1
+    baseline: str = "l_db"
 
     def key(self, g: int) -> str | None:
         """The key of event ``g`` (from 1); keys take turns, so a key's events lie spread through the backlog."""
         if self.keys is None:
             return None
+        if self.hot_every:
+            if g % self.hot_every == 0:
+                return "key-hot"
+            g -= g // self.hot_every  # the others take turns over all the keys
         return f"key-{g if self.keys == 0 else g % self.keys}"
+
+    def events(self, events: int) -> int:
+        """How many events this spread's backlog holds when the others hold ``events``."""
+        return max(1, events // self.divisor)
+
+    def document(self, g: int) -> dict[str, Any]:
+        """Event ``g``'s payload: :func:`document`, with ``blob_bytes`` more of base64 text."""
+        found = document(g)
+        if self.blob_bytes:
+            # Random bytes, so that PostgreSQL's compression cannot shrink the row: the relay reads and sends it all.
+            found["blob"] = base64.b64encode(random.Random(g).randbytes(self.blob_bytes * 3 // 4)).decode()
+        return found
 
 
 SPREADS = {
@@ -62,9 +90,11 @@ SPREADS = {
         Spread("k1000", "1,000 keys", 1000),
         Spread("k8", "8 keys", 8),
         Spread("k1", "1 key", 1),
+        Spread("hot", "1 hot key (half the events) and 1,000 others", 1000, hot_every=2),
+        Spread("big", "1,000 keys, 16 KB payloads", 1000, blob_bytes=16_384, divisor=10, baseline="l_db_big"),
     )
 }
-KAFKA_CASES = ("null", "each", "k1000", "k8", "k1")
+KAFKA_CASES = ("null", "each", "k1000", "k8", "k1", "hot", "big")
 RABBIT_CASES = ("k1000", "k1")
 SINK_LABELS = {"kafka": "Kafka", "rabbitmq": "RabbitMQ"}
 #: Issue 16's targets: (sink, spread) -> (least drain rate over the baseline, the baseline).
@@ -115,8 +145,8 @@ def seed(url: str, spread: Spread, topic: str, events: int) -> None:
     migrate(url, TABLE)
     with psycopg.connect(url, autocommit=True) as conn:
         with conn.cursor().copy(COPY_SQL) as copy:
-            for g in range(1, events + 1):
-                copy.write_row((topic, spread.key(g), json.dumps(document(g))))
+            for g in range(1, spread.events(events) + 1):
+                copy.write_row((topic, spread.key(g), json.dumps(spread.document(g))))
         conn.execute("VACUUM (ANALYZE) outbox")
 
 
@@ -147,7 +177,7 @@ class KeysScenario:
         name = f"keys_{spread.name}"
         if name not in self.templates:
             started = time.monotonic()
-            self.run.progress(f"seeding {name}: {self.events:,} events over {spread.label}, with COPY")
+            self.run.progress(f"seeding {name}: {spread.events(self.events):,} events over {spread.label}, with COPY")
             url = self.run.cleanup.create_database(name)
             seed(url, spread, self.topic(spread), self.events)
             self.run.progress(f"seeded {name} in {time.monotonic() - started:.1f}s")
@@ -163,13 +193,15 @@ class KeysScenario:
         entry["rate"] = sum(r["rate"] for r in entry["runs"]) / len(entry["runs"])
         self.run.progress(f"keys {name}: {result['rate']:,.0f} events/s (mean so far {entry['rate']:,.0f})")
 
-    def l_db(self) -> None:
-        url = self.run.cleanup.create_database("keys_ldb", template=self.template(SPREADS["k1000"]))
+    def l_db(self, spread: str = "k1000") -> None:
+        """L_db on a copy of ``spread``'s backlog, recorded under its spread's baseline (l_db, l_db_big)."""
+        chosen = SPREADS[spread]
+        url = self.run.cleanup.create_database("keys_ldb", template=self.template(chosen))
         try:
-            result = baselines.l_db(url, self.events)
+            result = baselines.l_db(url, chosen.events(self.events))
         finally:
             self.run.cleanup.drop_database("keys_ldb")
-        self._bracket("l_db", result)
+        self._bracket(chosen.baseline, result)
 
     def l_rmq(self) -> None:
         require_rabbitmq()
@@ -206,7 +238,7 @@ class KeysScenario:
             cleanup,
             template,
             name,
-            self.events,
+            spread.events(self.events),
             sink,
             bootstrap,
             self.run.progress,
@@ -223,13 +255,15 @@ class KeysScenario:
         self.run.save()
 
     def measure(self) -> None:
-        """Seed, then L_db, the Kafka cases, L_db, L_rmq and L_rmq,1, the RabbitMQ cases, L_rmq,1 and L_rmq;
-        then write keys.json."""
+        """Seed, then L_db (of the ~150-byte and the 16 KB backlogs), the Kafka cases, L_db again, L_rmq
+        and L_rmq,1, the RabbitMQ cases, L_rmq,1 and L_rmq; then write keys.json."""
         for spread in SPREADS.values():  # all before measuring: seeding's writes would land in a measurement
             self.template(spread)
         self.l_db()
+        self.l_db("big")
         for name in KAFKA_CASES:
             self.drain("kafka", SPREADS[name])
+        self.l_db("big")
         self.l_db()
         self.l_rmq()
         self.l_rmq_serial()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import time
+import zlib
 from typing import Any
 
 import pytest
@@ -375,6 +377,19 @@ def test_spreads_give_each_event_its_key() -> None:
     assert [spreads["k8"].key(g) for g in (1, 9)] == ["key-1", "key-1"]
     assert {spreads["k1"].key(g) for g in range(1, 50)} == {"key-0"}
     assert 130 <= len(keys.payload(123_456)) <= 160
+    hot = [spreads["hot"].key(g) for g in range(1, 4001)]
+    assert hot.count("key-hot") == 2000 and len(set(hot)) == 1001  # half on one key, the rest over 1,000
+    assert spreads["k1000"].events(200_000) == 200_000
+
+
+def test_the_big_payload_spread_is_smaller_incompressible_and_has_its_own_baseline() -> None:
+    big = keys.SPREADS["big"]
+    assert big.events(200_000) == 20_000 and big.baseline == "l_db_big"
+    text = json.dumps(big.document(7))
+    assert 16_384 <= len(text) <= 16_384 + 200
+    assert text == json.dumps(big.document(7))  # the same backlog in every run
+    assert len(zlib.compress(text.encode())) > 0.7 * len(text)  # base64 of random bytes: compression cannot halve it
+    assert "blob" not in keys.SPREADS["k1000"].document(7)
 
 
 KEYS = {
@@ -394,6 +409,15 @@ KEYS = {
         "kafka/k1000": {"rate": 95_000.0, "s3_ratio": 0.95, "cut": False, "received": 200_000},
         "kafka/k1": {"rate": 7.0, "s3_ratio": 0.5, "cut": True, "received": 840},
         "rabbitmq/k1": {"rate": 4_000.0, "s3_ratio": math.nan, "cut": False, "received": 200_000},
+    },
+}
+BIG_KEYS = {
+    **KEYS,
+    "baselines": {**KEYS["baselines"], "l_db_big": {"rate": 10_000.0, "runs": [{}, {}]}},
+    "cases": {
+        **KEYS["cases"],
+        "kafka/hot": {"rate": 50_000.0, "s3_ratio": 0.95, "cut": False, "received": 200_000},
+        "kafka/big": {"rate": 5_000.0, "s3_ratio": 0.92, "cut": False, "received": 20_000},
     },
 }
 
@@ -419,6 +443,18 @@ def test_key_distribution_cases_are_judged_against_their_baselines() -> None:
     assert "L_db 100,000/s (mean of 2 runs)" in text
     assert "The load average was 1.5 at the start and 2.2 at the end." in text
     assert "| Kafka, 1,000 keys | 95,000/s | 0.95 | 9.5 | - |" in text
+
+
+def test_hot_key_and_big_payload_cases_are_judged_against_their_own_l_db() -> None:
+    rows = {row["case"]: row for row in keys_report.verdicts(BIG_KEYS)}
+    hot, big = rows["Kafka, 1 hot key (half the events) and 1,000 others"], rows["Kafka, 1,000 keys, 16 KB payloads"]
+    assert hot["over_l_db"] == pytest.approx(0.5) and hot["met"] is None and hot["late_met"] is True
+    assert big["over_l_db"] == pytest.approx(0.5)  # over L_db,16K (10,000/s), not L_db (100,000/s)
+    text = keys_report.keys_text(BIG_KEYS)
+    assert "| Kafka, 1,000 keys, 16 KB payloads | 5,000/s | 0.5 |" in text
+    assert "drains 20,000 events whose payloads carry 16,384 more bytes" in text
+    assert "L_db,16K 10,000/s (mean of 2 runs)" in text
+    assert "16 KB payloads" not in keys_report.keys_text(KEYS)
 
 
 def test_relay_latency_is_the_difference_from_the_raw_client() -> None:
