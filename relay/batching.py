@@ -8,14 +8,23 @@ each claim that comes back fast, or publish acknowledged in full, doubles them
 back. Doubling rather than a jump back to full: a broker that times out only
 some events (one stalled partition) would otherwise get a full batch, and its
 copies, after every small batch that happened to go through.
+
+Large payloads stop a claim at the byte cap long before the count: 16 KB
+events fill 16 MB with about 1,000 of 4,000. A claim locks and weighs every
+candidate up to its count first, so the count follows the payloads: about what
+the cap lets in, going by the last claim's events, plus a margin.
 """
 
 from __future__ import annotations
+
+import math
 
 #: A batch shrunk by claim timeouts doubles again after a claim that took less
 #: than this share of the time a claim ran before it timed out (the doubled
 #: claim then takes about half of it).
 GROW_BELOW_SHARE = 0.25
+#: A claim asks for this many times the events the byte cap lets in at the last claim's average size.
+BYTES_FIT_MARGIN = 1.25
 
 
 class BatchLimits:
@@ -29,6 +38,8 @@ class BatchLimits:
         self._claim_halvings = 0
         self._publish_halvings = 0
         self._claim_timed_out_after = 0.0
+        # Payload bytes per event of the last claim; None before any.
+        self._event_bytes: float | None = None
 
     @property
     def _halvings(self) -> int:
@@ -36,8 +47,12 @@ class BatchLimits:
 
     @property
     def count(self) -> int:
-        """The most events the next claim may take."""
-        return max(1, self._size >> self._halvings)
+        """The most events the next claim may take: fewer when the last claim's payloads say that
+        the byte cap will stop it sooner."""
+        count = max(1, self._size >> self._halvings)
+        if self._event_bytes:
+            count = min(count, max(1, math.ceil(self.max_bytes * BYTES_FIT_MARGIN / self._event_bytes)))
+        return count
 
     @property
     def max_bytes(self) -> int:
@@ -48,6 +63,11 @@ class BatchLimits:
     def smallest(self) -> bool:
         """True when the next claim takes a single event."""
         return self.count == 1
+
+    def took(self, events: int, payload_bytes: int) -> None:
+        """A claim took ``events`` events whose payloads hold ``payload_bytes`` bytes: the next count follows them."""
+        if events:
+            self._event_bytes = payload_bytes / events
 
     def claim_timed_out(self, seconds: float) -> None:
         """A claim ran ``seconds`` and hit the statement timeout: halve."""

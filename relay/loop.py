@@ -240,12 +240,14 @@ class Relay:
             self.metrics.reaped.inc(claim.reaped)
             logger.warning("took over %d expired leases", claim.reaped, extra={"action": "reap"})
         self.metrics.batch_size.observe(len(claim.events))
+        payload_bytes = sum(len(e.payload) for e in claim.events)
+        self._limits.took(len(claim.events), payload_bytes)
         mark_chained(claim.events, [other.events for other, _ in self._flying.values()])
         self._flying[claim.token] = (claim, claimed_at)
         task = asyncio.create_task(self._deliver(claim, claimed_at), name=f"deliver-{claim.token}")
         self._inflight[task] = claimed_at
         task.add_done_callback(self._delivered)
-        full = len(claim.events) >= count or sum(len(e.payload) for e in claim.events) >= max_bytes
+        full = len(claim.events) >= count or payload_bytes >= max_bytes
         return len(claim.events), full
 
     def _chain(self, now: float) -> list[Claim]:

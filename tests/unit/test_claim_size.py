@@ -10,6 +10,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relay.batching import BatchLimits
 from relay.errors import ClaimTimeout
 from relay.events import Event, Outcome
 from relay.holds import KeyHolds
@@ -122,3 +123,64 @@ def test_batches_in_hand_hold_at_most_the_byte_cap_per_pipeline_slot() -> None:
     assert max(size for _, size in store.claimed) < limits.batch_bytes + payload
     assert store.most_in_hand < limits.pipeline_depth * (limits.batch_bytes + payload)
     assert max(count for count, _ in store.claimed) == 3
+
+
+def test_the_count_follows_what_the_byte_cap_let_the_last_claim_take() -> None:
+    limits = BatchLimits(4000, 16_000_000)
+    assert limits.count == 4000
+    limits.took(1000, 16_000_000)  # 16 kB events: the cap stops a claim at about 1,000
+    assert limits.count == 1250  # the margin over what fits
+    limits.took(4000, 600_000)  # small ones again: back to the configured count
+    assert limits.count == 4000
+    limits.took(1, 40_000_000)  # one event larger than the cap: a claim of one, once
+    assert limits.count == 1
+    limits.took(1, 150)
+    assert limits.count == 4000
+    limits.took(0, 0)  # an empty claim says nothing of sizes
+    assert limits.count == 4000
+    limits.took(3, 0)  # payloads of no bytes: the count alone
+    assert limits.count == 4000
+    limits.took(1000, 16_000_000)
+    limits.claim_timed_out(1.0)  # halvings halve the byte cap, and the fitted count with it
+    assert (limits.count, limits.max_bytes) == (625, 8_000_000)
+
+
+class CountingStore(MemoryStore):
+    """Records the count each claim asked for, and what it took."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[tuple[int, int]] = []
+
+    async def claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
+    ) -> Claim:
+        claim = await super().claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
+        if claim.events:
+            self.asked.append((limit, len(claim.events)))
+        return claim
+
+
+def test_claims_of_large_payloads_ask_for_about_what_the_byte_cap_lets_in() -> None:
+    store, sink = CountingStore(), MemorySink()
+    for _ in range(40):
+        store.insert("t", payload_of(10_000))
+    settings = replace(FAST_CLAIMS, batch_size=16, batch_bytes=25_000)
+    relay = Relay(store, sink, settings)
+
+    async def scenario() -> None:
+        await run_until(relay, lambda: not store.rows, timeout=20)
+        # 10 kB events under a 25 kB cap: 3 a claim; after the first, claims ask for 4, not 16.
+        assert store.asked[0] == (16, 3), store.asked
+        assert {asked for asked, _ in store.asked[1:]} == {4}, store.asked
+        assert all(took == 3 for _, took in store.asked[:-1]), store.asked
+        store.asked.clear()
+        for _ in range(100):
+            store.insert("t", payload_of(10))
+        await run_until(relay, lambda: not store.rows, timeout=20)
+
+    asyncio.run(scenario())
+    # Small events: one claim at the fitted count, then the configured count again.
+    assert store.asked[0] == (4, 4), store.asked
+    assert max(asked for asked, _ in store.asked) == 16
+    assert len(sink.delivered) == 140
