@@ -6,6 +6,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 IDEMPOTENCY_HEADER = "idempotency-key"
+#: Why an event with an empty topic is dead-lettered. The native tables refuse one; a Debezium
+#: row gets one from a null aggregatetype, or an empty one with --topic-template {aggregatetype}.
+EMPTY_TOPIC = (
+    "the topic is empty (from a Debezium table: its aggregatetype is null or empty): "
+    "no Kafka topic or CloudEvents type can be empty, and no route is meant for it"
+)
 
 
 def is_idempotency_header(name: str) -> bool:

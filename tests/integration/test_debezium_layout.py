@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import uuid
@@ -16,7 +17,7 @@ from relay.config import TableLayout, TableName
 from relay.store import sql as named
 from tests.acceptance.cli import cli
 from tests.integration.kafka_support import consume
-from tests.integration.rabbit_support import temp_queue
+from tests.integration.rabbit_support import temp_exchange, temp_queue
 from tests.relay_support import RelayThread, wait_until
 
 #: Debezium's default outbox table, as its documentation gives it.
@@ -163,6 +164,71 @@ def test_structured_cloudevents_from_every_payload_type_are_json_documents(
         assert base64.b64decode(envelope["data_base64"]) == data
     else:
         assert envelope["data"] == data and envelope["datacontenttype"] == "application/json"
+
+
+#: An application's own Debezium table, whose columns may be null (Debezium's own declares them NOT NULL).
+CREATE_NULLABLE = """
+    CREATE TABLE {name} (
+        id            uuid         NOT NULL PRIMARY KEY,
+        aggregatetype varchar(255),
+        aggregateid   varchar(255),
+        type          varchar(255),
+        payload       jsonb
+    )"""
+
+
+@pytest.mark.parametrize(
+    ("sink", "chosen"),
+    [("kafka", "native"), ("kafka", "cloudevents"), ("amqp", "native"), ("amqp", "cloudevents-structured")],
+)
+def test_a_row_without_a_topic_is_dead_lettered_and_the_rest_flows(
+    database_url: str, kafka_bootstrap: str, amqp_url: str, sink: str, chosen: str
+) -> None:
+    # A null aggregatetype (whatever the template), or an empty one with --topic-template {aggregatetype},
+    # leaves no topic: no Kafka topic, routing key or CloudEvents type is empty. Such a row crashed the relay.
+    kind = f"T{uuid.uuid4().hex[:8]}"
+    execute(database_url, CREATE_NULLABLE.format(name="events"))
+    migrate(database_url, "events")
+    rows = [  # (aggregatetype, aggregateid, payload n), in order
+        (kind, "a", 0),
+        (None, "b", 1),  # dead
+        (kind, "b", 2),  # parked behind it
+        ("", "c", 3),  # dead
+        (None, None, 4),  # dead, no key to park
+        (kind, None, 5),
+        (kind, "d", 6),
+    ]
+    for aggregatetype, aggregateid, n in rows:
+        execute(
+            database_url,
+            INSERT.format(name="events"),
+            [uuid.uuid4(), aggregatetype, aggregateid, None, f'{{"n": {n}}}'],
+        )
+    layout = TableLayout.parse("debezium", topic_template="{aggregatetype}")
+    with contextlib.ExitStack() as stack:
+        if sink == "kafka":
+            url = f"kafka://{kafka_bootstrap}?format={chosen}"
+        else:
+            exchange = stack.enter_context(temp_exchange(amqp_url))
+            queue = stack.enter_context(temp_queue(amqp_url, exchange=exchange, routing_keys=[kind, ""]))
+            url = f"{amqp_url}?exchange={exchange}&format={chosen}"
+        with RelayThread(database_url, url, table="events", layout=layout, max_attempts=5):
+            wait_until(
+                lambda: (
+                    execute(database_url, "SELECT relay_state, count(*) FROM events GROUP BY 1 ORDER BY 1")
+                    == [("failed", 3), ("pending", 1)]
+                )
+            )
+            if sink == "kafka":
+                values = [m.value for m in consume(kafka_bootstrap, kind, count=3)]
+            else:
+                values = [m.body for m in queue.collect(3)]
+    dead = execute(database_url, "SELECT relay_attempts, relay_last_error FROM events WHERE relay_state = 'failed'")
+    assert [attempts for attempts, _ in dead] == [1, 1, 1]  # at once: no retry can give it a topic
+    assert all("the topic is empty" in error for _, error in dead)
+    if chosen == "cloudevents-structured":
+        values = [json.dumps(json.loads(value)["data"]).encode() for value in values]
+    assert sorted(json.loads(value)["n"] for value in values) == [0, 5, 6]
 
 
 @pytest.mark.parametrize("payload_type", ["bytea", "text", "jsonb"])

@@ -31,7 +31,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, KafkaSinkConfig
 from relay.errors import SinkError, SinkTimeout, SinkUnavailable
-from relay.events import Event, Failure, Outcome
+from relay.events import EMPTY_TOPIC, Event, Failure, Outcome
 from relay.holds import KeyHolds
 from relay.secrets import Scrubber, secrets_of_options
 from relay.sinks.base import scrubbed
@@ -334,7 +334,10 @@ def _refusal(event: Event) -> str | None:
     """Why the Kafka client can never take ``event`` (None: it may).
 
     Plain SQL on MySQL can write a NUL into the topic; a topic name goes to
-    librdkafka as a C string, and the client refuses it."""
+    librdkafka as a C string, and the client refuses it. A Debezium row can
+    have no topic at all (see :data:`relay.events.EMPTY_TOPIC`)."""
+    if not event.topic:
+        return EMPTY_TOPIC
     if "\x00" in event.topic:
         return "topic contains a NUL character, which no Kafka topic name can hold"
     return None

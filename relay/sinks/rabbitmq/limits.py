@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from relay.events import Event
+from relay.events import EMPTY_TOPIC, Event
 from relay.sinks.rabbitmq.frames import SHORTSTR_MAX_BYTES
 
 #: Headers RabbitMQ itself reads on a published message; like RabbitMQ, the
@@ -36,6 +36,8 @@ def refusal(event: Event, max_message_bytes: int, body_bytes: Callable[[Event], 
             )
         if too_long(name):
             return f"header name {name[:40]!r}... is longer than {SHORTSTR_MAX_BYTES} bytes"
+    if not event.topic:
+        return EMPTY_TOPIC
     if too_long(event.topic):
         return f"topic (routing key) is longer than {SHORTSTR_MAX_BYTES} bytes"
     if too_long(event.idempotency_key):

@@ -16,7 +16,9 @@ CREATE TABLE IF NOT EXISTS {table} (
 -- filter, index or update, so that the planner uses the indexes of
 -- 1001_relay_columns.sql and the view stays updatable. The topic follows the
 -- session's outbox_relay.topic_template, which the relay sets from
--- --topic-template. headers holds the event id and the application's other
+-- --topic-template; a null aggregatetype gives an empty topic, never a null one
+-- (the claim compares topics, and a null would stall its key; the sinks
+-- dead-letter an empty topic). headers holds the event id and the application's other
 -- columns as text, but only in sessions that set outbox_relay.columns_in_headers
 -- (a relay with --field-header, and the admin commands): building them costs a
 -- relay without one a tenth of its claim. The store sends the id (the
@@ -24,8 +26,8 @@ CREATE TABLE IF NOT EXISTS {table} (
 -- {payload} is the payload's columns for the payload column's type.
 CREATE OR REPLACE VIEW {view} AS
 SELECT o.relay_seq AS id,
-       replace(coalesce(nullif(current_setting('outbox_relay.topic_template', true), ''), {default_template}),
-               '{{aggregatetype}}', o.aggregatetype) AS topic,
+       coalesce(replace(coalesce(nullif(current_setting('outbox_relay.topic_template', true), ''), {default_template}),
+                        '{{aggregatetype}}', o.aggregatetype), '') AS topic,
        o.aggregateid::text AS key,
        {payload},
        CASE WHEN current_setting('outbox_relay.columns_in_headers', true) = 'on'
