@@ -424,7 +424,9 @@ def _parse_amqp(url: str) -> AmqpSinkConfig:
 #: What every default CloudEvents ``source`` starts with (see :func:`default_event_source`).
 EVENT_SOURCE_PREFIX = "/outbox-relay"
 EVENT_SOURCE_MAX_CHARS = 2048
-_DBNAME_KEYWORD = re.compile(r"(?:^|\s)dbname\s*=\s*('(?:\\.|[^'\\])*'|\S+)")
+#: One ``keyword = value`` of a libpq keyword string, read as libpq reads it: a value quoted, or up to
+#: a space; a backslash takes the next character as it is in either.
+_KEYWORD_PAIR = re.compile(r"\s*([^\s=]+)\s*=\s*('(?:\\.|[^'\\])*'|(?:\\.|[^\s\\])*)")
 
 
 def default_event_source(database_url: str, table: TableName) -> str:
@@ -441,16 +443,28 @@ def default_event_source(database_url: str, table: TableName) -> str:
         except ValueError:
             parts = None
         if parts is not None:
-            query = dict(parse_qsl(parts.query))
+            # As libpq decodes a URI's parameters: %XX only ('+' is no space), the last one winning.
+            query = {
+                unquote(name): unquote(value) for name, _, value in (p.partition("=") for p in parts.query.split("&"))
+            }
             database = query.get("dbname") or unquote(parts.path.lstrip("/"))
     else:
-        match = _DBNAME_KEYWORD.search(database_url)
-        if match:
-            value = match.group(1)
-            database = re.sub(r"\\(.)", r"\1", value[1:-1]) if value.startswith("'") else value
+        database = _keyword_dbname(database_url)
     names = [quote(database, safe=""), str(table)] if database else [str(table)]
     source = "/".join([EVENT_SOURCE_PREFIX, *names])
     return Scrubber.of(database_url)(source)
+
+
+def _keyword_dbname(conninfo: str) -> str:
+    """The ``dbname`` of a libpq keyword string as libpq reads it: the last one given, its escapes
+    undone, never a ``dbname=`` inside another keyword's quoted value; empty if it has none."""
+    database, position = "", 0
+    while (pair := _KEYWORD_PAIR.match(conninfo, position)) is not None and pair.end() > position:
+        name, value = pair.groups()
+        position = pair.end()
+        if name == "dbname":
+            database = re.sub(r"\\(.)", r"\1", value[1:-1] if value.startswith("'") else value)
+    return database
 
 
 #: Characters RFC 3986 allows nowhere in a URI, unless percent-encoded.

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from relay.app import RunConfig
 from relay.config import (
@@ -129,6 +132,28 @@ def test_the_default_source_names_the_database_and_table_only(dsn: str, expected
     assert source == expected
     for secret in ("s3cret", "app", "db.internal", "a b"):
         assert secret not in source
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=db dbname=my\\ shop",  # an escaped space, as libpq takes it unquoted
+        "host=db dbname=it\\'s",
+        "host=db dbname = 'it\\'s'",
+        "host=db password='x dbname=evil' dbname=shop",  # no dbname= inside another value
+        "host=db application_name='x dbname=evil'",  # none at all
+        "dbname=first host=db dbname=second",  # the last one wins
+        "postgresql://db/?dbname=a+b",  # '+' is no space in a URI
+        "postgresql://db/a+b",
+        "postgresql://db/x?dbname=y&dbname=z",
+    ],
+)
+def test_the_default_source_names_the_database_libpq_connects_to(dsn: str) -> None:
+    database = conninfo_to_dict(dsn).get("dbname")  # libpq's own reading
+    expected = (
+        f"/outbox-relay/{quote(database, safe='')}/outbox" if isinstance(database, str) else "/outbox-relay/outbox"
+    )
+    assert default_event_source(dsn, OUTBOX) == expected
 
 
 def test_the_default_source_masks_a_database_named_like_its_password() -> None:
