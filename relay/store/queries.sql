@@ -384,6 +384,16 @@ SELECT a.attname::text AS name
 FROM pg_attribute AS a
 WHERE a.attrelid = %(table_name)s::regclass AND a.attnum > 0 AND NOT a.attisdropped;
 
+-- name: view_columns
+-- The columns of a table (%(table_name)s, quoted) that its Debezium view
+-- (%(view_name)s, quoted) reads, as the view was last built: a column added
+-- to the table since, or past the view's cap on header columns, is not there.
+SELECT DISTINCT a.attname::text AS name
+FROM pg_rewrite AS r
+JOIN pg_depend AS d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
+JOIN pg_attribute AS a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+WHERE r.ev_class = %(view_name)s::regclass AND d.refobjid = %(table_name)s::regclass AND a.attnum > 0;
+
 -- name: check_writable
 -- The table is there and the relay may write it: a read-only transaction (a
 -- hot standby, or default_transaction_read_only on) refuses FOR UPDATE with

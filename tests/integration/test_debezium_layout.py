@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from relay.config import TableLayout, TableName
+from relay.errors import SchemaError
 from relay.store import sql as named
 from tests.acceptance.cli import cli
 from tests.integration.kafka_support import consume
@@ -401,6 +402,33 @@ def test_the_layout_flags_fall_back_to_the_environment_and_fail_in_one_line(
         last = result.stderr.strip().splitlines()[-1]
         assert result.returncode != 0 and last.startswith("outbox-relay: error: ") and needle in last, result.stderr
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        "payload",  # the value, never a header
+        "relay_attempts",  # the relay's own
+        "c48",  # past the first 49 of the table's own columns: the view has no room for it
+        "late",  # added after the last migrate: the view does not read it yet
+    ],
+)
+def test_a_field_header_no_record_would_carry_is_refused_at_start(
+    database_url: str, kafka_bootstrap: str, column: str
+) -> None:
+    # Each was accepted and then never sent: the records went out without the header.
+    execute(database_url, CREATE.format(name="outboxevent", payload="jsonb"))
+    execute(database_url, "ALTER TABLE outboxevent " + ", ".join(f"ADD COLUMN c{i} text" for i in range(50)))
+    migrate(database_url, "outboxevent")
+    execute(database_url, "ALTER TABLE outboxevent ADD COLUMN late text")
+    layout = TableLayout.parse("debezium", field_headers=["type=eventType", "c1=first", f"{column}=h"])
+    relay = RelayThread(database_url, f"kafka://{kafka_bootstrap}", table="outboxevent", layout=layout)
+    with pytest.raises(SchemaError, match=rf"--field-header: column {column} of table outboxevent is in no header"):
+        relay.__enter__()
+    # The columns a record can carry start as before.
+    good = TableLayout.parse("debezium", field_headers=["type=eventType", "c1=first", "c45=last", "id=eventId"])
+    with RelayThread(database_url, f"kafka://{kafka_bootstrap}", table="outboxevent", layout=good):
+        pass
 
 
 @pytest.mark.parametrize("command", [("status",), ("dead",), ("inspect", "1"), ("requeue", "--all")])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from functools import cache
 from typing import LiteralString
 
@@ -120,12 +121,23 @@ def _check(table: TableName, columns: dict[str, str]) -> str:
     return payload
 
 
+def _application_columns(columns: Iterable[str]) -> list[str]:
+    """The columns the view puts in ``headers`` beside the id, in the table's order: not the
+    payload, not the relay's own, and no more than :data:`MAX_HEADER_COLUMNS`."""
+    return [name for name in columns if not name.startswith("relay_") and name not in ("id", "payload")][
+        :MAX_HEADER_COLUMNS
+    ]
+
+
+def header_columns(read: Iterable[str]) -> set[str]:
+    """The columns a ``--field-header`` can send, of those the view ``read`` from the table."""
+    return {name for name in read if not name.startswith("relay_") and name != "payload"}
+
+
 def view(table: TableName, columns: dict[str, str]) -> sql.Composed:
     """The view over ``table`` for its payload type, its application columns in ``headers``."""
     payload = _check(table, columns)
-    fields = [name for name in columns if not name.startswith("relay_") and name not in ("id", "payload")][
-        :MAX_HEADER_COLUMNS
-    ]
+    fields = _application_columns(columns)
     extra = sql.SQL("").join(
         sql.SQL(", {}, o.{}::text").format(sql.Literal(name), sql.Identifier(name)) for name in fields
     )

@@ -16,6 +16,7 @@ from psycopg.rows import RowMaker
 from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName
 from relay.errors import ClaimTimeout, SchemaError, StoreUnavailable
 from relay.events import Event
+from relay.store import debezium
 from relay.store.base import Claim, Dead, Retry, Settlement, Status, chained_keys, in_key_order
 from relay.store.floor import FULL_SCAN_AFTER, FULL_SCAN_INTERVAL_SECONDS, ClaimFloor
 from relay.store.postgres import monitoring
@@ -152,6 +153,15 @@ class PostgresStore(PostgresAdmin):
             if wanted - found:
                 missing = ", ".join(sorted(wanted - found))
                 raise SchemaError(f"--field-header: table {self.table} has no column {missing}")
+            view = ".".join(f'"{part}"' for part in self._db.layout.relation(self.table).parts)
+            read = await self._db.fetch("view_columns", {"table_name": name, "view_name": view}, column_of("name", str))
+            unsent = sorted(wanted - debezium.header_columns(read))
+            if unsent:
+                raise SchemaError(
+                    f"--field-header: column {', '.join(unsent)} of table {self.table} is in no header: the payload "
+                    f"and the relay_* columns never are, nor columns past the first {debezium.MAX_HEADER_COLUMNS} "
+                    "of the table's own or added after the last migrate (run migrate again)"
+                )
 
     async def claim(
         self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
