@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import asyncmy
+import pymysql
 from asyncmy import errors as my_errors
 
 from relay.config import MYSQL_SCHEMES, TableName, redact_url
@@ -100,6 +101,17 @@ class Target:
         )
 
 
+#: The errors of both drivers: asyncmy's (the relay, the admin commands) and PyMySQL's (migrate).
+DRIVER_ERRORS = (my_errors.MySQLError, pymysql.MySQLError)
+#: Both drivers' errors that mean the server could not be reached or the link was lost.
+_LINK_ERRORS = (
+    my_errors.OperationalError,
+    my_errors.InterfaceError,
+    pymysql.OperationalError,
+    pymysql.InterfaceError,
+    OSError,
+)
+
 #: What asyncmy's TLS handshake reports when the server answered in plain MySQL protocol.
 _NOT_TLS = "WRONG_VERSION_NUMBER"
 
@@ -107,7 +119,7 @@ _NOT_TLS = "WRONG_VERSION_NUMBER"
 def describe(exc: BaseException, url: str) -> str:
     """A one-line description of a driver error with any password removed."""
     said = str(exc)
-    if isinstance(exc, my_errors.MySQLError) and len(exc.args) == 2 and isinstance(exc.args[0], int):
+    if isinstance(exc, DRIVER_ERRORS) and len(exc.args) == 2 and isinstance(exc.args[0], int):
         said = f"MySQL error {exc.args[0]}: {exc.args[1]}"  # not the driver's tuple, (1049, "Unknown ...")
     text = one_line(said.replace(url, redact_url(url)), Scrubber.of(url)) or type(exc).__name__
     if _NOT_TLS in text:
@@ -117,7 +129,7 @@ def describe(exc: BaseException, url: str) -> str:
 
 def error_code(exc: BaseException) -> int | None:
     """The server's (or the client's) error number of a driver exception."""
-    if isinstance(exc, my_errors.MySQLError) and exc.args and isinstance(exc.args[0], int):
+    if isinstance(exc, DRIVER_ERRORS) and exc.args and isinstance(exc.args[0], int):
         return int(exc.args[0])
     return None
 
@@ -133,12 +145,7 @@ def translate(exc: BaseException, url: str, table: TableName) -> StoreError:
         return StoreReadOnly(
             "the database is read-only (read_only, super_read_only or a replica): writes need the primary"
         )
-    if (
-        code in CONNECTION_LOST
-        or code in TRANSIENT
-        or code in STATEMENT_TIMEOUT
-        or isinstance(exc, my_errors.OperationalError | my_errors.InterfaceError | OSError)
-    ):
+    if code in CONNECTION_LOST or code in TRANSIENT or code in STATEMENT_TIMEOUT or isinstance(exc, _LINK_ERRORS):
         return StoreUnavailable(describe(exc, url))
     return StoreError(describe(exc, url))
 
