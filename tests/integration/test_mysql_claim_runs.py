@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+
 from relay.config import TableName
 from relay.store.base import Claim
 from relay.store.mysql import MySQLStore
@@ -87,3 +89,45 @@ def test_reading_the_keys_claims_what_the_previous_ids_do(mysql_url: str) -> Non
     claimed = [id for batch in by_prev for id, _ in batch]
     assert len(claimed) == len(set(claimed)) > 100
     assert any(chained for batch in by_prev for _, chained in batch), "no run went on from a batch in hand"
+
+
+#: Ids plain SQL may write by hand below 1 (0 too, under NO_AUTO_VALUE_ON_ZERO), as on PostgreSQL
+#: (tests/integration/test_pg_ids_by_hand.py). The claim took 0 for "no earlier event of the key".
+IDS_BELOW_1 = [-(2**63), -5, -1, 0]
+
+
+@pytest.mark.parametrize("first", IDS_BELOW_1)
+def test_a_key_whose_event_in_flight_has_an_id_below_1_waits_for_it_in_another_relay(
+    mysql_url: str, first: int
+) -> None:
+    conn = mysql_support.connect(mysql_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',NO_AUTO_VALUE_ON_ZERO')")
+            cur.execute(
+                "INSERT INTO outbox (id, topic, `key`, payload) VALUES (%s, 't', 'k', '{}'), (%s, 't', 'k', '{}')",
+                (first, first + 2),
+            )
+            cur.execute("INSERT INTO outbox (topic, `key`, payload) VALUES ('t', 'j', '{}')")
+    finally:
+        conn.close()
+
+    async def scenario() -> list[list[int]]:
+        one, other = (MySQLStore(mysql_url, TableName.parse("outbox"), owner=o, lease_seconds=30) for o in "ab")
+        try:
+            await one.open()
+            await other.open()
+            head = await one.claim(1, max_attempts=5)
+            # The key's first event is in flight with the first relay: the second takes none of the key's.
+            meanwhile = await other.claim(10, max_attempts=5)
+            await one.settle(head, sent=[e.id for e in head.events], retry=[], dead=[])
+            after = await other.claim(10, max_attempts=5)
+            return [[e.id for e in claim.events] for claim in (head, meanwhile, after)]
+        finally:
+            await one.close()
+            await other.close()
+
+    head, meanwhile, after = asyncio.run(scenario())
+    assert head == [first]
+    assert first + 2 not in meanwhile and len(meanwhile) == 1  # the other key's event only
+    assert after == [first + 2]

@@ -18,13 +18,15 @@
 -- the batch byte cap counts: a JSON payload's text, a bytes payload's length,
 -- and the headers' text, but nothing for '{}' (nor for NULL), so that an event
 -- without headers counts its payload alone.
--- prev_id is the key's unsent event just before the row (0: none), two more
--- probes of the key index: from the candidates and their prev_id the claim
+-- prev_pending and prev_failed are the key's pending and dead-lettered events
+-- just before the row (NULL: none; not 0, as plain SQL may write ids below 1),
+-- two more probes of the key index: the later of the two is the key's unsent
+-- event just before the row. From the candidates and that event the claim
 -- knows where each key's runs start and stop without reading the keys again
 -- (relay/store/mysql/runs.py, unsent_of). The probes read the statement's
 -- snapshot, and the locking read may return a row committed after it: seen
 -- says whether the snapshot holds the row itself. When it does, it holds
--- every event of the key committed before the row too, and prev_id is
+-- every event of the key committed before the row too, and the two are
 -- exact; when a keyed candidate was not seen, the claim reads its keys
 -- (claim_keys), as a later statement sees them (seen is not probed for a row
 -- without a key: nothing depends on it). The row's own columns come
@@ -40,10 +42,12 @@ SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at IS NOT NULL AS rea
        CASE WHEN LENGTH(o.headers) > 2 THEN LENGTH(o.headers) ELSE 0 END AS headers_bytes,
        CASE WHEN LENGTH(o.headers) <= %(inline_bytes)s THEN o.headers END AS headers,
        o.content_type, o.idempotency_key, o.attempts, o.created_at,
-       CASE WHEN o.`key` IS NULL THEN 0 ELSE GREATEST(
-           COALESCE((SELECT MAX(p.id) FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' AND p.id < o.id), 0),
-           COALESCE((SELECT MAX(d.id) FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed' AND d.id < o.id), 0))
-       END AS prev_id,
+       CASE WHEN o.`key` IS NOT NULL THEN
+           (SELECT MAX(p.id) FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' AND p.id < o.id)
+       END AS prev_pending,
+       CASE WHEN o.`key` IS NOT NULL THEN
+           (SELECT MAX(d.id) FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed' AND d.id < o.id)
+       END AS prev_failed,
        CASE WHEN o.`key` IS NULL THEN 1 ELSE EXISTS (SELECT 1 FROM {table} AS v WHERE v.id = o.id) END AS seen
 FROM {table} AS o
 WHERE o.state = 'pending'

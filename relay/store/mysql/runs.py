@@ -23,8 +23,9 @@ class Candidate:
     priority: int
     bytes: int
     reaped: bool
-    #: The key's unsent event just before this one (0: none), as the claim's snapshot saw it.
-    prev: int = 0
+    #: The key's unsent event just before this one (None: none), as the claim's snapshot saw it. Not 0
+    #: for none: plain SQL may write ids below 1, and an event at -5 before one at -3 would be lost.
+    prev: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,7 @@ def unsent_of(candidates: Sequence[Candidate]) -> dict[str, list[Unsent]]:
         if candidate.key is None:
             continue
         events = unsent.setdefault(candidate.key, [])
-        if candidate.prev and (not events or events[-1].id != candidate.prev):
+        if candidate.prev is not None and (not events or events[-1].id != candidate.prev):
             events.append(Unsent(candidate.prev, ""))
         events.append(Unsent(candidate.id, candidate.topic))
     return unsent

@@ -136,7 +136,7 @@ class MySQLStore(MySQLAdmin):
                     r["priority"],
                     int(r["bytes"]) + int(r["headers_bytes"]),
                     bool(r["reaped"]),
-                    int(r["prev_id"]),
+                    _previous(r["prev_pending"], r["prev_failed"]),
                 )
                 for r in rows.values()
             ]
@@ -368,6 +368,11 @@ UNBOUNDED_BYTES = 2**62
 
 #: How much of a bad key's bytes a dead letter's error shows.
 SHOWN_BYTES = 64
+
+
+def _previous(pending: int | None, failed: int | None) -> int | None:
+    """The later of a key's pending and dead-lettered events just before a candidate (None: neither)."""
+    return max((int(found) for found in (pending, failed) if found is not None), default=None)
 
 
 def _unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
