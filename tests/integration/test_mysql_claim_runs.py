@@ -5,6 +5,9 @@ candidates; a candidate committed after the locking read's snapshot makes it
 read the keys' unsent events instead (claim_keys). Here one table's claims are
 made to take that second way every time, and must claim what the other
 table's claims do, batch by batch, chained marks and all.
+
+Ids plain SQL writes by hand (below 1, or past 2**62) are ids as any other,
+to the claim's runs and to the counts of keys waiting on a schedule.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import pytest
 
 from relay.config import TableName
 from relay.store.base import Claim
-from relay.store.mysql import MySQLStore
+from relay.store.mysql import MySQLAdmin, MySQLStore
 from relay.store.mysql.migrate import migrate
 from tests import mysql_support
 
@@ -131,3 +134,32 @@ def test_a_key_whose_event_in_flight_has_an_id_below_1_waits_for_it_in_another_r
     assert head == [first]
     assert first + 2 not in meanwhile and len(meanwhile) == 1  # the other key's event only
     assert after == [first + 2]
+
+
+#: A key's first ids written by hand anywhere in the bigint range; status took 2**62 for "no
+#: event in that state", so a key whose events all had larger ids was not seen waiting.
+FIRST_IDS = [-(2**63), 7, 2**62 + 10, 2**63 - 3]
+
+
+@pytest.mark.parametrize("first", FIRST_IDS)
+def test_status_and_gauges_see_a_key_waiting_on_its_schedule_whatever_its_ids(mysql_url: str, first: int) -> None:
+    mysql_support.execute(
+        mysql_url,
+        "INSERT INTO outbox (id, topic, `key`, payload, deliver_at) VALUES "
+        "(%s, 't', 'k', '{}', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR), (%s, 't', 'k', '{}', UTC_TIMESTAMP(6))",
+        (first, first + 1),
+    )
+
+    async def counts() -> list[tuple[int, int]]:
+        admin = MySQLAdmin(mysql_url, TableName.parse("outbox"))
+        store = MySQLStore(mysql_url, TableName.parse("outbox"), owner="t", lease_seconds=30)
+        try:
+            await admin.open()
+            await store.open()
+            shown = [await admin.status(), await store.gauges()]
+        finally:
+            await admin.close()
+            await store.close()
+        return [(s.scheduled, s.keys_waiting_on_schedule) for s in shown]
+
+    assert asyncio.run(counts()) == [(1, 1), (1, 1)]

@@ -183,13 +183,15 @@ WHERE state IN ('pending', 'failed');
 -- name: keys_waiting_on_schedule
 -- Among the keys with an event not due yet, those whose oldest unsent event
 -- is not due yet while a later event of the key is due.
+-- "No event in that state" is the largest id, not a smaller one: a row by hand
+-- may have any id, and the key has a pending event, so LEAST gives its first.
 SELECT COUNT(*) AS waiting
 FROM (
     SELECT k.`key`,
            LEAST(COALESCE((SELECT MIN(p.id) FROM {table} AS p WHERE p.`key` = k.`key` AND p.state = 'pending'),
-                          4611686018427387904),
+                          9223372036854775807),
                  COALESCE((SELECT MIN(d.id) FROM {table} AS d WHERE d.`key` = k.`key` AND d.state = 'failed'),
-                          4611686018427387904)) AS first_id
+                          9223372036854775807)) AS first_id
     FROM (SELECT DISTINCT `key` FROM {table}
           WHERE state = 'pending' AND deliver_at > UTC_TIMESTAMP(6) AND `key` IS NOT NULL) AS k
 ) AS w
@@ -348,9 +350,9 @@ SELECT COUNT(*) AS waiting
 FROM (
     SELECT k.`key`,
            LEAST(COALESCE((SELECT MIN(p.id) FROM {table} AS p WHERE p.`key` = k.`key` AND p.state = 'pending'),
-                          4611686018427387904),
+                          9223372036854775807),
                  COALESCE((SELECT MIN(d.id) FROM {table} AS d WHERE d.`key` = k.`key` AND d.state = 'failed'),
-                          4611686018427387904)) AS first_id
+                          9223372036854775807)) AS first_id
     FROM (SELECT DISTINCT x.`key`
           FROM (SELECT `key`, deliver_at FROM {table}
                 WHERE state = 'pending'
