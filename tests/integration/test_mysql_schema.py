@@ -76,6 +76,38 @@ def test_migrate_is_idempotent_and_safe_when_two_run_at_once(mysql_empty_url: st
     ]
 
 
+@pytest.mark.parametrize("database_chars", [23, 60], ids=["short", "long"])
+def test_two_spellings_of_one_table_migrated_at_once_take_one_lock(mysql_server_url: str, database_chars: int) -> None:
+    # `outbox` with a URL to the database, and `database.outbox`: one table, so one migration at a time. Keyed on
+    # the spelling, the two ran the same steps side by side (error 1060, duplicate column). 60 characters make
+    # the lock's name longer than GET_LOCK takes.
+    database = f"relay_test_{uuid.uuid4().hex}"[:database_chars].ljust(database_chars, "x")
+    mysql_support.execute(mysql_server_url, f"CREATE DATABASE `{database}`")
+    url = f"{mysql_server_url}/{database}"
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def one(spelling: str) -> None:
+        try:
+            results.append(migrate(url, TableName.parse(spelling)))
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    try:
+        for round in range(3):
+            name = f"outbox_{round}"
+            results.clear()
+            threads = [threading.Thread(target=one, args=(s,)) for s in [name, f"{database}.{name}"] * 3]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            assert errors == []
+            assert sorted(results) == [[]] * 5 + [[1, 2, 3, 4]]
+    finally:
+        mysql_support.execute(mysql_server_url, f"DROP DATABASE IF EXISTS `{database}`")
+
+
 def test_a_table_in_another_database_is_created_there(mysql_empty_url: str, mysql_server_url: str) -> None:
     database = mysql_empty_url.rsplit("/", 1)[1] + "_events"
     try:

@@ -11,6 +11,7 @@ be checked by hand (docs/mysql.md).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +26,7 @@ from relay.store.mysql.connection import Target, translate
 logger = logging.getLogger(__name__)
 
 _LOCK_NAMESPACE = "outbox-relay migrate "
+_LOCK_NAME_CHARS = 64
 #: How long a migration waits for another one of the same table to finish.
 LOCK_WAIT_SECONDS = 60
 
@@ -57,16 +59,31 @@ def connect(url: str, table: TableName) -> Iterator[Any]:
         conn.close()
 
 
-def _lock_name(table: TableName) -> str:
-    # GET_LOCK names are at most 64 characters.
-    return (_LOCK_NAMESPACE + str(table))[:64]
+def _lock_name(cur: Any, table: TableName) -> str:
+    """The named lock of ``table``'s migrations, one name however the table is spelt.
+
+    ``outbox`` with a URL to ``shop`` and ``shop.outbox`` are one table: keyed on
+    the spelling, two migrates of it at once took two locks and ran the same
+    steps side by side (error 1060, duplicate column).
+    """
+    schema = table.schema
+    if schema is None:
+        cur.execute("SELECT DATABASE()")
+        schema = cur.fetchone()[0]
+    qualified = f"{schema}.{table.name}"
+    name = _LOCK_NAMESPACE + qualified
+    # GET_LOCK names are at most 64 characters: a longer one by its digest, so that no two tables share a lock.
+    return (
+        name if len(name) <= _LOCK_NAME_CHARS else _LOCK_NAMESPACE + hashlib.sha256(qualified.encode()).hexdigest()[:40]
+    )
 
 
 def migrate(url: str, table: TableName) -> list[int]:
     """Apply the migrations ``table`` lacks; return the versions applied."""
     ids = named.identifiers(table)
     with connect(url, table) as conn, conn.cursor() as cur:
-        cur.execute("SELECT GET_LOCK(%s, %s)", (_lock_name(table), LOCK_WAIT_SECONDS))
+        lock = _lock_name(cur, table)
+        cur.execute("SELECT GET_LOCK(%s, %s)", (lock, LOCK_WAIT_SECONDS))
         if (cur.fetchone() or (None,))[0] != 1:
             raise StoreUnavailable(f"another migration of {table} held its lock for {LOCK_WAIT_SECONDS}s")
         try:
@@ -97,7 +114,7 @@ def migrate(url: str, table: TableName) -> list[int]:
                     extra={"action": "migrate", "table": str(table)},
                 )
         finally:
-            cur.execute("SELECT RELEASE_LOCK(%s)", (_lock_name(table),))
+            cur.execute("SELECT RELEASE_LOCK(%s)", (lock,))
     return applied
 
 
@@ -143,7 +160,8 @@ def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: st
         f"GRANT INSERT ({', '.join(WRITER_COLUMNS)}) ON {ids['table']} TO {writer}",
     ]
     with connect(url, table) as conn, conn.cursor() as cur:
-        cur.execute("SELECT GET_LOCK(%s, %s)", (_lock_name(table), LOCK_WAIT_SECONDS))
+        lock = _lock_name(cur, table)
+        cur.execute("SELECT GET_LOCK(%s, %s)", (lock, LOCK_WAIT_SECONDS))
         try:
             for role in (relay, writer):
                 cur.execute(f"CREATE ROLE IF NOT EXISTS {role}")
@@ -156,5 +174,5 @@ def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: st
             for statement in statements:
                 cur.execute(statement)
         finally:
-            cur.execute("SELECT RELEASE_LOCK(%s)", (_lock_name(table),))
+            cur.execute("SELECT RELEASE_LOCK(%s)", (lock,))
     logger.info("granted roles %s and %s", relay_role, writer_role, extra={"action": "create_roles"})
