@@ -1,7 +1,7 @@
 """``outbox-relay migrate``: create or upgrade an outbox table.
 
 All steps run in one transaction behind an advisory lock keyed on the table
-name, so two migrations started at once apply each step exactly once, and a
+(its schema resolved), so two migrations started at once apply each step exactly once, and a
 failed step leaves nothing half-done.
 """
 
@@ -35,7 +35,12 @@ def migrate(dsn: str, table: TableName, *, notify: bool | None = None, layout: T
     ids = named.identifiers(table)
     with translate_errors(dsn, table), psycopg.connect(dsn, **connect_kwargs()) as conn, conn.transaction():
         check_encoding(conn)
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [_LOCK_NAMESPACE + str(table)])
+        # Keyed on the table with its schema resolved: `outbox` and `public.outbox` are one table, and two
+        # migrations of it under the two spellings ran side by side (a duplicate key in pg_type).
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtext(%s || coalesce(%s, current_schema(), '') || '.' || %s))",
+            [_LOCK_NAMESPACE, table.schema, table.name],
+        )
         if table.schema:
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(table.schema)))
         conn.execute(

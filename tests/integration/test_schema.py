@@ -72,6 +72,34 @@ def test_migrate_is_idempotent_and_safe_when_two_run_at_once(empty_database: str
         assert conn.execute("SELECT count(*) FROM events.outbox").fetchone() == (1,)
 
 
+@pytest.mark.parametrize("schema", ["public", "events"])
+def test_two_spellings_of_one_table_migrated_at_once_take_one_lock(empty_database: str, schema: str) -> None:
+    # `outbox` and `public.outbox` are one table (so is `events.outbox` with search_path events): one migration at
+    # a time. Keyed on the spelling, the two ran side by side and one failed (a duplicate key in pg_type).
+    with psycopg.connect(empty_database, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        conn.execute(f"ALTER DATABASE {conn.info.dbname} SET search_path = {schema}")
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def one(spelling: str) -> None:
+        try:
+            results.append(migrate(empty_database, TableName.parse(spelling)))
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    for round in range(3):
+        name = f"outbox_{round}"
+        results.clear()
+        threads = [threading.Thread(target=one, args=(s,)) for s in [name, f"{schema}.{name}"] * 3]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert sorted(results, key=len) == [[]] * 5 + [[m.version for m in named.migrations()]]
+
+
 def test_a_table_from_an_older_version_is_upgraded_with_its_rows(empty_database: str) -> None:
     table = TableName.parse("outbox")
     first, *later = named.migrations()
