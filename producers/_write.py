@@ -63,6 +63,8 @@ def _payload_params(payload: Any, content_type: str | None) -> dict[str, Any]:
         content_type = DEFAULT_BYTES_CONTENT_TYPE if content_type is None else content_type
         if not isinstance(content_type, str) or not content_type:
             raise ValueError("content_type must be a non-empty string")
+        if "\x00" in content_type:  # psycopg refuses it while sending; MySQL's column would keep it
+            raise ValueError("content_type holds a NUL character (\\x00), which PostgreSQL cannot store")
         if len(content_type.encode()) > CONTENT_TYPE_MAX_BYTES:
             raise ValueError(f"content_type must be at most {CONTENT_TYPE_MAX_BYTES} bytes of UTF-8")
         return {"payload": bytes(payload), "content_type": content_type}

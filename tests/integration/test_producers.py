@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
+from typing import Any
 
 import psycopg
 import psycopg.types.json
@@ -263,3 +265,109 @@ def test_a_server_side_or_raw_cursor_is_refused_before_any_sql(database_url: str
                 producers.publish(cursor, "t", {"n": 1})
         producers.publish(conn.cursor(), "t", {"n": 1}, idempotency_key="by-cursor")  # a plain cursor is fine
         assert conn.execute("SELECT count(*) FROM business").fetchone() == (1,)
+
+
+#: publish() on psycopg and PyMySQL, apublish() on psycopg's AsyncConnection and asyncmy.
+DRIVERS = ["psycopg", "psycopg-async", "pymysql", "asyncmy"]
+
+
+def _outcome(call: Callable[[], object]) -> tuple[type[BaseException], str] | str:
+    try:
+        return str(call())
+    except Exception as exc:  # noqa: BLE001 - the class and message are what the test compares
+        return type(exc), str(exc)
+
+
+def _in_a_business_transaction(request: pytest.FixtureRequest, driver: str, kwargs: dict[str, Any]) -> object:
+    """What publish (or apublish) with ``kwargs`` gives on ``driver``, inside a transaction that wrote a row
+    first; asserts that the row is still there afterwards (the transaction usable) and that nothing is committed."""
+    args: dict[str, Any] = {"topic": "t", "payload": {}, **kwargs}
+    if driver.startswith("psycopg"):
+        url = request.getfixturevalue("database_url")
+        with psycopg.connect(url) as conn:
+            conn.execute("CREATE TABLE business (n int)")
+            conn.commit()
+
+        async def apsycopg() -> object:
+            async with await psycopg.AsyncConnection.connect(url) as aconn:
+                await aconn.execute("INSERT INTO business VALUES (1)")
+                outcome = await _aoutcome(producers.apublish(aconn, **args))
+                cur = await aconn.execute("SELECT count(*) FROM business")
+                assert await cur.fetchone() == (1,), "the caller's transaction must go on"
+                await aconn.rollback()
+                return outcome
+
+        if driver == "psycopg-async":
+            outcome = asyncio.run(apsycopg())
+        else:
+            with psycopg.connect(url) as conn:
+                conn.execute("INSERT INTO business VALUES (1)")
+                outcome = _outcome(lambda: producers.publish(conn, **args))
+                assert conn.execute("SELECT count(*) FROM business").fetchone() == (1,)
+                conn.rollback()
+        assert count(url) == 0
+        return outcome
+    from tests import mysql_support
+    from tests.integration.test_mysql_producers import _aconnect
+
+    url = request.getfixturevalue("mysql_url")
+    mysql_support.execute(url, "CREATE TABLE business (n int) ENGINE = InnoDB")
+
+    async def aasyncmy() -> object:
+        aconn = await _aconnect(url)
+        try:
+            async with aconn.cursor() as cur:
+                await cur.execute("INSERT INTO business VALUES (1)")
+            outcome = await _aoutcome(producers.apublish(aconn, **args))
+            async with aconn.cursor() as cur:
+                await cur.execute("SELECT count(*) FROM business")
+                assert await cur.fetchone() == (1,), "the caller's transaction must go on"
+            await aconn.rollback()
+            return outcome
+        finally:
+            aconn.close()
+
+    if driver == "asyncmy":
+        outcome = asyncio.run(aasyncmy())
+    else:
+        my_conn = mysql_support.connect(url, autocommit=False)
+        try:
+            with my_conn.cursor() as cur:
+                cur.execute("INSERT INTO business VALUES (1)")
+            outcome = _outcome(lambda: producers.publish(my_conn, **args))
+            with my_conn.cursor() as cur:
+                cur.execute("SELECT count(*) FROM business")
+                assert cur.fetchone() == (1,), "the caller's transaction must go on"
+            my_conn.rollback()
+        finally:
+            my_conn.close()
+    assert int(mysql_support.execute(url, "SELECT COUNT(*) FROM outbox")[0][0]) == 0
+    return outcome
+
+
+async def _aoutcome(call: Awaitable[object]) -> tuple[type[BaseException], str] | str:
+    try:
+        return str(await call)
+    except Exception as exc:  # noqa: BLE001 - the class and message are what the test compares
+        return type(exc), str(exc)
+
+
+NUL_IN_CONTENT_TYPE = (ValueError, "content_type holds a NUL character (\\x00), which PostgreSQL cannot store")
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize(
+    ("payload", "content_type"),
+    [
+        (b"x", "\x00"),
+        (b"", "application/x-protobuf\x00"),
+        (bytearray(b"\x00"), "text/plain\x00; charset=utf-8"),
+        (memoryview(b"x"), "\x00\x00"),
+    ],
+)
+def test_a_nul_in_content_type_is_refused_before_any_sql_on_every_driver(
+    request: pytest.FixtureRequest, driver: str, payload: object, content_type: str
+) -> None:
+    """psycopg refused it while sending (a DataError), the MySQL drivers wrote it."""
+    outcome = _in_a_business_transaction(request, driver, {"payload": payload, "content_type": content_type})
+    assert outcome == NUL_IN_CONTENT_TYPE
