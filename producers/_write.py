@@ -116,6 +116,7 @@ def _params(
     written = _payload_params(payload, content_type)
     if "content_type" not in written:
         written["payload_json"] = _json_text(payload, "payload")
+        _check_depth(payload, written["payload_json"])
         if written["payload_json"] is not None:
             _check_jsonb(written["payload_json"], "payload")  # MySQL would keep it: refused on both
     headers = with_trace_context(headers)
@@ -138,6 +139,11 @@ TOPIC_MAX_CHARS = 249
 KEY_MAX_BYTES = 1024
 IDEMPOTENCY_KEY_MAX_CHARS = 200
 PRIORITY_RANGE = range(-(2**31), 2**31)
+#: MariaDB's JSON holds at most 31 arrays or objects one in another (MySQL 8's 100, PostgreSQL's
+#: more than Python's recursion limit): the same limit on every database.
+JSON_MAX_DEPTH = 31
+_ARRAYS_OR_OBJECTS = (dict, list, tuple)
+_TOO_DEEP = f"payload is nested more than {JSON_MAX_DEPTH} arrays or objects deep, which MariaDB's JSON cannot store"
 
 
 #: A NUL character in JSON text: \u0000 after an even number of backslashes (an odd number spells a backslash).
@@ -158,12 +164,33 @@ def _json_text(value: Any, what: str) -> str | None:
         raise ValueError(f"{what} cannot be written as JSON: {exc}") from None
     except TypeError:
         return None
+    except RecursionError:  # thousands of levels; _check_depth's limit is far lower
+        raise ValueError(_TOO_DEEP) from None
     if "\\ud" in text:  # characters past the BMP, as surrogate pairs; rarely a lone surrogate
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError(f"{what} holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
     return text
+
+
+def _check_depth(payload: Any, text: str | None) -> None:
+    """Refuse a payload nested deeper than ``JSON_MAX_DEPTH``: MariaDB's JSON check would fail the
+    statement, where PostgreSQL writes it."""
+    if text is not None and text.count("[") + text.count("{") <= JSON_MAX_DEPTH:
+        return  # fewer brackets than levels allowed, strings included: no walk needed
+    # What json.dumps writes as arrays and objects, a level at a time (a loop, possible with a
+    # connection's own dumper, ends here too).
+    level = [payload] if isinstance(payload, _ARRAYS_OR_OBJECTS) else []
+    for _ in range(JSON_MAX_DEPTH):
+        level = [
+            child
+            for value in level
+            for child in (value.values() if isinstance(value, dict) else value)
+            if isinstance(child, _ARRAYS_OR_OBJECTS)
+        ]
+    if level:
+        raise ValueError(_TOO_DEEP)
 
 
 def _check_jsonb(text: str, what: str) -> None:

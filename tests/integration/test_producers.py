@@ -371,3 +371,38 @@ def test_a_nul_in_content_type_is_refused_before_any_sql_on_every_driver(
     """psycopg refused it while sending (a DataError), the MySQL drivers wrote it."""
     outcome = _in_a_business_transaction(request, driver, {"payload": payload, "content_type": content_type})
     assert outcome == NUL_IN_CONTENT_TYPE
+
+
+def _nested(depth: int, container: str) -> object:
+    """``depth`` arrays or objects (``mixed``: alternately) one in another, around a scalar."""
+    value: object = 1
+    for level in range(depth):
+        as_object = container == "object" or (container == "mixed" and level % 2 == 1)
+        value = {"a": value, "b": 2} if as_object else [value, "x"]
+    return value
+
+
+TOO_DEEP = (ValueError, "payload is nested more than 31 arrays or objects deep, which MariaDB's JSON cannot store")
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("container", ["array", "object", "mixed"])
+@pytest.mark.parametrize("depth", [32, 33, 100, 999, 5000])
+def test_a_payload_nested_deeper_than_mariadb_keeps_is_refused_before_any_sql_on_every_driver(
+    request: pytest.FixtureRequest, driver: str, container: str, depth: int
+) -> None:
+    """PostgreSQL took it, MariaDB's JSON check refused it (error 4025), and past Python's recursion
+    limit json.dumps raised a RecursionError: one ValueError everywhere now."""
+    outcome = _in_a_business_transaction(request, driver, {"payload": _nested(depth, container)})
+    assert outcome == TOO_DEEP
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("container", ["array", "object", "mixed", "tuple"])
+@pytest.mark.parametrize("depth", [0, 1, 30, 31])
+def test_a_payload_nested_up_to_the_limit_is_written_on_every_driver(
+    request: pytest.FixtureRequest, driver: str, container: str, depth: int
+) -> None:
+    payload = (_nested(depth - 1, "mixed"),) if container == "tuple" and depth else _nested(depth, container)
+    outcome = _in_a_business_transaction(request, driver, {"payload": payload, "idempotency_key": "deep"})
+    assert outcome == "deep"
