@@ -67,6 +67,11 @@ def is_asyncmy(conn: object) -> bool:
     return _driver(conn) == "asyncmy"
 
 
+def is_connection(conn: object) -> bool:
+    """Whether ``conn`` (of either driver) is a connection, not a cursor or a pool."""
+    return callable(getattr(conn, "cursor", None)) and callable(getattr(conn, "commit", None))
+
+
 @cache
 def _insert_for(table: str, *, as_bytes: bool = False) -> str:
     # The name is validated (letters, digits, underscores): backticks need no escaping.

@@ -270,6 +270,19 @@ def _unfit_for_insert(conn: Any) -> bool:
     return isinstance(factory, type) and issubclass(factory, psycopg.RawCursor | psycopg.AsyncRawCursor)
 
 
+def _refuse_what_is_no_connection(conn: Any, function: str) -> None:
+    """``TypeError``, before any SQL, for what the INSERT cannot run on (a pool, a MySQL cursor, None),
+    the same on every driver; they failed with an ``AttributeError`` from deep inside."""
+    if _mysql.is_pymysql(conn) or _mysql.is_asyncmy(conn):
+        usable = _mysql.is_connection(conn)
+    else:
+        usable = callable(getattr(conn, "execute", None))  # a psycopg connection or cursor, or one alike
+    if not usable:
+        name = type(conn).__name__
+        hint = ": take a connection from the pool" if "pool" in name.lower() else ""
+        raise TypeError(f"{function}() takes a connection, not {name}{hint}")
+
+
 def publish(
     conn: psycopg.Connection[Any] | Any,
     topic: str,
@@ -304,6 +317,7 @@ def publish(
         # Its execute() would make a coroutine nobody awaits: nothing written, and a key returned.
         name = type(conn).__name__
         raise TypeError(f"publish() takes a connection that writes at once, not {name}: await apublish(...) with it")
+    _refuse_what_is_no_connection(conn, "publish")
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
@@ -332,6 +346,7 @@ async def apublish(
     """The same as :func:`publish`, for a psycopg ``AsyncConnection`` or an asyncmy connection."""
     if isinstance(conn, psycopg.Connection | psycopg.Cursor) or _mysql.is_pymysql(conn):
         raise TypeError(f"apublish() takes an async connection, not {type(conn).__name__}: call publish(...) with it")
+    _refuse_what_is_no_connection(conn, "apublish")
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )

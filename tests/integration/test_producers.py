@@ -406,3 +406,82 @@ def test_a_payload_nested_up_to_the_limit_is_written_on_every_driver(
     payload = (_nested(depth - 1, "mixed"),) if container == "tuple" and depth else _nested(depth, container)
     outcome = _in_a_business_transaction(request, driver, {"payload": payload, "idempotency_key": "deep"})
     assert outcome == "deep"
+
+
+@pytest.mark.parametrize(
+    ("what", "function", "expected"),
+    [
+        ("None", "publish", "publish() takes a connection, not NoneType"),
+        ("None", "apublish", "apublish() takes a connection, not NoneType"),
+        ("a URL", "publish", "publish() takes a connection, not str"),
+        ("a URL", "apublish", "apublish() takes a connection, not str"),
+        ("psycopg's PGconn", "publish", "publish() takes a connection, not PGconn"),
+        ("a PyMySQL cursor", "publish", "publish() takes a connection, not Cursor"),
+        ("a PyMySQL dict cursor", "publish", "publish() takes a connection, not DictCursor"),
+        ("an asyncmy cursor", "apublish", "apublish() takes a connection, not Cursor"),
+        ("an asyncmy pool", "apublish", "apublish() takes a connection, not Pool: take a connection from the pool"),
+    ],
+)
+def test_what_is_not_a_connection_is_refused_with_a_type_error_before_any_sql(
+    request: pytest.FixtureRequest, what: str, function: str, expected: str
+) -> None:
+    """An AttributeError from inside publish() before; pools and cursors are the usual mix-ups."""
+    import asyncmy
+    import pymysql.cursors
+
+    from relay.store.mysql import Target
+    from tests import mysql_support
+    from tests.integration.test_mysql_producers import _aconnect
+
+    async def call(target: object) -> None:
+        if function == "publish":
+            producers.publish(target, "t", {})
+        else:
+            await producers.apublish(target, "t", {})
+
+    async def attempt() -> None:
+        if what in ("None", "a URL", "psycopg's PGconn"):
+            url = request.getfixturevalue("database_url")
+            with psycopg.connect(url) as conn:
+                target = {"None": None, "a URL": url, "psycopg's PGconn": conn.pgconn}[what]
+                with pytest.raises(TypeError) as raised:
+                    await call(target)
+                assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert str(raised.value) == expected
+            assert count(url) == 0
+            return
+        url = request.getfixturevalue("mysql_url")
+        if what.startswith("a PyMySQL"):
+            my_conn = mysql_support.connect(url, autocommit=False)
+            cursor_class = pymysql.cursors.DictCursor if "dict" in what else pymysql.cursors.Cursor
+            try:
+                with my_conn.cursor(cursor_class) as cur, pytest.raises(TypeError) as raised:
+                    await call(cur)
+                my_conn.commit()
+            finally:
+                my_conn.close()
+        elif what == "an asyncmy cursor":
+            aconn = await _aconnect(url)
+            try:
+                async with aconn.cursor() as acur:
+                    with pytest.raises(TypeError) as raised:
+                        await call(acur)
+                await aconn.commit()
+            finally:
+                aconn.close()
+        else:
+            target = Target.parse(url)
+            pool = await asyncmy.create_pool(
+                host=target.host, port=target.port, user=target.user, password=target.password_bytes,
+                db=target.database, minsize=1, maxsize=1,
+            )  # fmt: skip
+            try:
+                with pytest.raises(TypeError) as raised:
+                    await call(pool)
+            finally:
+                pool.close()
+                await pool.wait_closed()
+        assert str(raised.value) == expected
+        assert int(mysql_support.execute(url, "SELECT COUNT(*) FROM outbox")[0][0]) == 0
+
+    asyncio.run(attempt())
