@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+
+def _lists(depth: int) -> list[object]:
+    """``depth`` lists one in another."""
+    value: list[object] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 BAD_ARGUMENTS: list[tuple[dict[str, object], type[Exception]]] = [
     ({"topic": ""}, ValueError),
     ({"topic": "t" * 250}, ValueError),
@@ -40,4 +49,22 @@ BAD_ARGUMENTS: list[tuple[dict[str, object], type[Exception]]] = [
     ({"payload": {"a": "nul\x00inside"}}, ValueError),
     ({"payload": ["\x00"]}, ValueError),
     ({"payload": {"\x00": 1}}, ValueError),
+    ({"payload": b"x", "content_type": "a/b\x00"}, ValueError),
+    # Deeper than MariaDB's JSON keeps (31 levels), and past Python's recursion limit.
+    ({"payload": _lists(32)}, ValueError),
+    ({"payload": {"a": [{"b": [1] * 3}] * 2, "deep": _lists(3000)}}, ValueError),
+    # A lone surrogate is no text: the codec's error, the same everywhere.
+    ({"topic": "\ud800"}, ValueError),
+    ({"key": "k\udfff"}, ValueError),
+    ({"idempotency_key": "\udc80"}, ValueError),
+    ({"headers": {1: "v"}}, TypeError),
+    ({"headers": {"": "v"}}, TypeError),
+    ({"priority": True}, TypeError),
+    ({"priority": 1.0}, TypeError),
+    ({"priority": None}, TypeError),
+    ({"deliver_at": "2030-01-01T00:00:00Z"}, TypeError),
+    ({"deliver_at": 0}, TypeError),
+    ({"payload": {1, 2}}, TypeError),
+    ({"topic": 5}, ValueError),
+    ({"topic": None}, ValueError),
 ]

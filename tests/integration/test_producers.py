@@ -285,7 +285,7 @@ def _in_a_business_transaction(request: pytest.FixtureRequest, driver: str, kwar
     if driver.startswith("psycopg"):
         url = request.getfixturevalue("database_url")
         with psycopg.connect(url) as conn:
-            conn.execute("CREATE TABLE business (n int)")
+            conn.execute("CREATE TABLE IF NOT EXISTS business (n int)")
             conn.commit()
 
         async def apsycopg() -> object:
@@ -311,7 +311,7 @@ def _in_a_business_transaction(request: pytest.FixtureRequest, driver: str, kwar
     from tests.integration.test_mysql_producers import _aconnect
 
     url = request.getfixturevalue("mysql_url")
-    mysql_support.execute(url, "CREATE TABLE business (n int) ENGINE = InnoDB")
+    mysql_support.execute(url, "CREATE TABLE IF NOT EXISTS business (n int) ENGINE = InnoDB")
 
     async def aasyncmy() -> object:
         aconn = await _aconnect(url)
@@ -485,3 +485,14 @@ def test_what_is_not_a_connection_is_refused_with_a_type_error_before_any_sql(
         assert int(mysql_support.execute(url, "SELECT COUNT(*) FROM outbox")[0][0]) == 0
 
     asyncio.run(attempt())
+
+
+@pytest.mark.parametrize(("kwargs", "error"), BAD_ARGUMENTS)
+def test_bad_arguments_give_one_error_on_every_driver(
+    request: pytest.FixtureRequest, kwargs: dict[str, object], error: type
+) -> None:
+    """The same class and message from publish and apublish on all four drivers, the transaction going on."""
+    outcomes = {driver: _in_a_business_transaction(request, driver, kwargs) for driver in DRIVERS}
+    first = outcomes["psycopg"]
+    assert isinstance(first, tuple) and issubclass(first[0], error), outcomes
+    assert all(outcome == first for outcome in outcomes.values()), outcomes
