@@ -65,6 +65,7 @@ def _payload_params(payload: Any, content_type: str | None) -> dict[str, Any]:
             raise ValueError("content_type must be a non-empty string")
         if "\x00" in content_type:  # psycopg refuses it while sending; MySQL's column would keep it
             raise ValueError("content_type holds a NUL character (\\x00), which PostgreSQL cannot store")
+        _check_no_lone_surrogate(content_type, "content_type")
         if len(content_type.encode()) > CONTENT_TYPE_MAX_BYTES:
             raise ValueError(f"content_type must be at most {CONTENT_TYPE_MAX_BYTES} bytes of UTF-8")
         return {"payload": bytes(payload), "content_type": content_type}
@@ -200,14 +201,24 @@ def _check_jsonb(text: str, what: str) -> None:
 
 
 def _check_no_nul(topic: str, key: str | None, idempotency_key: str | None, headers: Mapping[str, str] | None) -> None:
-    """Refuse a NUL character in the text columns: PostgreSQL's text cannot hold one, MySQL's would."""
+    """Refuse a NUL character in the text columns: PostgreSQL's text cannot hold one, MySQL's would.
+    And a lone surrogate, which no database takes: the codec's error named no argument."""
     texts = [("topic", topic), ("key", key), ("idempotency_key", idempotency_key)]
     for what, text in texts:
         if text is not None and "\x00" in text:
             raise ValueError(f"{what} holds a NUL character (\\x00), which PostgreSQL cannot store")
+        if text is not None and not text.isascii():
+            _check_no_lone_surrogate(text, what)
     for name, value in (headers or {}).items():
         if "\x00" in name or "\x00" in value:
             raise ValueError("a header holds a NUL character (\\x00), which PostgreSQL cannot store")
+
+
+def _check_no_lone_surrogate(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
 
 
 def _check_deliver_at(deliver_at: object, max_ahead: timedelta) -> None:

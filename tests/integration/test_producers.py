@@ -496,3 +496,23 @@ def test_bad_arguments_give_one_error_on_every_driver(
     first = outcomes["psycopg"]
     assert isinstance(first, tuple) and issubclass(first[0], error), outcomes
     assert all(outcome == first for outcome in outcomes.values()), outcomes
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize(
+    ("what", "kwargs"),
+    [
+        ("topic", {"topic": "\ud800"}),
+        ("topic", {"topic": "orders.\udfff"}),
+        ("key", {"key": "order-\ud83d"}),  # half of an emoji's surrogate pair
+        ("key", {"key": "\u00e9\udc80"}),
+        ("idempotency_key", {"idempotency_key": "\udc80-1"}),
+        ("content_type", {"payload": b"x", "content_type": "text/\ud800"}),
+    ],
+)
+def test_a_lone_surrogate_in_a_text_argument_is_refused_naming_the_argument_on_every_driver(
+    request: pytest.FixtureRequest, driver: str, what: str, kwargs: dict[str, object]
+) -> None:
+    """The codec's UnicodeEncodeError named no argument ("'utf-8' codec can't encode character ...")."""
+    outcome = _in_a_business_transaction(request, driver, kwargs)
+    assert outcome == (ValueError, f"{what} holds a lone surrogate (\\ud800-\\udfff), which is not text")
