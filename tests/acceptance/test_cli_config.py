@@ -416,6 +416,11 @@ def test_an_empty_metrics_host_is_the_default_loopback_not_every_interface(datab
         ("?sslmode=bogus", 'invalid sslmode value: "bogus"'),
         ("?target_session_attrs=nonsense", 'invalid target_session_attrs value: "nonsense"'),
         ("?gssencmode=maybe", 'invalid gssencmode value: "maybe"'),
+        ("?port=abc", 'invalid integer value "abc" for connection option "port"'),
+        ("?port=\u0661\u0660", 'invalid integer value "\u0661\u0660" for connection option "port"'),
+        ("?port=99999", 'invalid port number: "99999"'),
+        ("?port=-1", 'invalid port number: "-1"'),
+        ("?port=5432,5433", "could not match 2 port numbers to 1 hosts"),
     ],
 )
 def test_a_database_url_libpq_refuses_is_a_configuration_error_at_once(

@@ -101,8 +101,12 @@ def describe(exc: BaseException, dsn: str) -> str:
     return one_line(str(exc).replace(dsn, redact_url(dsn)), Scrubber.of(dsn)) or type(exc).__name__
 
 
-#: libpq's words for a connection option with a value it does not know (invalid sslmode value: "x").
-_BAD_OPTION_VALUE = re.compile(r"\binvalid [\w ]+ value: ")
+#: libpq's words for a connection option with a value it cannot take: one it does not know
+#: (invalid sslmode value: "x"), no whole number (invalid integer value "x" for connection option
+#: "port"), no port (invalid port number: "99999"), or more ports than hosts. No wait mends these.
+_BAD_OPTION_VALUE = re.compile(
+    r'\binvalid [\w ]+ value: |\binvalid integer value "|\binvalid port number: |\bcould not match \d+ port numbers'
+)
 
 
 def check_encoding(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
