@@ -39,6 +39,10 @@ def env_value(flag: str) -> str | None:
 
 
 def _parsed(text: str, convert: Callable[[str], N], what: str) -> N:
+    # int() and float() also read other scripts' digits (an Arabic-Indic 7, a fullwidth 5) and
+    # Python's underscores (1_000), which event ids, durations and URLs' ports all refuse: so here.
+    if not text.isascii() or "_" in text:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what} in ASCII digits")
     try:
         return convert(text)
     except ValueError:
