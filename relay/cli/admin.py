@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from relay.cli.commands import database, table_layout
 from relay.cli.flags import MAX_INT, PROG
-from relay.config import MIN_PUBLISH_TIMEOUT_SECONDS, parse_duration
+from relay.config import MIN_PUBLISH_TIMEOUT_SECONDS
 from relay.errors import ConfigError
 from relay.store.base import Admin, ReplayFilter, RequeueFilter, Skipped
 
@@ -165,9 +165,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_purge(args: argparse.Namespace) -> int:
     """``outbox-relay purge``."""
-    if not args.older_than:
+    seconds: float | None = args.older_than
+    if seconds is None:
         raise ConfigError("purge needs --older-than DURATION (or RELAY_OLDER_THAN)")
-    seconds = parse_duration(args.older_than)
 
     deleted = _on_admin(args, lambda admin: admin.purge(seconds))
     print(json.dumps({"purged": deleted}) if args.json else f"purged {deleted} events")

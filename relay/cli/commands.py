@@ -11,7 +11,6 @@ from relay.config import (
     TableLayout,
     TableName,
     check_database_url,
-    parse_duration,
     parse_sink_url,
     resolve_routes,
 )
@@ -78,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         routes=routes,
         settings=settings,
         keep_sent=args.keep_sent,
-        retention_seconds=parse_duration(args.retention) if args.retention else None,
+        retention_seconds=args.retention,
         # Empty (a template that filled in nothing) is unset, as for the database URL: never every interface.
         metrics_host=args.metrics_host.strip() or DEFAULT_METRICS_HOST,
         metrics_port=args.metrics_port,

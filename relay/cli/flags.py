@@ -15,6 +15,9 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from relay.config import parse_duration
+from relay.errors import ConfigError
+
 PROG = "outbox-relay"
 N = TypeVar("N")
 
@@ -93,6 +96,17 @@ def seconds(text: str) -> float:
     if value > MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"{text!r} is more than a hundred years ({MAX_SECONDS:.0f} seconds)")
     return value
+
+
+def duration(text: str) -> float | None:
+    """Seconds in a duration such as ``90``, ``90s``, ``15m``, ``12h``, ``7d`` or ``2w``; empty
+    (a template that filled in nothing) is unset (None). A refused one is an error naming its flag."""
+    if not text:
+        return None
+    try:
+        return parse_duration(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def port(text: str) -> int:

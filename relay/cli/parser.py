@@ -11,6 +11,7 @@ from relay.cli.flags import (
     PROG,
     Once,
     RouteList,
+    duration,
     env_flag,
     env_switch,
     env_value,
@@ -245,6 +246,7 @@ def _add_run(commands: Commands) -> None:
         "--retention",
         help="purge what the table keeps (skipped events; with --keep-sent, sent ones) once older than this "
         "(e.g. 7d, 12h), in small batches every minute",
+        type=duration,
         metavar="DURATION",
     )
     env_flag(
@@ -297,7 +299,7 @@ def _add_admin_commands(commands: Commands) -> None:
     env_switch(inspect, "--json", default=False, help="print one JSON object")
 
     purge = _command(commands, "purge")
-    env_flag(purge, "--older-than", metavar="DURATION", help="e.g. 7d, 12h, 30m, 90s (required)")
+    env_flag(purge, "--older-than", type=duration, metavar="DURATION", help="e.g. 7d, 12h, 30m, 90s (required)")
     env_switch(purge, "--json", default=False, help="print the count as JSON")
 
     replay = _command(commands, "replay")
