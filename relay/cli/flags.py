@@ -277,12 +277,27 @@ class RouteList(argparse.Action):
 
 
 def misspelt_env() -> list[str]:
-    """Warnings for set ``RELAY_*`` variables that no flag reads but that look like one that does
-    (``RELAY_ROUTE`` for ``RELAY_ROUTES``): such a setting is silently without effect otherwise.
-    Call it once the parser is built. Other ``RELAY_*`` names may be another program's: not judged."""
+    """Warnings for set ``RELAY_*`` variables that no flag reads but that look like one that does:
+    such a setting is silently without effect otherwise. Call it once the parser is built. Other
+    ``RELAY_*`` names may be another program's: only those near a read one are named."""
     warnings = []
-    for name in sorted(n for n in os.environ if n.startswith("RELAY_") and n not in _READ):
-        near = difflib.get_close_matches(name, sorted(_READ), n=1, cutoff=0.9)
-        if near:
-            warnings.append(f"{PROG}: warning: {name} is not read (did you mean {near[0]}?); it has no effect")
+    for name in sorted(n for n in os.environ if n.upper().startswith("RELAY_") and n not in _READ):
+        meant = _meant(name)
+        if meant:
+            warnings.append(f"{PROG}: warning: {name} is not read (did you mean {meant}?); it has no effect")
     return warnings
+
+
+def _meant(name: str) -> str | None:
+    """The variable a flag reads that ``name`` was probably meant to be: the same in other case
+    (``relay_sink``), with a word more or less at the end (``RELAY_PUBLISH_TIMEOUT_SECONDS``, as the
+    settings' constants are named; ``RELAY_SINK_URL``; ``RELAY_LEASE``), or a near spelling
+    (``RELAY_ROUTE`` for ``RELAY_ROUTES``)."""
+    upper = name.upper()
+    if upper in _READ:
+        return upper
+    longer_or_shorter = sorted(r for r in _READ if upper.startswith(r + "_") or r.startswith(upper + "_"))
+    if longer_or_shorter:
+        return difflib.get_close_matches(upper, longer_or_shorter, n=1, cutoff=0.0)[0]
+    near = difflib.get_close_matches(upper, sorted(_READ), n=1, cutoff=0.9)
+    return near[0] if near else None

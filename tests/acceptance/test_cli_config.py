@@ -441,7 +441,12 @@ def test_a_database_url_libpq_refuses_is_a_configuration_error_at_once(
 @pytest.mark.parametrize(
     ("name", "meant"),
     [("RELAY_ROUTE", "RELAY_ROUTES"), ("RELAY_FIELD_HEADER", "RELAY_FIELD_HEADERS"),
-     ("RELAY_BATCHSIZE", "RELAY_BATCH_SIZE"), ("RELAY_MAX_ATTEMPT", "RELAY_MAX_ATTEMPTS")],
+     ("RELAY_BATCHSIZE", "RELAY_BATCH_SIZE"), ("RELAY_MAX_ATTEMPT", "RELAY_MAX_ATTEMPTS"),
+     # A unit or a word more or less, as the settings' constants and other tools name them; another case.
+     ("RELAY_PUBLISH_TIMEOUT_SECONDS", "RELAY_PUBLISH_TIMEOUT"), ("RELAY_POLL_INTERVAL_MAX_SECONDS",
+     "RELAY_POLL_INTERVAL_MAX"), ("RELAY_LEASE", "RELAY_LEASE_SECONDS"), ("RELAY_SINK_URL", "RELAY_SINK"),
+     ("RELAY_DATABASE", "RELAY_DATABASE_URL"), ("relay_batch_size", "RELAY_BATCH_SIZE"),
+     ("Relay_Max_Attempts", "RELAY_MAX_ATTEMPTS")],
 )  # fmt: skip
 def test_a_misspelt_variable_is_named_not_silently_ignored(database_url: str, name: str, meant: str) -> None:
     variables: dict[str, str] = {name: "x", "RELAY_SOMETHING_ELSE": "1"}
