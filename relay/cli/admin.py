@@ -179,6 +179,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     # An empty key is a key (publish() takes one): given, it selects, as with requeue.
     if not (args.all or args.since or args.until or args.key is not None or args.topic is not None):
         raise ConfigError("replay needs --since, --until, --key, --topic or --all")
+    if args.since is not None and args.until is not None and args.until <= args.since:
+        # No event was sent in an empty window: "replayed 0 events" would hide the swapped flags.
+        raise ConfigError(
+            f"--until {args.until.isoformat()} is not after --since {args.since.isoformat()}: no event was sent between"
+        )
 
     selection = ReplayFilter(since=args.since, until=args.until, key=args.key, topic=args.topic, all=args.all)
     ids = _on_admin(args, lambda admin: admin.replay(selection))
