@@ -12,6 +12,7 @@ ignored. docs/delivery.md lists the refused options.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from relay.errors import ConfigError
@@ -106,6 +107,28 @@ ALLOWED = frozenset(
     """.split()  # noqa: SIM905 - a word per option reads like the table it comes from
 ) | frozenset(REQUIRED_VALUES)
 
+#: The options librdkafka reads as a 32-bit whole number. It reads them with strtol and does not
+#: look at what follows the digits, nor past 32 bits: batch.size=1_000 ran with 1, 1.9 with 1,
+#: abc with 0 (where 0 is allowed) and 4294967297 with 1. So the relay reads them first.
+INTEGER_OPTIONS = frozenset(
+    """
+    api.version.request.timeout.ms batch.num.messages batch.size broker.address.ttl compression.level
+    connections.max.idle.ms internal.termination.signal log_level message.copy.max.bytes message.max.bytes
+    metadata.max.age.ms metadata.recovery.rebootstrap.trigger.ms queue.buffering.backpressure.threshold
+    queue.buffering.max.kbytes queue.buffering.max.messages receive.message.max.bytes reconnect.backoff.jitter.ms
+    reconnect.backoff.max.ms reconnect.backoff.ms request.timeout.ms retry.backoff.max.ms retry.backoff.ms
+    sasl.kerberos.min.time.before.relogin sasl.oauthbearer.assertion.claim.exp.seconds
+    sasl.oauthbearer.assertion.claim.nbf.seconds socket.blocking.max.ms socket.connection.setup.timeout.ms
+    socket.receive.buffer.bytes socket.send.buffer.bytes socket.timeout.ms statistics.interval.ms
+    sticky.partitioning.linger.ms topic.metadata.refresh.fast.cnt topic.metadata.refresh.fast.interval.ms
+    topic.metadata.refresh.interval.ms
+    """.split()  # noqa: SIM905 - a word per option reads like the table it comes from
+)
+#: The options librdkafka reads as a decimal number (strtod): linger.ms=1_000 ran with 1 ms.
+DECIMAL_OPTIONS = frozenset({"linger.ms", "queue.buffering.max.ms"})
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+_INT32 = range(-(2**31), 2**31)
+
 _BY_NORMAL_NAME = {normalise_option(name): name for name in ALLOWED | frozenset(REFUSED)}
 #: What a Kafka consumer would take (group.id, auto.offset.reset, ...): a mistake in a producer URL.
 _CONSUMER_WORDS = ("group.", "offset", "fetch.", "session.timeout", "heartbeat", "isolation.level", "auto.commit",
@@ -135,6 +158,17 @@ def check_value(name: str, value: str) -> None:
         raise ConfigError(
             f"kafka option {name}={value[:20]!r} would break delivery guarantees "
             f"(the relay needs {name}={required[0]}): remove it"
+        )
+    number = value.strip()  # (librdkafka skips leading spaces, and stops at trailing ones)
+    if name in INTEGER_OPTIONS and not (_WHOLE_NUMBER.fullmatch(number) and int(number) in _INT32):
+        raise ConfigError(
+            f"kafka option {name}={value[:20]!r} is not a whole number in ASCII digits from -2**31 to 2**31-1: "
+            "librdkafka would read only the digits it starts with, or wrap it around"
+        )
+    if name in DECIMAL_OPTIONS and (not number.isascii() or "_" in number):
+        raise ConfigError(
+            f"kafka option {name}={value[:20]!r} is not a number in ASCII digits without '_': "
+            "librdkafka would read only the digits it starts with"
         )
 
 

@@ -367,6 +367,10 @@ def test_a_command_line_argparse_refuses_is_one_line_too(args: list[str]) -> Non
         (["--sink", "kafka://127.0.0.1:9092?linger.ms=-1"], {}, "not a number of milliseconds from 0 up"),
         (["--sink", "kafka://127.0.0.1:9092?queue.buffering.max.ms=inf"], {}, "not a number of milliseconds"),
         (["--sink", "kafka://127.0.0.1:9092?linger.ms=1&queue.buffering.max.ms=nan"], {}, "milliseconds"),
+        (["--sink", "kafka://127.0.0.1:9092?batch.size=1_000"], {}, "batch.size='1_000' is not a whole number"),
+        (["--sink", "kafka://127.0.0.1:9092?batch.num.messages=4294967297"], {}, "is not a whole number"),
+        (["--sink", "kafka://127.0.0.1:9092?statistics.interval.ms=abc"], {}, "is not a whole number"),
+        (["--sink", "kafka://127.0.0.1:9092?linger.ms=1_000"], {}, "linger.ms='1_000' is not a number in ASCII"),
     ],
 )
 def test_values_no_publish_could_work_with_are_refused_at_start(

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
+import confluent_kafka
 import pytest
 
 from relay.config import KafkaSinkConfig, parse_route, parse_sink_url
 from relay.errors import ConfigError
+from relay.kafka_options import ALLOWED, DECIMAL_OPTIONS, INTEGER_OPTIONS, REQUIRED_VALUES
 from relay.sinks.kafka import producer_config
 
 #: (option=value, what the one-line error names). Each changes how keys map to
@@ -114,3 +118,58 @@ def test_a_linger_as_long_as_the_publish_timeout_is_refused(option: str) -> None
     assert isinstance(config, KafkaSinkConfig)
     with pytest.raises(ConfigError, match=r"linger\.ms"):
         producer_config(config, publish_timeout_seconds=30, client_id="r")
+
+
+#: Numbers librdkafka reads only in part (strtol/strtod stop at the first other character, and
+#: whole numbers wrap at 32 bits): each ran with another value than the one written, or with 0.
+PARTLY_READ_WHOLE = [
+    "1_000",
+    "1.9",
+    "1e6",
+    "0x10",
+    "5abc",
+    "abc",
+    "",
+    "\u0661\u0660",
+    str(2**32 + 1),
+    str(-(2**31) - 1),
+]
+PARTLY_READ_DECIMAL = ["1_000", "1_0.5", "\u0661\u0660", "\uff15"]
+
+
+@pytest.mark.parametrize("value", PARTLY_READ_WHOLE)
+@pytest.mark.parametrize(
+    "option", ["batch.size", "batch_num_messages", "compression.level", "statistics.interval.ms", "socket.timeout.ms"]
+)
+def test_a_whole_number_option_librdkafka_would_read_in_part_is_refused(option: str, value: str) -> None:
+    with pytest.raises(ConfigError, match="is not a whole number in ASCII digits"):
+        parse_sink_url(f"kafka://broker:9092?{option}={quote(value)}")
+
+
+@pytest.mark.parametrize("value", PARTLY_READ_DECIMAL)
+@pytest.mark.parametrize("option", ["linger.ms", "queue.buffering.max.ms"])
+def test_a_decimal_option_librdkafka_would_read_in_part_is_refused(option: str, value: str) -> None:
+    with pytest.raises(ConfigError, match="is not a number in ASCII digits"):
+        parse_sink_url(f"kafka://broker:9092?{option}={quote(value)}")
+
+
+WHOLE_READS = [("batch.size", "16384"), ("batch.size", "+5"), ("compression.level", "-1"), ("linger.ms", "2.5"),
+               ("batch.size", str(2**31 - 1)), ("linger.ms", "1e3"), ("queue.buffering.max.ms", "0")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("option", "value"), WHOLE_READS)
+def test_a_number_librdkafka_reads_whole_is_taken(option: str, value: str) -> None:
+    config = parse_sink_url(f"kafka://broker:9092?{option}={quote(value)}")
+    assert isinstance(config, KafkaSinkConfig) and config.options[option] == value
+
+
+def test_the_whole_and_decimal_options_are_the_ones_librdkafka_reads_as_numbers() -> None:
+    """librdkafka says which options are numbers: a value far out of range is refused with its range."""
+    numbers = set()
+    for option in sorted(ALLOWED):
+        try:
+            confluent_kafka.Producer({option: "-99999999999"})
+        except confluent_kafka.KafkaException as exc:
+            if "is outside allowed range" in str(exc):
+                numbers.add(option)
+    assert numbers - set(REQUIRED_VALUES) == INTEGER_OPTIONS | DECIMAL_OPTIONS
