@@ -6,6 +6,7 @@ echo what they were given.
 
 from __future__ import annotations
 
+import math
 from urllib.parse import parse_qsl, urlsplit
 
 import pika
@@ -13,6 +14,9 @@ import pika.exceptions
 
 from relay.errors import ConfigError
 from relay.secrets import Scrubber
+
+#: pika's URL options that are seconds, read as floats.
+_SECONDS_OPTIONS = frozenset({"socket_timeout", "stack_timeout", "blocked_connection_timeout", "retry_delay"})
 
 
 def connection_parameters(
@@ -27,6 +31,11 @@ def connection_parameters(
         # Nor the URL: a raw '&' in an option's value makes part of it look like another option.
         raise ConfigError(f"invalid RabbitMQ sink URL (host {urlsplit(url).hostname!r}): {reason}") from None
     given = {key for key, _ in parse_qsl(urlsplit(url).query)}
+    for name in _SECONDS_OPTIONS & given:
+        # pika takes NaN and infinity (its check is "not <= 0"): no wait ends on NaN, nor on infinity.
+        value = getattr(params, name)
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(f"RabbitMQ sink option {name}={value!r} is not a finite number of seconds")
     if "heartbeat" not in given:
         params.heartbeat = heartbeat
     if "blocked_connection_timeout" not in given:
