@@ -221,6 +221,14 @@ def _check_no_lone_surrogate(text: str, what: str) -> None:
         raise ValueError(f"{what} holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
 
 
+def _check_options(table: object, max_deliver_ahead: object) -> None:
+    """Refuse a ``table`` or ``max_deliver_ahead`` of the wrong type, with or without a ``deliver_at``."""
+    if not isinstance(table, str):
+        raise TypeError(f"table must be a string, not {type(table).__name__}")
+    if not isinstance(max_deliver_ahead, timedelta):
+        raise TypeError(f"max_deliver_ahead must be a timedelta, not {type(max_deliver_ahead).__name__}")
+
+
 def _check_deliver_at(deliver_at: object, max_ahead: timedelta) -> None:
     if not isinstance(deliver_at, datetime):
         raise TypeError(f"deliver_at must be a datetime or None, not {type(deliver_at).__name__}")
@@ -329,6 +337,7 @@ def publish(
         name = type(conn).__name__
         raise TypeError(f"publish() takes a connection that writes at once, not {name}: await apublish(...) with it")
     _refuse_what_is_no_connection(conn, "publish")
+    _check_options(table, max_deliver_ahead)
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
@@ -358,6 +367,7 @@ async def apublish(
     if isinstance(conn, psycopg.Connection | psycopg.Cursor) or _mysql.is_pymysql(conn):
         raise TypeError(f"apublish() takes an async connection, not {type(conn).__name__}: call publish(...) with it")
     _refuse_what_is_no_connection(conn, "apublish")
+    _check_options(table, max_deliver_ahead)
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 
 def _lists(depth: int) -> list[object]:
@@ -67,4 +67,12 @@ BAD_ARGUMENTS: list[tuple[dict[str, object], type[Exception]]] = [
     ({"payload": {1, 2}}, TypeError),
     ({"topic": 5}, ValueError),
     ({"topic": None}, ValueError),
+    # Options of the wrong type, checked whether or not they come into play.
+    ({"max_deliver_ahead": 5}, TypeError),
+    ({"max_deliver_ahead": "1 day"}, TypeError),
+    ({"max_deliver_ahead": None}, TypeError),
+    ({"max_deliver_ahead": 3600.0, "deliver_at": datetime(2030, 1, 1, tzinfo=UTC)}, TypeError),
+    ({"table": 5}, TypeError),
+    ({"table": None}, TypeError),
+    ({"table": b"outbox"}, TypeError),
 ]
