@@ -127,6 +127,14 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
                 except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
                     pass  # a migrate in another database made it meanwhile
         relay, writer = sql.Identifier(relay_role), sql.Identifier(writer_role)
+        # The schema the table is in, not the one its name suggests: an unqualified name is
+        # found through search_path, which may lead elsewhere than public.
+        row = conn.execute(
+            "SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE c.oid = %s::regclass",
+            [".".join(f'"{part}"' for part in table.parts)],
+        ).fetchone()
+        schema = sql.Identifier(str(row[0])) if row else ids["schema"]
         for statement in (
             # Revoking a table privilege revokes it on every column too.
             "REVOKE ALL ON {table} FROM {relay}, {writer}",
@@ -143,7 +151,7 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
                     writer=writer,
                     relay_columns=columns(RELAY_COLUMNS),
                     writer_columns=columns(WRITER_COLUMNS),
-                    **ids,
+                    **{**ids, "schema": schema},
                 )
             )
         logger.info("granted roles %s and %s", relay_role, writer_role, extra={"action": "create_roles"})

@@ -1,0 +1,67 @@
+"""Outbox tables found through search_path, named in mixed case or by reserved words, on real PostgreSQL.
+
+Every name a relay accepts must reach the same table from every command: an
+unqualified name is the table search_path leads to, whichever schema that is.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+import producers
+from relay.config import TableName
+from relay.store.migrate import create_roles, migrate
+
+#: Schemas a database's search_path may lead to: plain, mixed case, reserved words, not ASCII.
+SCHEMAS = ["app", "App", "order", "user", "événements"]
+
+
+@pytest.fixture
+def roles(pg_admin_url: str, empty_database: str) -> Iterator[tuple[str, str]]:
+    """A relay role and a writer role, dropped after the test (roles are the cluster's)."""
+    suffix = uuid.uuid4().hex[:8]
+    names = (f"relay_{suffix}", f"writer_{suffix}")
+    yield names
+    with psycopg.connect(empty_database, autocommit=True) as conn:
+        for role in names:
+            conn.execute(f'DROP OWNED BY "{role}"')  # its grants in the test's database
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        for role in names:
+            conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def _on_search_path(url: str, schema: str) -> None:
+    """Create ``schema`` and make it the database's search_path, for the sessions opened from now on."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(psycopg.sql.Identifier(schema)))
+        database = conn.info.dbname
+        conn.execute(
+            psycopg.sql.SQL("ALTER DATABASE {} SET search_path = {}").format(
+                psycopg.sql.Identifier(database), psycopg.sql.Identifier(schema)
+            )
+        )
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_create_roles_grants_the_schema_search_path_leads_to(
+    empty_database: str, roles: tuple[str, str], schema: str
+) -> None:
+    _on_search_path(empty_database, schema)
+    table = TableName.parse("outbox")
+    migrate(empty_database, table)
+    relay_role, writer_role = roles
+    create_roles(empty_database, table, relay_role=relay_role, writer_role=writer_role)
+
+    with psycopg.connect(empty_database) as conn:
+        found = "SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        assert conn.execute(found + " WHERE c.oid = 'outbox'::regclass").fetchone() == (schema,)
+        conn.execute(psycopg.sql.SQL("SET LOCAL ROLE {}").format(psycopg.sql.Identifier(writer_role)))
+        key = producers.publish(conn, "t", {"n": 1})
+        conn.execute(psycopg.sql.SQL("SET LOCAL ROLE {}").format(psycopg.sql.Identifier(relay_role)))
+        assert conn.execute("SELECT idempotency_key FROM outbox").fetchall() == [(key,)]
+        assert conn.execute("SELECT max(version) FROM outbox_schema_version").fetchone() is not None
+        conn.rollback()
