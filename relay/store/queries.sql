@@ -375,6 +375,14 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM skipped) THEN 'skipped'
             WHEN (SELECT in_flight FROM target) THEN 'in_flight'
             ELSE 'not_found' END AS outcome;
 
+-- name: notify_channel
+-- What the table's NOTIFY trigger (%(trigger)s) names as its channel: its
+-- argument, fixed by migrate from the name it was given. Another spelling of
+-- the table (outbox, public.outbox, or either through search_path) finds it.
+SELECT t.tgargs AS args
+FROM pg_trigger AS t
+WHERE t.tgrelid = %(table_name)s::regclass AND t.tgname = %(trigger)s;
+
 -- name: check_table
 SELECT 1 FROM {table} LIMIT 0;
 

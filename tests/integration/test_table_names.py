@@ -6,6 +6,7 @@ unqualified name is the table search_path leads to, whichever schema that is.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 
@@ -15,6 +16,7 @@ import pytest
 import producers
 from relay.config import TableName
 from relay.store.migrate import create_roles, migrate
+from relay.store.postgres import PostgresStore
 
 #: Schemas a database's search_path may lead to: plain, mixed case, reserved words, not ASCII.
 SCHEMAS = ["app", "App", "order", "user", "événements"]
@@ -65,3 +67,36 @@ def test_create_roles_grants_the_schema_search_path_leads_to(
         assert conn.execute("SELECT idempotency_key FROM outbox").fetchall() == [(key,)]
         assert conn.execute("SELECT max(version) FROM outbox_schema_version").fetchone() is not None
         conn.rollback()
+
+
+#: (search_path schema or None, the name migrate is given, the name the relay is given): one table, two spellings.
+SPELLINGS = [
+    (None, "outbox", "public.outbox"),
+    (None, "public.outbox", "outbox"),
+    ("app", "outbox", "app.outbox"),
+    ("app", "app.outbox", "outbox"),
+    ("App", "App.Outbox", "Outbox"),
+    ("order", "user", "order.user"),
+    ("s" * 63, "s" * 63 + ".outbox", "outbox"),
+]
+
+
+@pytest.mark.parametrize(("schema", "migrated_as", "relayed_as"), SPELLINGS)
+def test_a_relay_hears_the_notify_of_its_table_however_it_is_spelled(
+    empty_database: str, schema: str | None, migrated_as: str, relayed_as: str
+) -> None:
+    if schema is not None:
+        _on_search_path(empty_database, schema)
+    migrate(empty_database, TableName.parse(migrated_as))
+
+    async def woken() -> bool:
+        store = PostgresStore(empty_database, TableName.parse(relayed_as), owner="t", lease_seconds=30)
+        await store.open()
+        try:
+            with psycopg.connect(empty_database) as conn:
+                producers.publish(conn, "t", {"n": 1}, table=relayed_as)
+            return await store.wait(5.0)
+        finally:
+            await store.close()
+
+    assert asyncio.run(woken())

@@ -320,13 +320,25 @@ class Database:
             conn = await self._connect()
             try:
                 with self.errors():
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.table.channel)))
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(await self._channel(conn))))
             except BaseException:
                 # Also when cancelled: the loop stops waiting for a NOTIFY after the poll interval.
                 await conn.close()
                 raise
             self._listen_conn = conn
         return self._listen_conn
+
+    async def _channel(self, conn: psycopg.AsyncConnection[Any]) -> str:
+        """The channel the table's trigger notifies, or, with no trigger, the one migrate would give it."""
+        params = {
+            "table_name": ".".join(f'"{part}"' for part in self.table.parts),
+            "trigger": self.table.derived("notify"),
+        }
+        row = await (await conn.execute(self.queries["notify_channel"], params)).fetchone()
+        if row is None or not row[0]:
+            return self.table.channel
+        # tgargs: each argument followed by a NUL byte; the channel is the first.
+        return bytes(row[0]).split(b"\0", 1)[0].decode()
 
     async def fetch(
         self,
