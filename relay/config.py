@@ -7,6 +7,7 @@ contains a password.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import re
@@ -50,6 +51,7 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
 _TABLE_RE = re.compile(rf"^(?:({_IDENT})\.)?({_IDENT})$")
 #: The same without the length limit, so that a name too long is told so, not that its characters are wrong.
 _LONG_TABLE_RE = re.compile(r"^(?:([A-Za-z_][A-Za-z0-9_]*)\.)?([A-Za-z_][A-Za-z0-9_]*)$")
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: The longest identifier PostgreSQL keeps whole (NAMEDATALEN - 1; MySQL's is 64).
 MAX_IDENTIFIER_CHARS = 63
 #: The longest table name: the names of its indexes and constraints are the
@@ -101,8 +103,16 @@ class TableName:
 
     @property
     def channel(self) -> str:
-        """The LISTEN/NOTIFY channel relays of this table wait on."""
-        return f"outbox_relay.{self}"[:63]
+        """The LISTEN/NOTIFY channel of this table: ``outbox_relay.`` and its name, or a digest of
+        the name when that is too long for a channel or not plain (a schema found through search_path).
+
+        Never cut: two tables whose names differ only past the cut would share one.
+        """
+        readable = f"outbox_relay.{self}"
+        if all(_PLAIN.fullmatch(part) for part in self.parts) and len(readable) <= MAX_IDENTIFIER_CHARS:
+            return readable
+        quoted = ".".join('"' + part.replace('"', '""') + '"' for part in self.parts)
+        return "outbox_relay." + hashlib.sha256(quoted.encode()).hexdigest()[:40]
 
     def __str__(self) -> str:
         return ".".join(self.parts)

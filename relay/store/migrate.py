@@ -8,6 +8,7 @@ failed step leaves nothing half-done.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -32,16 +33,13 @@ def migrate(dsn: str, table: TableName, *, notify: bool | None = None, layout: T
     commit take a global lock. With Debezium's ``layout``, the table is
     Debezium's outbox table (created if missing): see :mod:`relay.store.debezium`.
     """
-    ids = named.identifiers(table)
     with translate_errors(dsn, table), psycopg.connect(dsn, **connect_kwargs()) as conn, conn.transaction():
         check_encoding(conn)
-        # Keyed on the table with its schema resolved: `outbox` and `public.outbox` are one table, and two
-        # migrations of it under the two spellings ran side by side (a duplicate key in pg_type).
-        conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtext(%s || coalesce(%s, current_schema(), '') || '.' || %s))",
-            [_LOCK_NAMESPACE, table.schema, table.name],
-        )
-        if table.schema:
+        given, table = table, _resolved(conn, table)
+        ids = named.identifiers(table)
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [_LOCK_NAMESPACE + str(table)])
+        # Only a schema the name gave: CREATE SCHEMA asks for CREATE on the database even when it exists.
+        if given.schema and table.schema:
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(table.schema)))
         conn.execute(
             sql.SQL(
@@ -53,7 +51,7 @@ def migrate(dsn: str, table: TableName, *, notify: bool | None = None, layout: T
         done = {row[0] for row in conn.execute(sql.SQL("SELECT version FROM {version_table}").format(**ids))}
         applied = []
         if not layout.debezium and any(version >= DEBEZIUM_FIRST_STEP for version in done):
-            raise SchemaError(f"table {table} has Debezium's layout: pass --table-layout debezium")
+            raise SchemaError(f"table {given} has Debezium's layout: pass --table-layout debezium")
         if layout.debezium:
             from relay.store import debezium
 
@@ -77,6 +75,21 @@ def migrate(dsn: str, table: TableName, *, notify: bool | None = None, layout: T
             switch = sql.SQL("ENABLE") if notify else sql.SQL("DISABLE")
             conn.execute(sql.SQL("ALTER TABLE {table} {} TRIGGER {notify_trigger}").format(switch, **ids))
     return applied
+
+
+def _resolved(conn: psycopg.Connection[Any], table: TableName) -> TableName:
+    """``table`` with its schema: the one search_path finds it in, or, when there is no such table
+    yet, the one it is created in. Another schema earlier on search_path would otherwise get a
+    second table that shadows the first, and two tables of one name in two schemas one channel."""
+    if table.schema:
+        return table
+    row = conn.execute(
+        "SELECT coalesce((SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        " WHERE c.oid = to_regclass(%s)), current_schema())",
+        [f'"{table.name}"'],
+    ).fetchone()
+    # No schema on search_path exists: CREATE TABLE will say so.
+    return TableName(str(row[0]), table.name) if row and row[0] is not None else table
 
 
 def schema_version(dsn: str, table: TableName) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import psycopg
 import pytest
@@ -36,16 +36,13 @@ def roles(pg_admin_url: str, empty_database: str) -> Iterator[tuple[str, str]]:
             conn.execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
-def _on_search_path(url: str, schema: str) -> None:
-    """Create ``schema`` and make it the database's search_path, for the sessions opened from now on."""
+def _on_search_path(url: str, schema: str, *, then: Sequence[str] = ()) -> None:
+    """Create ``schema`` and make it (and ``then``) the database's search_path, for the sessions opened from now on."""
+    path = psycopg.sql.SQL(", ").join(map(psycopg.sql.Identifier, (schema, *then)))
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(psycopg.sql.Identifier(schema)))
-        database = conn.info.dbname
-        conn.execute(
-            psycopg.sql.SQL("ALTER DATABASE {} SET search_path = {}").format(
-                psycopg.sql.Identifier(database), psycopg.sql.Identifier(schema)
-            )
-        )
+        database = psycopg.sql.Identifier(conn.info.dbname)
+        conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET search_path = {}").format(database, path))
 
 
 @pytest.mark.parametrize("schema", SCHEMAS)
@@ -100,3 +97,53 @@ def test_a_relay_hears_the_notify_of_its_table_however_it_is_spelled(
             await store.close()
 
     assert asyncio.run(woken())
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_migrate_again_with_another_schema_first_on_search_path_upgrades_the_table_it_finds(
+    empty_database: str, schema: str
+) -> None:
+    migrate(empty_database, TableName.parse("outbox"))
+    _on_search_path(empty_database, schema, then=["public"])
+
+    assert migrate(empty_database, TableName.parse("outbox")) == []
+    with psycopg.connect(empty_database) as conn:
+        shadows = conn.execute(
+            "SELECT c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE n.nspname = %s",
+            [schema],
+        ).fetchall()
+    assert shadows == []
+
+
+#: (a table, the search_path another is migrated under, that other's name): never one channel for the two.
+#: Tables in public are migrated by their bare name.
+TWO_TABLES = [
+    ("s" * 55 + ".outbox_a", None, "s" * 55 + ".outbox_b"),
+    ("public.outbox", "app", "outbox"),
+    ("public.Outbox", "App", "Outbox"),
+    ("public.outbox", "é" * 30, "outbox"),
+    ("public." + "t" * 45, "u" * 30, "t" * 45),
+]
+
+
+@pytest.mark.parametrize(("first", "schema", "second"), TWO_TABLES)
+def test_two_tables_never_share_a_notify_channel(
+    empty_database: str, first: str, schema: str | None, second: str
+) -> None:
+    migrate(empty_database, TableName.parse(first.removeprefix("public.")))  # found through search_path
+    if schema is not None:
+        _on_search_path(empty_database, schema)
+    migrate(empty_database, TableName.parse(second))
+
+    async def woken(by: str) -> bool:
+        store = PostgresStore(empty_database, TableName.parse(first), owner="t", lease_seconds=30)
+        await store.open()
+        try:
+            with psycopg.connect(empty_database) as conn:
+                producers.publish(conn, "t", {"n": 1}, table=by)
+            return await store.wait(1.0)
+        finally:
+            await store.close()
+
+    assert not asyncio.run(woken(by=second))
+    assert asyncio.run(woken(by=first))
