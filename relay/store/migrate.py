@@ -71,10 +71,43 @@ def migrate(dsn: str, table: TableName, *, notify: bool | None = None, layout: T
                 step.name,
                 extra={"action": "migrate", "table": str(table)},
             )
+        _check_names(conn, table, given, layout)
         if notify is not None:
             switch = sql.SQL("ENABLE") if notify else sql.SQL("DISABLE")
             conn.execute(sql.SQL("ALTER TABLE {table} {} TRIGGER {notify_trigger}").format(switch, **ids))
     return applied
+
+
+#: The relations migrate names after the table with IF NOT EXISTS (so that one built by hand first, CONCURRENTLY,
+#: is kept): suffix, and the kind the name must be of the table's: an index on it, or a sequence.
+_KEPT_IF_THERE = {"claim_idx": "i", "key_idx": "i", "failed_idx": "i"}
+_KEPT_IF_THERE_DEBEZIUM = {**_KEPT_IF_THERE, "relay_seq_idx": "i", "relay_seq": "S"}
+
+
+def _check_names(conn: psycopg.Connection[Any], table: TableName, given: TableName, layout: TableLayout) -> None:
+    """``SchemaError`` if a name migrate gives one of the table's indexes (or sequence) is another relation's.
+
+    CREATE ... IF NOT EXISTS skips a name any relation of the schema holds: another table's
+    (``outbox_failed_idx``, say, beside ``outbox``) would leave this one without its index.
+    """
+
+    def quoted(name: str) -> str:
+        return ".".join('"' + part.replace('"', '""') + '"' for part in (*table.parts[:-1], name))
+
+    for suffix, kind in (_KEPT_IF_THERE_DEBEZIUM if layout.debezium else _KEPT_IF_THERE).items():
+        name = table.derived(suffix)
+        row = conn.execute(
+            "SELECT c.relkind::text, coalesce(i.indrelid = %s::regclass, d.refobjid = %s::regclass, false)"
+            " FROM pg_class AS c LEFT JOIN pg_index AS i ON i.indexrelid = c.oid"
+            " LEFT JOIN pg_depend AS d ON d.objid = c.oid AND d.classid = 'pg_class'::regclass AND d.deptype = 'a'"
+            " WHERE c.oid = to_regclass(%s)",
+            [quoted(table.name), quoted(table.name), quoted(name)],
+        ).fetchone()
+        if row is not None and not (row[0] == kind and row[1]):
+            raise SchemaError(
+                f"table {given}: the name {name}, which migrate gives its {suffix.replace('_', ' ')}, "
+                "is another relation's: rename that one or choose another --table"
+            )
 
 
 def _resolved(conn: psycopg.Connection[Any], table: TableName) -> TableName:

@@ -7,6 +7,7 @@ unqualified name is the table search_path leads to, whichever schema that is.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 
@@ -14,7 +15,8 @@ import psycopg
 import pytest
 
 import producers
-from relay.config import TableName
+from relay.config import TableLayout, TableName
+from relay.errors import RelayError
 from relay.store.migrate import create_roles, migrate
 from relay.store.postgres import PostgresStore
 
@@ -147,3 +149,31 @@ def test_two_tables_never_share_a_notify_channel(
 
     assert not asyncio.run(woken(by=second))
     assert asyncio.run(woken(by=first))
+
+
+#: (layout, suffix): the relations migrate names after the table, each kept by CREATE ... IF NOT EXISTS if there.
+TAKEN_NAMES = [
+    *(("native", suffix) for suffix in ("claim_idx", "key_idx", "failed_idx")),
+    *(("debezium", suffix) for suffix in ("claim_idx", "key_idx", "failed_idx", "relay_seq_idx", "relay_seq")),
+]
+
+
+@pytest.mark.parametrize(("layout", "suffix"), TAKEN_NAMES)
+@pytest.mark.parametrize("name", ["vv", "order", "App.Vv"])
+def test_migrate_refuses_a_table_whose_index_name_another_relation_holds(
+    empty_database: str, layout: str, suffix: str, name: str
+) -> None:
+    table = TableName.parse(name)
+    taken = table.derived(suffix)
+    with psycopg.connect(empty_database, autocommit=True) as conn:
+        if table.schema:
+            conn.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(psycopg.sql.Identifier(table.schema)))
+        taken_id = psycopg.sql.Identifier(*table.parts[:-1], taken)
+        conn.execute(psycopg.sql.SQL("CREATE TABLE {} (x int)").format(taken_id))
+
+    with pytest.raises(RelayError, match=re.escape(taken)) as refused:
+        migrate(empty_database, table, layout=TableLayout.parse(layout))
+    assert "\n" not in str(refused.value)
+    with psycopg.connect(empty_database) as conn:
+        quoted = psycopg.sql.Identifier(*table.parts).as_string(conn)
+        assert conn.execute("SELECT to_regclass(%s)", [quoted]).fetchone() == (None,)
