@@ -15,8 +15,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 from uuid import UUID
 
@@ -32,7 +32,7 @@ from relay.metrics import Metrics
 from relay.outcomes import Verdict, judge
 from relay.settling import renewed, settle_within_lease
 from relay.sinks.base import Sink
-from relay.store.base import Claim, Store
+from relay.store.base import Claim, Started, Store
 from relay.tracing import batch_span
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,24 @@ BEAT_SECONDS = 1.0
 #: a connect by its timeout (10 s). A batch's publish and settles end within its lease,
 #: so a batch still in hand this long after its lease ended is wedged too.
 CALL_ALLOWANCE_SECONDS = 60.0
+
+
+@dataclass(slots=True)
+class _Ahead:
+    """A claim started while the last one's events were built: when it was sent, what it asked
+    for, and when the database answered it."""
+
+    sent_at: float
+    count: int
+    max_bytes: int
+    task: asyncio.Task[Started] = field(init=False)
+    answered_at: float | None = None
+
+    async def answer(self, claiming: Awaitable[Started]) -> Started:
+        try:
+            return await claiming
+        finally:
+            self.answered_at = time.monotonic()
 
 
 class Relay:
@@ -93,6 +111,8 @@ class Relay:
         self.heartbeat = time.monotonic()
         # The end of a wait on purpose (a backoff, a bounded call) the loop is in.
         self._away_until = 0.0
+        # The claim started while the last one's events were built.
+        self._ahead: _Ahead | None = None
 
     def alive(self) -> bool:
         """True unless the loop is wedged: it went round within a lease, or waits on purpose.
@@ -115,6 +135,10 @@ class Relay:
                     # A delivery task that died of a bug stops the relay loudly.
                     raise self._crash
                 self.heartbeat = time.monotonic()
+                if self._ahead is not None and (self._sink_down or self._timeouts.failures):
+                    # Claimed before the broker went away or timed out: it goes back, so that the
+                    # copies a stalled broker gets stay bounded by the shrunk batches (docs/delivery.md).
+                    await self._give_back_ahead()
                 if len(self._inflight) >= self._pipeline_depth():
                     await self._wait_for_delivery()
                     continue
@@ -137,6 +161,7 @@ class Relay:
         finally:
             gauges.cancel()
             await asyncio.gather(gauges, return_exceptions=True)
+            await self._give_back_ahead()
             await self._drain()
 
     async def _refresh_gauges(self, stop: asyncio.Event) -> None:
@@ -201,16 +226,33 @@ class Relay:
         # flight must count against the lease.
         claimed_at = time.monotonic()
         self._away(CALL_ALLOWANCE_SECONDS)
+        started: Started | None = None
+        # When the database answered: a claim started ahead may have waited since, and its time
+        # (the metric, the batch limits) is the database's and the decoding's, not the wait.
+        answered_at: float | None = None
         try:
-            await self._reap_now_and_then(claimed_at)
-            claimed_at = time.monotonic()
-            chain = self._chain(claimed_at) if self.sink.chains_keys else []
-            claim = await self.store.claim(
-                count, max_attempts=self.settings.max_attempts, max_bytes=max_bytes, chain=chain
-            )
+            if (ahead := self._ahead) is not None:
+                self._ahead = None
+                claimed_at, count, max_bytes = ahead.sent_at, ahead.count, ahead.max_bytes
+                try:
+                    started = await ahead.task
+                finally:
+                    answered_at = ahead.answered_at
+            else:
+                await self._reap_now_and_then(claimed_at)
+                claimed_at = time.monotonic()
+                started = await self.store.start_claim(
+                    count, max_attempts=self.settings.max_attempts, max_bytes=max_bytes, chain=self._chain(claimed_at)
+                )
+            answered_at = answered_at or time.monotonic()
+            if started.rows >= count and self._may_claim_ahead(stop):
+                await self._claim_ahead(started)
+            building = time.monotonic()
+            claim = await started.events()
+            answered_at += time.monotonic() - building  # and the time the events took to build
         except ClaimTimeout as exc:
             smallest = self._limits.smallest
-            self._limits.claim_timed_out(time.monotonic() - claimed_at)
+            self._limits.claim_timed_out((answered_at or time.monotonic()) - claimed_at)
             logger.warning(
                 "claim timed out, next claims take at most %d events and %d bytes: %s",
                 self._limits.count,
@@ -222,10 +264,14 @@ class Relay:
                 await self._sleep(stop, self._store_outage.next_delay())
             return None
         except StoreUnavailable as exc:
+            if started is not None:
+                # Leased, but its events could not be built: a claim started ahead may go on from its
+                # keys, and must not send their next events while these wait out their lease.
+                self.holds.hold(started.tails().events)
             logger.warning("database unavailable: %s", exc, extra={"action": "store_retry"})
             await self._sleep(stop, self._store_outage.next_delay())
             return None
-        took = time.monotonic() - claimed_at
+        took = answered_at - claimed_at
         self._limits.claimed(took)
         self._store_outage.reset()
         self.metrics.claims.inc()
@@ -250,14 +296,60 @@ class Relay:
         full = len(claim.events) >= count or payload_bytes >= max_bytes
         return len(claim.events), full
 
-    def _chain(self, now: float) -> list[Claim]:
-        """The batches in hand a claim may go on from: those that may still be published,
-        without the events of keys on hold (their next runs would only come back held)."""
+    def _chain(self, now: float, *, more: Sequence[Claim] = ()) -> list[Claim]:
+        """The batches in hand a claim may go on from: those that may still be published, and ``more``,
+        without the events of keys on hold (their next runs would only come back held). None on a sink
+        that does not keep a key's order across batches."""
+        if not self.sink.chains_keys:
+            return []
         chain = [claim for claim, at in self._flying.values() if now - at < self._latest_publish_start]
+        chain.extend(more)
         held = self.holds.snapshot()
         if held:
             chain = [replace(claim, events=[e for e in claim.events if e.key not in held]) for claim in chain]
         return chain
+
+    def _may_claim_ahead(self, stop: asyncio.Event) -> bool:
+        """Whether to start the next claim before this one's events are built: while claims come back
+        full and nothing else (stopping, a backoff, a broker down, timeouts, the reaper) is due."""
+        now = time.monotonic()
+        return not (
+            stop.is_set()
+            or self._sink_down
+            or self._timeouts.failures
+            or self._crash is not None
+            or now < self._resume_claims_at
+            or now >= self._next_reap
+        )
+
+    async def _claim_ahead(self, started: Started) -> None:
+        """Start the next claim, going on from ``started``'s keys, and let it reach the database before
+        ``started``'s events are built: the database works on it meanwhile."""
+        ahead = _Ahead(time.monotonic(), self._limits.count, self._limits.max_bytes)
+        claiming = self.store.start_claim(
+            ahead.count,
+            max_attempts=self.settings.max_attempts,
+            max_bytes=ahead.max_bytes,
+            chain=self._chain(ahead.sent_at, more=[started.tails()]),
+        )
+        ahead.task = asyncio.create_task(ahead.answer(claiming), name="claim-ahead")
+        self._ahead = ahead
+        await asyncio.sleep(0)  # the task sends its statement, then waits for the answer
+
+    async def _give_back_ahead(self) -> None:
+        """The claim started ahead, if any, goes back unpublished (cancelled, on the way out of a crash)."""
+        if self._ahead is None:
+            return
+        task, self._ahead = self._ahead.task, None
+        if not task.done() and self._crash is not None:
+            task.cancel()
+        try:
+            claim = await (await task).events()
+            self.holds.hold(claim.events)
+            await self.store.release(claim, [e.id for e in claim.events])
+        except (asyncio.CancelledError, Exception) as exc:  # noqa: BLE001 - on the way out, whatever stopped the loop
+            # Its leases end on their own; the attempt counts, as for a relay that died.
+            logger.info("a claim started ahead was not given back: %r", exc, extra={"action": "claim_ahead_lost"})
 
     async def _reap_now_and_then(self, now: float) -> None:
         if now < self._next_reap:

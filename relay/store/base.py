@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
@@ -196,6 +196,75 @@ class Skipped(enum.Enum):
     IN_FLIGHT = "in_flight"
 
 
+class Started(Protocol):
+    """A claim the database has answered, whose events may not be built yet (see :meth:`Store.start_claim`)."""
+
+    @property
+    def token(self) -> UUID:
+        """The claim's token."""
+
+    @property
+    def rows(self) -> int:
+        """How many events it leased."""
+
+    def tails(self) -> Claim:
+        """What a next claim may go on from, as a ``chain`` entry: for each key, its last event here and,
+        if it has more, one other (:func:`chained_keys` counts them). Only ``id``, ``topic`` and ``key``
+        of these events are real."""
+
+    async def events(self) -> Claim:
+        """The claim, its events built."""
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """A claim whose events were built with it: :meth:`Store.start_claim` of a store with nothing to gain."""
+
+    claim: Claim
+
+    @property
+    def token(self) -> UUID:
+        return self.claim.token
+
+    @property
+    def rows(self) -> int:
+        return len(self.claim.events)
+
+    def tails(self) -> Claim:
+        return self.claim
+
+    async def events(self) -> Claim:
+        return self.claim
+
+
+def tails_of(token: UUID, rows: Iterable[tuple[int, Any, Any]], *, decode: bool = False) -> Claim:
+    """:meth:`Started.tails` from a claim's ``(id, topic, key)`` rows, in any order (with ``decode``,
+    topics and keys as UTF-8 bytes, decoded only for the events kept)."""
+    last: dict[str, tuple[int, str]] = {}
+    other: dict[str, tuple[int, str]] = {}
+    for event_id, topic, key in rows:
+        if key is None:
+            continue
+        held = last.get(key)
+        if held is None or event_id > held[0]:
+            if held is not None:
+                other[key] = held
+            last[key] = (event_id, topic)
+        else:
+            other[key] = (event_id, topic)
+    text = (lambda value: bytes(value).decode()) if decode else (lambda value: value)
+    events = [
+        Event(id=event_id, topic=text(topic), key=text(key), payload=b"", headers={}, idempotency_key="",
+              attempts=0, created_at=_NO_TIME)
+        for found in (other, last)
+        for key, (event_id, topic) in found.items()
+    ]  # fmt: skip
+    return Claim(token=token, events=events)
+
+
+_NO_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 class Store(Protocol):
     """The relay's view of the outbox table."""
 
@@ -222,6 +291,12 @@ class Store(Protocol):
         The events come highest priority first, except that each key's come in
         id order (see :func:`in_key_order`).
         """
+
+    async def start_claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
+    ) -> Started:
+        """:meth:`claim`, returning once the database has leased the events, before they are built:
+        a next claim may start, going on from :meth:`Started.tails`, while they are."""
 
     async def settle(
         self, claim: Claim, *, sent: Sequence[int], retry: Sequence[Retry], dead: Sequence[Dead]

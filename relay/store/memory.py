@@ -17,6 +17,7 @@ from uuid import UUID, uuid4
 from relay.errors import StoreUnavailable
 from relay.events import Event
 from relay.store.base import (
+    Built,
     Claim,
     Dead,
     DeadEvent,
@@ -25,6 +26,7 @@ from relay.store.base import (
     Retry,
     Settlement,
     Skipped,
+    Started,
     Status,
     chained_keys,
     in_key_order,
@@ -196,6 +198,12 @@ class MemoryStore:
             if row.key is None:
                 chosen[row.id] = False
         return chosen
+
+    async def start_claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
+    ) -> Started:
+        """:meth:`claim`, its events built at once."""
+        return Built(await self.claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain))
 
     async def claim(
         self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()

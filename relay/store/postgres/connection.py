@@ -360,6 +360,23 @@ class Database:
                 await cur.execute(self.queries[name], params)
                 return await cur.fetchall() if cur.description else []
 
+    async def execute(
+        self, name: str, params: Mapping[str, Any], row_factory: AsyncRowFactory[R], *, lane: Lane = "main"
+    ) -> psycopg.AsyncCursor[R]:
+        """Run query ``name`` and return its cursor, rows not yet made: the lane is free for the
+        next query meanwhile (:meth:`rows` makes them)."""
+        async with self.deadline():
+            conn = await self._connection(lane)
+            with self.errors(conn):
+                cur = conn.cursor(row_factory=row_factory)
+                await cur.execute(self.queries[name], params)
+                return cur
+
+    async def rows(self, cursor: psycopg.AsyncCursor[R]) -> list[R]:
+        """The rows of a cursor from :meth:`execute`."""
+        with self.errors():
+            return await cursor.fetchall() if cursor.description else []
+
     async def run(self, name: str, params: Mapping[str, Any], *, lane: Lane = "main") -> int:
         """Run statement ``name``; return the rows it affected."""
         async with self.deadline():

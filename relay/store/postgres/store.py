@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import psycopg
 from psycopg.rows import RowMaker
@@ -17,11 +17,21 @@ from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName
 from relay.errors import ClaimTimeout, SchemaError, StoreUnavailable
 from relay.events import Event
 from relay.store import debezium
-from relay.store.base import Claim, Dead, Retry, Settlement, Status, chained_keys, in_key_order
+from relay.store.base import (
+    Claim,
+    Dead,
+    Retry,
+    Settlement,
+    Started,
+    Status,
+    chained_keys,
+    in_key_order,
+    tails_of,
+)
 from relay.store.floor import FULL_SCAN_AFTER, FULL_SCAN_INTERVAL_SECONDS, ClaimFloor
 from relay.store.postgres import monitoring
 from relay.store.postgres.admin import PostgresAdmin
-from relay.store.postgres.connection import column_of, id_array
+from relay.store.postgres.connection import Database, column_of, id_array
 
 #: ``max_bytes`` when the caller sets no bound: more than any batch can hold.
 UNBOUNDED_BYTES = 2**62
@@ -168,6 +178,14 @@ class PostgresStore(PostgresAdmin):
     ) -> Claim:
         """Lease up to ``limit`` due events (runs of each key's, at least one, their payloads up to
         ``max_bytes``), by priority then id, each key's in id order; see :meth:`Store.claim`."""
+        started = await self.start_claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
+        return await started.events()
+
+    async def start_claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
+    ) -> Started:
+        """:meth:`claim`, returning once the rows are in, before the events are built (decoding a claim of
+        thousands of rows takes tens of milliseconds of this process, during which the next claim can run)."""
         token = uuid4()
         after = self._floor.next_after()
         params = {
@@ -188,22 +206,21 @@ class PostgresStore(PostgresAdmin):
             params["priorities"] = priorities
         started = time.perf_counter()
         try:
-            rows = await self._db.fetch("claim" if priorities is None else "claim_hinted", params, self._rows)
+            cursor = await self._db.execute("claim" if priorities is None else "claim_hinted", params, self._rows)
         except StoreUnavailable as exc:
             if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):  # the statement timeout
                 raise ClaimTimeout(f"claiming up to {limit} events: {exc}") from exc
             raise
+        leased = _Leased(token, cursor, self._db)
         self._floor.claimed(
             token,
-            [r.id for r in rows],
+            leased.ids,
             after=after,
             took=time.perf_counter() - started,
-            xids=(rows[0].snapshot_xmin, rows[0].xact_id) if rows else None,
-            priorities={r.priority for r in rows},
+            xids=leased.xids,
+            priorities=leased.priorities,
         )
-        # By priority, highest first, then by id (each row starts with (-priority, id)); each key's in id order.
-        rows = in_key_order(rows, lambda row: row[:2], event=lambda row: row.event)
-        return Claim(token=token, events=[r.event for r in rows], reaped=sum(1 for r in rows if r.reaped))
+        return leased
 
     async def settle(
         self, claim: Claim, *, sent: Sequence[int], retry: Sequence[Retry], dead: Sequence[Dead]
@@ -284,6 +301,47 @@ class PostgresStore(PostgresAdmin):
     async def check(self) -> None:
         """Raise ``StoreUnavailable`` unless the database answers, has the table and takes writes."""
         await self._db.run("check_writable", {})  # read-only: StoreReadOnly, hung up as after a claim
+
+
+class _Leased:
+    """A claim's rows as they came: what the floor and the next claim need, read from the raw result
+    (a few columns of each row); the events are built when asked for."""
+
+    def __init__(self, token: UUID, cursor: psycopg.AsyncCursor[Claimed], db: Database) -> None:
+        self.token = token
+        self._cursor = cursor
+        self._db = db
+        result = cursor.pgresult
+        self.rows = result.ntuples if result is not None else 0
+        self.ids: list[int] = []
+        self.priorities: set[int] = set()
+        self.xids: tuple[int, int] | None = None
+        self._keyed: list[tuple[int, Any, Any]] = []
+        if result is None or not self.rows:
+            return
+        index = {column.name: i for i, column in enumerate(cursor.description or ())}
+        value = result.get_value
+        i_id, i_topic, i_key, i_prio = index["id"], index["topic"], index["key"], index["priority"]
+        # As they came: int() reads the digits' bytes; text is decoded only for the tails.
+        ids, priorities, keyed = self.ids, set(), []
+        for row in range(self.rows):
+            event_id = int(value(row, i_id) or 0)
+            ids.append(event_id)
+            priorities.add(value(row, i_prio))
+            if (key := value(row, i_key)) is not None:
+                keyed.append((event_id, value(row, i_topic), key))
+        self.priorities = {int(p or 0) for p in priorities}
+        self._keyed = keyed
+        self.xids = (int(value(0, index["snapshot_xmin"]) or 0), int(value(0, index["xact_id"]) or 0))
+
+    def tails(self) -> Claim:
+        return tails_of(self.token, self._keyed, decode=True)
+
+    async def events(self) -> Claim:
+        rows = await self._db.rows(self._cursor)
+        # By priority, highest first, then by id (each row starts with (-priority, id)); each key's in id order.
+        rows = in_key_order(rows, lambda row: row[:2], event=lambda row: row.event)
+        return Claim(token=self.token, events=[r.event for r in rows], reaped=sum(1 for r in rows if r.reaped))
 
 
 def _tails(chain: Sequence[Claim]) -> dict[str, Any]:

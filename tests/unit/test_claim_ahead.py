@@ -1,0 +1,138 @@
+"""The claim started ahead: the next claim reaches the store before this one's events are built,
+goes on from this one's keys, and goes back unpublished when the loop stops (no I/O)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+from uuid import uuid4
+
+from relay.events import Event, Outcome
+from relay.holds import KeyHolds
+from relay.loop import Relay
+from relay.sinks.memory import MemorySink
+from relay.store.base import Claim, Started, chained_keys, tails_of
+from relay.store.memory import MemoryStore
+from tests.unit.test_loop import FAST, run_until
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Lazy:
+    """A started claim whose events are built only when asked for, and says when."""
+
+    def __init__(self, store: RecordingStore, claim: Claim) -> None:
+        self.store = store
+        self.claim = claim
+        self.token = claim.token
+        self.rows = len(claim.events)
+
+    def tails(self) -> Claim:
+        return tails_of(self.token, [(e.id, e.topic, e.key) for e in self.claim.events])
+
+    async def events(self) -> Claim:
+        self.store.log.append(("built", self.token))
+        return self.claim
+
+
+class RecordingStore(MemoryStore):
+    """Logs each claim started (with the tokens it chains on) and each one built."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, Any]] = []
+
+    async def start_claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
+    ) -> Started:
+        claim = await self.claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
+        self.log.append(("started", (claim.token, {c.token for c in chain}, len(claim.events))))
+        return Lazy(self, claim)
+
+
+class OrderedSink(MemorySink):
+    """Chains keys across batches, as Kafka and RabbitMQ do; slow enough for claims to overlap."""
+
+    chains_keys = True
+
+    async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
+        await asyncio.sleep(0.002)
+        return await super().publish(events, holds)
+
+
+def test_the_next_claim_starts_before_this_ones_events_are_built_and_goes_on_from_its_keys() -> None:
+    store, sink = RecordingStore(), OrderedSink()
+    for i in range(200):
+        store.insert("t", {"i": i}, key=f"k{i % 3}")
+    settings = replace(FAST, batch_size=10)
+    asyncio.run(run_until(Relay(store, sink, settings), lambda: len(sink.delivered) == 200, timeout=20))
+    sizes = {entry[0]: entry[2] for kind, entry in store.log if kind == "started"}
+    full = 0
+    for index, (kind, token) in enumerate(store.log):
+        if kind != "built" or sizes[token] < settings.batch_size:
+            continue  # a claim that was not full has nothing claimed ahead of it
+        # Just before a full claim's events were built, the next claim started, chaining on it.
+        previous_kind, previous = store.log[index - 1]
+        assert previous_kind == "started" and token in previous[1], store.log[max(0, index - 3) : index + 1]
+        full += 1
+    assert full >= 15, store.log
+    # Every key's events arrived in order, each once.
+    for key in ("k0", "k1", "k2"):
+        got = [json.loads(e.payload)["i"] for e in sink.delivered if e.key == key]
+        assert got == sorted(got), key
+    assert sorted(json.loads(e.payload)["i"] for e in sink.delivered) == list(range(200))
+
+
+def test_tails_stand_for_the_claim_in_a_chain() -> None:
+    token = uuid4()
+    rows = [(5, "a", "k1"), (3, "a", "k1"), (9, "b", "k1"), (4, "a", "k2"), (6, "a", None), (7, "c", "k3")]
+    events = [
+        Event(id=i, topic=t, key=k, payload=b"{}", headers={}, idempotency_key=str(i), attempts=1, created_at=NOW)
+        for i, t, k in rows
+    ]
+    full, tails = Claim(token=token, events=events), tails_of(token, rows)
+    assert tails.token == token
+    assert len(tails.events) == 4  # k1's last and one other, k2's and k3's only event
+    other = Claim(token=uuid4(), events=[replace(events[3], id=8), replace(events[5], id=1)])  # k2 and k3 again
+    # Alone and beside another batch in flight, the tails give what the whole claim gives.
+    for chain in ([full], [full, other], [other, full]):
+        tailed = [tails if claim is full else claim for claim in chain]
+        expected = {key: (e.id, e.topic) for key, e in chained_keys(chain).items()}
+        assert {key: (e.id, e.topic) for key, e in chained_keys(tailed).items()} == expected
+    assert {key: e.id for key, e in chained_keys([full, other]).items()} == {"k1": 9, "k2": 8, "k3": 7}
+
+
+def test_a_claim_started_ahead_goes_back_unpublished_when_the_loop_stops() -> None:
+    store = RecordingStore()
+
+    class SlowSink(OrderedSink):
+        async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
+            await asyncio.sleep(0.05)
+            return await super().publish(events, holds)
+
+    sink = SlowSink()
+    for i in range(500):
+        store.insert("t", {"i": i}, key=f"k{i % 5}")
+    relay = Relay(store, sink, replace(FAST, batch_size=10))
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(relay.run(stop))
+        while len(sink.delivered) < 30:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.03)  # the pipeline is full: the loop waits, a claim ahead in hand
+        assert relay._ahead is not None
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    assert relay._ahead is None
+    # Nothing is left leased, and nothing unsent spent an attempt.
+    left = list(store.rows.values())
+    assert left and all(r.claim_token is None for r in left)
+    assert all(r.attempts == 0 for r in left), sorted({r.attempts for r in left})
+    assert len(sink.delivered) + len(left) == 500
