@@ -392,7 +392,7 @@ def test_the_big_payload_spread_is_smaller_incompressible_and_has_its_own_baseli
     assert "blob" not in keys.SPREADS["k1000"].document(7)
 
 
-KEYS = {
+KEYS: dict[str, Any] = {
     "date": "2024-01-01 00:00 UTC",
     "source": "abc1234",
     "events": 200_000,

@@ -12,6 +12,7 @@ import pytest
 
 from relay import app, cli
 from relay.cli import admin
+from tests.unit.cli_support import refused
 
 DATABASE = "postgresql://app@127.0.0.1:1/shop"
 RUN = ["run", "--database-url", DATABASE, "--sink", "kafka://127.0.0.1:9092"]
@@ -35,15 +36,6 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     monkeypatch.setattr(app, "serve", serve)
     monkeypatch.setattr(admin, "_on_admin", on_admin)
     return seen
-
-
-def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(argv)
-    assert exit_.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 @pytest.mark.parametrize("value", BAD)

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from relay import app, cli
+from relay import cli
+from tests.unit.cli_support import refused
 
 DATABASE = "postgresql://app@127.0.0.1:1/shop"
 COMMANDS = {
@@ -33,26 +34,6 @@ NUMBER_FLAGS = [
 ]  # fmt: skip
 #: 1000 written in ways int() and float() take and nothing else in the relay does.
 NOT_ASCII = ["1_000", "\u0661\u0660\u0660\u0660", "\uff11\uff10\uff10\uff10", "1\u0966\u0966\u0966", "1_0.5"]
-
-
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    configs: list[Any] = []
-
-    async def serve(run_config: Any) -> None:
-        configs.append(run_config)
-
-    monkeypatch.setattr(app, "serve", serve)
-    return configs
-
-
-def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(argv)
-    assert exit_.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 @pytest.mark.parametrize("value", NOT_ASCII)

@@ -7,22 +7,9 @@ from typing import Any
 
 import pytest
 
-from relay import app, cli, config
+from relay import cli, config
 
 RUN = ["run", "--database-url", "postgresql://app@127.0.0.1:5432/shop", "--sink", "kafka://127.0.0.1:9092"]
-
-
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    configs: list[Any] = []
-
-    async def serve(run_config: Any) -> None:
-        configs.append(run_config)
-
-    monkeypatch.setattr(app, "serve", serve)
-    for name in ("RELAY_BATCH_BYTES", "RELAY_BATCH_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    return configs
 
 
 @pytest.mark.parametrize(
