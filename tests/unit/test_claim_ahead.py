@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 from uuid import uuid4
 
@@ -17,6 +18,7 @@ from relay.loop import Relay
 from relay.sinks.memory import MemorySink
 from relay.store.base import Claim, Started, chained_keys, tails_of
 from relay.store.memory import MemoryStore
+from relay.store.postgres.store import _Leased
 from tests.unit.test_loop import FAST, run_until
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -136,3 +138,32 @@ def test_a_claim_started_ahead_goes_back_unpublished_when_the_loop_stops() -> No
     assert left and all(r.claim_token is None for r in left)
     assert all(r.attempts == 0 for r in left), sorted({r.attempts for r in left})
     assert len(sink.delivered) + len(left) == 500
+
+
+class RawResult:
+    """The few parts of a psycopg cursor and its PGresult that a started PostgreSQL claim reads."""
+
+    def __init__(self, columns: list[str], rows: list[list[bytes | None]]) -> None:
+        self.description = [SimpleNamespace(name=name) for name in columns]
+        self.pgresult = self
+        self.ntuples = len(rows)
+        self._rows = rows
+
+    def get_value(self, row: int, column: int) -> bytes | None:
+        return self._rows[row][column]
+
+
+def test_a_started_postgres_claim_reads_its_raw_rows_whatever_their_keys_topics_and_priorities() -> None:
+    columns = ["id", "topic", "key", "priority", "snapshot_xmin", "xact_id"]
+    rows: list[list[bytes | None]] = [
+        [b"-9223372036854775808", b"t", "clé-😀".encode(), b"-5", b"700", b"712"],
+        [b"7", None, "clé-😀".encode(), b"0", b"700", b"712"],  # a null topic: an old Debezium view
+        [b"3", b"t", None, b"2147483647", b"700", b"712"],
+        [b"9", "tópico".encode(), b"k", b"0", b"700", b"712"],
+        [b"12", "tópico".encode(), b"k", b"0", b"700", b"712"],
+    ]
+    leased = _Leased(uuid4(), RawResult(columns, rows), db=None)  # type: ignore[arg-type]
+    assert leased.rows == 5 and leased.ids == [-(2**63), 7, 3, 9, 12]
+    assert leased.priorities == {-5, 0, 2**31 - 1} and leased.xids == (700, 712)
+    tails = {key: (e.id, e.topic) for key, e in chained_keys([leased.tails()]).items()}
+    assert tails == {"clé-😀": (7, ""), "k": (12, "tópico")}
