@@ -5,9 +5,10 @@ acknowledgement: this runs the real CLI in its own process, as
 :class:`bench.relayproc.RelayProcess` does, with the loop's judging step
 wrapped to stamp each acknowledged event with ``time.monotonic()`` (one clock
 for every process on the machine, so the writers' commit stamps compare with
-it). The store's claim is wrapped too, stamping each event when its claim
-returns, which splits the latency into the database leg (commit to claimed)
-and the broker leg (claimed to acknowledged). The stamps go to the JSON file
+it). The store's claim is wrapped too, stamping each event when its claim's
+events are built (the loop starts a claim and builds its events apart), which
+splits the latency into the database leg (commit to claimed) and the broker
+leg (claimed to acknowledged). The stamps go to the JSON file
 named by ``BENCH_ACK_LOG`` when the relay stops. A benchmark harness only:
 nothing here ships in the relay.
 """
@@ -25,7 +26,7 @@ from relay import cli
 from relay.events import Event, Outcome
 from relay.loop import Relay
 from relay.store.base import Claim
-from relay.store.postgres import PostgresStore
+from relay.store.postgres.store import _Leased
 
 ACK_LOG_ENV = "BENCH_ACK_LOG"
 
@@ -35,7 +36,7 @@ def main() -> int:
     acked: dict[str, float] = {}
     claimed: dict[str, float] = {}
     judge = Relay._judge
-    claim = PostgresStore.claim
+    build = _Leased.events
 
     def stamping(self: Relay, events: Sequence[Event], outcomes: Sequence[Outcome]) -> object:
         now = time.monotonic()
@@ -44,17 +45,15 @@ def main() -> int:
                 acked.setdefault(event.idempotency_key, now)
         return judge(self, events, outcomes)
 
-    async def stamped_claim(
-        self: PostgresStore, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
-    ) -> Claim:
-        result = await claim(self, limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
+    async def stamped_events(self: _Leased) -> Claim:
+        result = await build(self)
         now = time.monotonic()
         for event in result.events:
             claimed.setdefault(event.idempotency_key, now)
         return result
 
     Relay._judge = stamping  # type: ignore[method-assign,assignment]
-    PostgresStore.claim = stamped_claim  # type: ignore[method-assign]
+    _Leased.events = stamped_events  # type: ignore[method-assign]
     try:
         return cli.main(sys.argv[1:])
     finally:

@@ -32,7 +32,7 @@ def category(thread: str, functions: list[str]) -> str:
         if any("set_result" in f or "call_soon_threadsafe" in f for f in functions):
             return "kafka: waking the event loop (produce thread)"
         return "kafka: produce() calls (produce thread)"
-    if "PostgresStore.claim" in names:
+    if names & {"PostgresStore.claim", "PostgresStore.start_claim", "_Leased.events", "_Leased.__init__"}:
         if "AsyncCursor.fetchall" in names:
             return "claim: row decoding (psycopg fetchall, jsonb json.loads)"
         if "PostgresStore._fetch" in names:
