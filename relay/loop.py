@@ -50,6 +50,13 @@ BEAT_SECONDS = 1.0
 CALL_ALLOWANCE_SECONDS = 60.0
 
 
+def _capped_bytes(event: Event) -> int:
+    """About what the byte cap counts of ``event``: its payload, and its headers' names and values."""
+    if not event.headers:
+        return len(event.payload)
+    return len(event.payload) + sum(len(name) + len(value) for name, value in event.headers.items())
+
+
 @dataclass(slots=True)
 class _Ahead:
     """A claim started while the last one's events were built: when it was sent, what it asked
@@ -286,7 +293,7 @@ class Relay:
             self.metrics.reaped.inc(claim.reaped)
             logger.warning("took over %d expired leases", claim.reaped, extra={"action": "reap"})
         self.metrics.batch_size.observe(len(claim.events))
-        payload_bytes = sum(len(e.payload) for e in claim.events)
+        payload_bytes = sum(map(_capped_bytes, claim.events))
         self._limits.took(len(claim.events), payload_bytes)
         mark_chained(claim.events, [other.events for other, _ in self._flying.values()])
         self._flying[claim.token] = (claim, claimed_at)

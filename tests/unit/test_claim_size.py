@@ -184,3 +184,14 @@ def test_claims_of_large_payloads_ask_for_about_what_the_byte_cap_lets_in() -> N
     assert store.asked[0] == (4, 4), store.asked
     assert max(asked for asked, _ in store.asked) == 16
     assert len(sink.delivered) == 140
+
+
+def test_claims_of_large_headers_ask_for_about_what_the_byte_cap_lets_in() -> None:
+    store, sink = CountingStore(), MemorySink()
+    for _ in range(40):
+        store.insert("t", {}, headers={"trace": "x" * 10_000})
+    settings = replace(FAST_CLAIMS, batch_size=16, batch_bytes=25_000)
+    asyncio.run(run_until(Relay(store, sink, settings), lambda: not store.rows, timeout=20))
+    # Small payloads, 10 kB of headers each: the headers fill the cap, and the count follows them too.
+    assert store.asked[0][0] == 16 and {asked for asked, _ in store.asked[1:]} == {4}, store.asked
+    assert len(sink.delivered) == 40
