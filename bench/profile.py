@@ -267,7 +267,9 @@ def _explain(url: str) -> dict[str, Any]:
             }
 
         claim = {"after": 0, "limit": 1000, "max_bytes": 16 * 2**20, "max_attempts": 10, "token": token,
-                 "owner": "bench", "lease_seconds": 60.0}  # fmt: skip
+                 "owner": "bench", "lease_seconds": 60.0,
+                 # No batches in flight to go on from: the claim's chain parameters, empty.
+                 "mine": [], "tail_keys": [], "tail_ids": [], "tail_topics": []}  # fmt: skip
         explain("claim UPDATE (1,000 rows)", queries["claim"], claim)
         ids = [row[0] for row in conn.execute("SELECT id FROM outbox WHERE claim_token = %s", [token])]
         explain("settle DELETE (ack_delete, 1,000 ids)", queries["ack_delete"], {"ids": ids, "token": token})
