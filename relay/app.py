@@ -27,7 +27,7 @@ from relay.health import HealthServer
 from relay.loop import Relay
 from relay.retention import purge_forever
 from relay.signals import stop_on_signals
-from relay.sinks import build_router, build_sink, kafka, rabbitmq
+from relay.sinks import build_router, build_sink, header_refusal, kafka, rabbitmq
 from relay.sinks.base import Sink
 from relay.store.adapters import build_store
 from relay.store.base import Admin
@@ -74,6 +74,11 @@ class RunConfig:
                     "--event-source (RELAY_EVENT_SOURCE) sets the CloudEvents source, but no sink"
                     " has format=cloudevents or format=cloudevents-structured"
                 )
+        for config in self._sinks():
+            for column, header in self.layout.field_headers:
+                if why := header_refusal(config, header):
+                    where = f"for the {_kind(config)} sink"
+                    raise ConfigError(f"invalid field header '{column}={header[:80]}' {where}: {why}")
         slowest = max(self._sinks(), key=publish_grace_seconds)
         self.settings.check_lease(publish_grace_seconds(slowest), _kind(slowest))
 

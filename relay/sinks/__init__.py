@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from relay.config import AmqpSinkConfig, KafkaSinkConfig, RouteConfig, SinkConfig
 from relay.sinks.base import Sink
-from relay.sinks.formats import DEFAULT_EVENT_SOURCE
+from relay.sinks.formats import DEFAULT_EVENT_SOURCE, gives_way
 from relay.sinks.routing import Route, RoutingSink
 
 
@@ -23,6 +23,25 @@ def build_sink(config: SinkConfig, *, publish_timeout_seconds: float, event_sour
 
         return RabbitMQSink(config, publish_timeout_seconds=publish_timeout_seconds, event_source=event_source)
     raise TypeError(f"no sink for {config!r}")
+
+
+def header_refusal(config: SinkConfig, name: str) -> str | None:
+    """Why a sink of ``config`` could never send a header ``name`` that every event carries (a
+    ``--field-header``'s), or None: checked at start, not found out event by event."""
+    amqp = isinstance(config, AmqpSinkConfig)
+    if amqp:
+        from relay.sinks.rabbitmq.limits import RESERVED, reserved, too_long
+
+        if reserved(name):
+            return f"the header {name!r} is {RESERVED}"
+        if too_long(name):
+            return f"the header name {name[:40]!r}... is longer than RabbitMQ's 255 bytes"
+    if gives_way(config.format, name, amqp=amqp):
+        return (
+            f"with format={config.format.value} the header {name!r} is CloudEvents' own (or the relay's),"
+            " so the column's value would never be sent; pick another name"
+        )
+    return None
 
 
 def build_router(

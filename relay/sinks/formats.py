@@ -140,6 +140,13 @@ def _amqp_clash(name: str) -> bool:
     return name.startswith(AMQP_ATTRIBUTE_PREFIXES) or is_idempotency_header(name)
 
 
+def gives_way(chosen: Format, name: str, *, amqp: bool) -> bool:
+    """Whether a row header ``name`` gives way to the binding's own in format ``chosen`` (it is never sent)."""
+    if chosen is Format.NATIVE:
+        return False
+    return _amqp_clash(name) if amqp else _kafka_clash(name)
+
+
 def kafka_native(event: Event) -> KafkaMessage:
     """The relay's own Kafka message: the payload, the row's headers and ``idempotency-key``
     (and ``content-type`` for a payload of raw bytes: the column's, in place of a row header

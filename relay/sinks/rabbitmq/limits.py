@@ -20,6 +20,15 @@ from relay.sinks.rabbitmq.frames import SHORTSTR_MAX_BYTES
 #: x-stream-filter-value), and cc or Bcc, is the application's.
 RESERVED_HEADERS = frozenset({"CC", "BCC", "x-death", "x-received-from", "x-delivery-count", "x-mqtt-publish-qos"})
 RESERVED_HEADER_PREFIXES = ("x-first-death-", "x-last-death-", "x-amqp-1.0-")
+RESERVED = (
+    "reserved by RabbitMQ (CC and BCC add routes; x-death and the other x- headers RabbitMQ writes itself"
+    " are the broker's own)"
+)
+
+
+def reserved(name: str) -> bool:
+    """True if RabbitMQ itself reads a header ``name`` (case-sensitive, as RabbitMQ)."""
+    return name in RESERVED_HEADERS or name.startswith(RESERVED_HEADER_PREFIXES)
 
 
 def refusal(event: Event, max_message_bytes: int, body_bytes: Callable[[Event], int] | None = None) -> str | None:
@@ -29,11 +38,8 @@ def refusal(event: Event, max_message_bytes: int, body_bytes: Callable[[Event], 
     (a CloudEvents envelope is larger than the payload it carries); without it,
     the payload is the body."""
     for name in event.headers:
-        if name in RESERVED_HEADERS or name.startswith(RESERVED_HEADER_PREFIXES):
-            return (
-                f"header {name!r} is reserved by RabbitMQ (CC and BCC add routes; x-death and the "
-                "other x- headers RabbitMQ writes itself are the broker's own); rename it"
-            )
+        if reserved(name):
+            return f"header {name!r} is {RESERVED}; rename it"
         if too_long(name):
             return f"header name {name[:40]!r}... is longer than {SHORTSTR_MAX_BYTES} bytes"
     if not event.topic:
