@@ -39,6 +39,8 @@ DEFAULT_METRICS_HOST = "127.0.0.1"
 POLL_INTERVAL_SECONDS = 0.5
 POLL_INTERVAL_MAX_SECONDS = 5.0
 CONNECT_TIMEOUT_SECONDS = 10.0
+#: The most bytes of UTF-8 in an AMQP 0-9-1 short string: an exchange or vhost name, a routing key.
+AMQP_SHORTSTR_MAX_BYTES = 255
 PIPELINE_DEPTH = 2
 #: A claim stops adding events once their payloads reach this many bytes (always at least one event).
 BATCH_BYTES = 16 * 1024 * 1024
@@ -427,8 +429,26 @@ def _parse_amqp(url: str) -> AmqpSinkConfig:
             chosen = parse_format(value)
         else:
             kept.append(f"{key}={value}")
+    _check_short_string(url, "exchange", exchange)
+    # As pika reads it: the path after its first "/", unquoted; none (or "/") is the default vhost.
+    _check_short_string(url, "vhost", unquote(parts.path[1:]))
     pika_url = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(kept), ""))
     return AmqpSinkConfig(url=pika_url, exchange=exchange, format=chosen)
+
+
+def _check_short_string(url: str, what: str, name: str) -> None:
+    """``ConfigError`` unless ``name`` fits an AMQP short string.
+
+    The broker never sees a longer one: pika fails while encoding it, and the
+    sink would report RabbitMQ unreachable (a route down for good) instead of
+    the name that cannot work.
+    """
+    size = len(name.encode())
+    if size > AMQP_SHORTSTR_MAX_BYTES:
+        raise ConfigError(
+            f"the {what} name in amqp sink URL {redact_url(url)[:80]!r}... is {size} bytes of UTF-8; "
+            f"AMQP allows at most {AMQP_SHORTSTR_MAX_BYTES}"
+        )
 
 
 #: What every default CloudEvents ``source`` starts with (see :func:`default_event_source`).

@@ -190,6 +190,30 @@ def test_bad_route(database_url: str, route: str, needle: str) -> None:
     assert_one_line_error(cli("run", "--database-url", database_url, RELAY_ROUTES=f"*.x=kafka://h:1 {route}"), needle)
 
 
+@pytest.mark.parametrize(
+    ("where", "what"),
+    [
+        ("/%2F?exchange=" + "x" * 256, "exchange"),
+        ("/%2F?exchange=" + "\u00e9" * 128, "exchange"),
+        ("/" + "v" * 256, "vhost"),
+        ("/" + "%C3%A9" * 128 + "?exchange=amq.direct", "vhost"),
+    ],
+)
+def test_an_amqp_name_too_long_for_amqp_is_a_config_error_not_an_outage(
+    database_url: str, amqp_url: str, where: str, what: str
+) -> None:
+    # The real broker, reachable with these credentials: before, pika failed encoding the name and
+    # the sink said "cannot reach RabbitMQ" (exit 1), and a route with it stayed down for good.
+    base = amqp_url.split("/%2F")[0]
+    needle = f"the {what} name in amqp sink URL"
+    result = cli("run", "--database-url", database_url, "--sink", base + where)
+    assert_one_line_error(result, needle)
+    assert result.returncode == 2
+    routed = cli("run", "--database-url", database_url, "--route", f"billing.*={base}{where}", "--sink", amqp_url)
+    assert_one_line_error(routed, needle)
+    assert routed.returncode == 2
+
+
 def test_an_event_source_with_credentials_is_refused(database_url: str) -> None:
     source = f"https://app:{CANARY}@shop.example/orders"
     sink = "kafka://h:1?format=cloudevents"

@@ -103,6 +103,29 @@ def test_bad_sink_urls(url: str, needle: str) -> None:
     assert "s3cret" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("url", "what"),
+    [
+        ("amqp://u:s3cret@h/%2F?exchange=" + "x" * 256, "exchange"),
+        ("amqp://u:s3cret@h/%2F?exchange=" + "%C3%A9" * 128, "exchange"),
+        ("amqps://u:s3cret@h/" + "v" * 256, "vhost"),
+        ("amqp://u:s3cret@h/" + "%F0%9F%90%87" * 64, "vhost"),
+    ],
+)
+def test_amqp_names_longer_than_a_short_string_are_refused(url: str, what: str) -> None:
+    with pytest.raises(ConfigError, match=f"the {what} name in amqp sink URL .* 2[56][0-9] bytes of UTF-8") as info:
+        parse_sink_url(url)
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["amqp://u:p@h/%2F?exchange=" + "x" * 255, "amqp://u:p@h/" + "v" * 255, "amqp://u:p@h", "amqp://u:p@h/"],
+)
+def test_amqp_names_that_fit_a_short_string_are_taken(url: str) -> None:
+    assert parse_sink_url(url).url
+
+
 def test_database_url_checks() -> None:
     assert check_database_url("postgresql://a@h/db")
     assert check_database_url("mysql://u:s3cret@h:3306/db")
