@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 from confluent_kafka import KafkaError
 
 from devservers import Tansu, free_port
-from relay.config import KafkaSinkConfig
+from relay.config import Format, KafkaSinkConfig
 from relay.errors import SinkError, SinkUnavailable
 from relay.events import IDEMPOTENCY_HEADER, Event, Outcome
 from relay.holds import KeyHolds
@@ -298,3 +300,70 @@ def test_a_full_local_queue_slows_publishing_but_loses_nothing(kafka_bootstrap: 
 
     assert outcomes == [None] * len(events)
     assert len(consume(kafka_bootstrap, topic, count=len(events))) == len(events)
+
+
+NUL_CARRIED = {
+    "header value": {"headers": {"trace": "a\x00b", "plain": "p"}},
+    "header value that is only a NUL": {"headers": {"h": "\x00"}},
+    "idempotency key": {"idempotency_key": "idem\x00tail"},
+    "content type": {"content_type": "text/plain\x00; x=y", "payload": b"raw"},
+    "key": {"key": "k\x00ey"},
+}
+
+
+@pytest.mark.parametrize("chosen", [Format.NATIVE, Format.CLOUDEVENTS, Format.CLOUDEVENTS_STRUCTURED])
+def test_nul_characters_in_headers_arrive_whole_or_the_event_is_refused_alone(
+    kafka_bootstrap: str, chosen: Format
+) -> None:
+    """Plain SQL on MySQL can write NUL characters (JSON \\u0000) into headers and the text columns.
+
+    The client cut header names and string values at the NUL without a word:
+    values now go as bytes and arrive whole; a name with a NUL is refused for
+    good, holding its key's later events, while everything else arrives."""
+    topic = unique_topic("nul")
+    carried = [
+        replace(make_event(topic, key=fields.get("key", f"carried-{n}")), **fields)
+        for n, fields in enumerate(NUL_CARRIED.values())
+    ]
+    refused = [
+        replace(make_event(topic, key="bad-name", headers={"a\x00b": "v"})),
+        replace(make_event(topic, key="bad-name"), chained=True),
+        make_event(topic, key=None, headers={"ok": "1", "\x00": "only a NUL"}),
+    ]
+    after = make_event(topic, key=None, headers={"after": "yes"})
+    sink = KafkaSink(
+        KafkaSinkConfig(bootstrap_servers=kafka_bootstrap, options={}, format=chosen),
+        publish_timeout_seconds=PUBLISH_TIMEOUT_SECONDS,
+        connect_timeout_seconds=3.0,
+    )
+
+    async def go() -> list[Outcome]:
+        await sink.start()
+        try:
+            return await sink.publish([*carried, *refused, after], KeyHolds())
+        finally:
+            await sink.close()
+
+    outcomes = asyncio.run(go())
+
+    assert outcomes[: len(carried)] == [None] * len(carried)
+    name_refused, held, nul_only_name, delivered = outcomes[len(carried) :]
+    for failure in (name_refused, nul_only_name):
+        assert failure is not None and failure.permanent and "contains a NUL character" in failure.error
+    assert held is not None and held.held
+    assert delivered is None
+    received = consume(kafka_bootstrap, topic, count=len(carried) + 1)
+    assert len(received) == len(carried) + 1
+    by_key = {m.key: m for m in received}
+    for event in carried:
+        message = by_key[event.key.encode() if event.key else None]
+        if chosen is Format.CLOUDEVENTS_STRUCTURED:
+            envelope = json.loads(message.value)
+            assert envelope["id"] == event.idempotency_key
+        else:
+            assert message.value == event.payload
+        assert message.headers[IDEMPOTENCY_HEADER] == event.idempotency_key.encode()
+        for name, value in event.headers.items():
+            assert message.headers[name] == value.encode()
+        if event.content_type is not None and chosen is not Format.CLOUDEVENTS_STRUCTURED:
+            assert message.headers["content-type"] == event.content_type.encode()

@@ -263,7 +263,8 @@ class KafkaSink:
         for index, event in enumerate(events):
             # confluent-kafka encodes str keys and header values as UTF-8 itself, in C.
             value, headers = encode(event)
-            refused = _refusal(event) or (format_refusal(event) if format_refusal is not None else None)
+            headers, refused = _nul_safe(headers)
+            refused = refused or _refusal(event) or (format_refusal(event) if format_refusal is not None else None)
             callback = functools.partial(client.on_delivery, batch, index)
             with client.lock:
                 if client.broken is not None:
@@ -341,3 +342,29 @@ def _refusal(event: Event) -> str | None:
     if "\x00" in event.topic:
         return "topic contains a NUL character, which no Kafka topic name can hold"
     return None
+
+
+def _nul_safe(
+    headers: list[tuple[str, str | bytes | None]],
+) -> tuple[list[tuple[str, str | bytes | None]], str | None]:
+    """``headers`` as the Kafka client carries them whole, or why it cannot.
+
+    Plain SQL on MySQL can write a NUL into a header (JSON ``\\u0000``), the
+    key or the idempotency key. confluent-kafka passes a header's name, and a
+    value given as ``str``, to librdkafka as C strings: both were cut at the
+    NUL without a word. A value goes as UTF-8 bytes instead, which keep it; a
+    name cannot, so such an event is refused."""
+    for name, value in headers:
+        if "\x00" in name or (isinstance(value, str) and "\x00" in value):
+            break
+    else:
+        return headers, None
+    for name, _ in headers:
+        if "\x00" in name:
+            return headers, (
+                f"header name {name[:40]!r} contains a NUL character, which the Kafka client cannot send "
+                "(it would cut the name there); rename the header"
+            )
+    return [
+        (name, value.encode() if isinstance(value, str) and "\x00" in value else value) for name, value in headers
+    ], None
