@@ -8,6 +8,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
@@ -302,7 +303,7 @@ def test_a_full_local_queue_slows_publishing_but_loses_nothing(kafka_bootstrap: 
     assert len(consume(kafka_bootstrap, topic, count=len(events))) == len(events)
 
 
-NUL_CARRIED = {
+NUL_CARRIED: dict[str, dict[str, Any]] = {
     "header value": {"headers": {"trace": "a\x00b", "plain": "p"}},
     "header value that is only a NUL": {"headers": {"h": "\x00"}},
     "idempotency key": {"idempotency_key": "idem\x00tail"},

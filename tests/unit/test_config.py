@@ -123,7 +123,7 @@ def test_amqp_names_longer_than_a_short_string_are_refused(url: str, what: str) 
     ["amqp://u:p@h/%2F?exchange=" + "x" * 255, "amqp://u:p@h/" + "v" * 255, "amqp://u:p@h", "amqp://u:p@h/"],
 )
 def test_amqp_names_that_fit_a_short_string_are_taken(url: str) -> None:
-    assert parse_sink_url(url).url
+    assert isinstance(parse_sink_url(url), AmqpSinkConfig)
 
 
 def test_database_url_checks() -> None:
