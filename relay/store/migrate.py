@@ -16,6 +16,7 @@ from psycopg import sql
 from relay.config import NATIVE, TableLayout, TableName
 from relay.errors import SchemaError
 from relay.store import sql as named
+from relay.store.postgres import privileges
 from relay.store.postgres.connection import check_encoding, connect_kwargs, translate_errors
 
 logger = logging.getLogger(__name__)
@@ -151,9 +152,12 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
     read ``idempotency_key``, which ``ON CONFLICT (idempotency_key)`` requires;
     nothing else. The relay reads and deletes rows, updates only the columns it
     owns (:data:`RELAY_COLUMNS`), and reads the schema version. Any other
-    privilege the two roles held on the table is revoked first, so running this
-    again tightens the table-wide grants of earlier versions. Both roles are
-    NOLOGIN: grant them to your login users.
+    privilege the two roles held on the table, its schema-version table and its
+    id sequence is revoked first, so running this again tightens the
+    table-wide grants of earlier versions. A role that is a superuser, may act
+    as the table's owner or as the other role, or still has more than it needs
+    through PUBLIC or a role it inherits from is refused, and nothing changes.
+    Both roles are NOLOGIN: grant them to your login users.
     """
     ids = named.identifiers(table)
 
@@ -172,6 +176,8 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
                         conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
                 except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
                     pass  # a migrate in another database made it meanwhile
+        names = {key: ids[key].as_string(conn) for key in ("table", "version_table")}
+        privileges.refuse_unfit(conn, names["table"], {"--relay-role": relay_role, "--writer-role": writer_role})
         relay, writer = sql.Identifier(relay_role), sql.Identifier(writer_role)
         # The schema the table is in, not the one its name suggests: an unqualified name is
         # found through search_path, which may lead elsewhere than public.
@@ -183,7 +189,7 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
         schema = sql.Identifier(str(row[0])) if row else ids["schema"]
         for statement in (
             # Revoking a table privilege revokes it on every column too.
-            "REVOKE ALL ON {table} FROM {relay}, {writer}",
+            "REVOKE ALL ON {table}, {version_table} FROM {relay}, {writer}",
             "GRANT USAGE ON SCHEMA {schema} TO {relay}, {writer}",
             "GRANT SELECT, DELETE ON {table} TO {relay}",
             "GRANT UPDATE ({relay_columns}) ON {table} TO {relay}",
@@ -200,4 +206,28 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
                     **{**ids, "schema": schema},
                 )
             )
+        sequence = conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE c.oid = pg_get_serial_sequence(%s, 'id')::regclass",
+            [names["table"]],
+        ).fetchone()
+        if sequence:  # writers draw identity values without a grant on it (docs/operations.md)
+            conn.execute(
+                sql.SQL("REVOKE ALL ON SEQUENCE {} FROM {}, {}").format(sql.Identifier(*sequence), relay, writer)
+            )
+        privileges.refuse_excess(
+            conn,
+            relay_role,
+            table=names["table"],
+            version_table=names["version_table"],
+            allowed={"SELECT": None, "DELETE": None, "UPDATE": frozenset(RELAY_COLUMNS)},
+            version_table_allowed=frozenset({"SELECT"}),
+        )
+        privileges.refuse_excess(
+            conn,
+            writer_role,
+            table=names["table"],
+            version_table=names["version_table"],
+            allowed={"INSERT": frozenset(WRITER_COLUMNS), "SELECT": frozenset({"idempotency_key"})},
+        )
         logger.info("granted roles %s and %s", relay_role, writer_role, extra={"action": "create_roles"})

@@ -10,6 +10,7 @@ do still works under these roles.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import pytest
 
 import producers
 from relay.config import TableName
+from relay.errors import ConfigError, SchemaError
 from relay.store.base import Dead, ReplayFilter, RequeueFilter, Retry, Skipped
 from relay.store.migrate import RELAY_COLUMNS, WRITER_COLUMNS, create_roles
 from relay.store.postgres import PostgresAdmin, PostgresStore
@@ -223,3 +225,119 @@ def test_create_roles_again_takes_back_the_table_wide_grants_of_earlier_versions
     assert refused(url, roles.relay, "UPDATE outbox SET payload = '{}'")
     assert refused(url, roles.relay, "INSERT INTO outbox (topic, payload) VALUES ('t', '{}')")
     assert not refused(url, roles.writer, "INSERT INTO outbox (topic, payload) VALUES ('t', '{}')")
+
+
+@pytest.fixture
+def spare_roles(pg_admin_url: str, database_url: str) -> Iterator[dict[str, str]]:
+    """A relay, a writer, an owner and another role, made in the test's database and dropped after it."""
+    suffix = uuid.uuid4().hex[:8]
+    names = {kind: f"{kind}_{suffix}" for kind in ("relay", "writer", "owner", "other")}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for role in names.values():
+            conn.execute(f'CREATE ROLE "{role}" NOLOGIN')
+        conn.execute(f'ALTER TABLE outbox OWNER TO "{names["owner"]}"')
+    yield names
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE outbox OWNER TO CURRENT_USER")
+        for role in names.values():
+            conn.execute(f'DROP OWNED BY "{role}"')
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        for role in names.values():
+            conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def acl(url: str) -> tuple[object, ...]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT relname, relacl::text, (SELECT array_agg(attacl::text ORDER BY attnum) FROM pg_attribute"
+            " WHERE attrelid = c.oid) FROM pg_class AS c WHERE relname LIKE 'outbox%%' ORDER BY relname"
+        ).fetchall()
+    return tuple(rows)
+
+
+#: Roles that can do anything on the table whatever it is granted: create_roles stripped the owner's own
+#: privileges (REVOKE ALL) and said "granted", or gave one role both sets.
+UNFIT = {
+    "the writer is the superuser running migrate": ("CURRENT_USER", "writer", "superuser"),
+    "the writer owns the table": ("{owner}", "writer", "owns table"),
+    "the relay owns the table": ("{owner}", "relay", "owns table"),
+    "the writer is a member of the owner": ("{writer}", "writer", "member of its owner"),
+    "the writer is a member of the relay": ("{writer}", "writer", "is a member of"),
+    "the relay is a member of the writer": ("{relay}", "relay", "is a member of"),
+}
+
+
+@pytest.mark.parametrize("case", UNFIT)
+def test_create_roles_refuses_a_role_that_can_act_as_the_owner_or_the_other_role_and_changes_nothing(
+    database_url: str, spare_roles: dict[str, str], case: str
+) -> None:
+    given, flag, reason = UNFIT[case]
+    roles = dict(spare_roles)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        if case == "the writer is a member of the owner":
+            conn.execute(f'GRANT "{roles["owner"]}" TO "{roles["writer"]}"')
+        elif case == "the writer is a member of the relay":
+            conn.execute(f'GRANT "{roles["relay"]}" TO "{roles["writer"]}"')
+        elif case == "the relay is a member of the writer":
+            conn.execute(f'GRANT "{roles["writer"]}" TO "{roles["relay"]}"')
+        current = str((conn.execute("SELECT current_user").fetchone() or ("",))[0])
+    roles[flag] = current if given == "CURRENT_USER" else given.format(**spare_roles)
+    before = acl(database_url)
+    with pytest.raises(ConfigError, match=f"--{flag}-role .*{reason}"):
+        create_roles(database_url, TABLE, relay_role=roles["relay"], writer_role=roles["writer"])
+    assert acl(database_url) == before
+
+
+#: Privileges that reach a role from outside its own grants, which create_roles then reported as least privilege.
+REACHING = {
+    "SELECT to PUBLIC": ("GRANT SELECT ON outbox TO PUBLIC", "writer", "SELECT (id, topic"),
+    "UPDATE of payload to PUBLIC": ("GRANT UPDATE (payload) ON outbox TO PUBLIC", "relay", "UPDATE (payload)"),
+    "DELETE to a role the writer inherits": ('GRANT DELETE ON outbox TO "{other}"', "writer", "DELETE on"),
+    "INSERT to a role the relay inherits": ('GRANT INSERT ON outbox TO "{other}"', "relay", "INSERT (id"),
+    "TRUNCATE to PUBLIC": ("GRANT TRUNCATE ON outbox TO PUBLIC", "relay", "TRUNCATE on"),
+    "the version table to PUBLIC": ("GRANT DELETE ON outbox_schema_version TO PUBLIC", "relay", "DELETE on"),
+    "the id sequence to PUBLIC": ("GRANT UPDATE ON SEQUENCE outbox_id_seq TO PUBLIC", "relay", "UPDATE on"),
+    "pg_write_all_data": ('GRANT pg_write_all_data TO "{writer}"', "writer", "UPDATE (id"),
+}
+
+
+@pytest.mark.parametrize("case", REACHING)
+def test_create_roles_refuses_privileges_that_reach_a_role_through_public_or_membership(
+    database_url: str, spare_roles: dict[str, str], case: str
+) -> None:
+    grant, kind, shown = REACHING[case]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for role in ("relay", "writer"):
+            conn.execute(f'GRANT "{spare_roles["other"]}" TO "{spare_roles[role]}"')
+        conn.execute(grant.format(**spare_roles))
+    with pytest.raises(SchemaError, match=f"role '{spare_roles[kind]}' may still do more.*{re.escape(shown)}"):
+        create_roles(database_url, TABLE, relay_role=spare_roles["relay"], writer_role=spare_roles["writer"])
+
+
+@pytest.mark.parametrize(
+    "grant",
+    [
+        'GRANT INSERT, UPDATE, DELETE, TRUNCATE ON outbox_schema_version TO "{relay}"',
+        'GRANT SELECT, INSERT ON outbox_schema_version TO "{writer}"',
+        'GRANT USAGE, UPDATE ON SEQUENCE outbox_id_seq TO "{writer}"',
+        'GRANT SELECT, UPDATE ON SEQUENCE outbox_id_seq TO "{relay}"',
+    ],
+)
+def test_create_roles_again_takes_back_grants_on_the_version_table_and_the_id_sequence(
+    database_url: str, spare_roles: dict[str, str], grant: str
+) -> None:
+    relay, writer = spare_roles["relay"], spare_roles["writer"]
+    create_roles(database_url, TABLE, relay_role=relay, writer_role=writer)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(grant.format(**spare_roles))
+    create_roles(database_url, TABLE, relay_role=relay, writer_role=writer)
+    with psycopg.connect(database_url) as conn:
+        held = conn.execute(
+            "SELECT r, p, has_table_privilege(r, 'outbox_schema_version', p) FROM unnest(%s::text[]) AS r,"
+            " unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) AS p"
+            " UNION ALL SELECT r, p, has_sequence_privilege(r, 'outbox_id_seq', p) FROM unnest(%s::text[]) AS r,"
+            " unnest(ARRAY['USAGE', 'SELECT', 'UPDATE']) AS p",
+            [[relay, writer], [relay, writer]],
+        ).fetchall()
+    # The relay reads the schema version, and nothing else here.
+    assert {(role, privilege) for role, privilege, granted in held if granted} == {(relay, "SELECT")}
