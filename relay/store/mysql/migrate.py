@@ -20,6 +20,7 @@ import pymysql
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
 from relay.errors import StoreUnavailable
+from relay.store.mysql import privileges
 from relay.store.mysql import sql as named
 from relay.store.mysql.connection import Target, translate
 
@@ -59,6 +60,15 @@ def connect(url: str, table: TableName) -> Iterator[Any]:
         conn.close()
 
 
+def _plain(columns: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(column.strip("`") for column in columns)
+
+
+def _current_database(cur: Any) -> str:
+    cur.execute("SELECT DATABASE()")
+    return str(cur.fetchone()[0])
+
+
 def _lock_name(cur: Any, table: TableName) -> str:
     """The named lock of ``table``'s migrations, one name however the table is spelt.
 
@@ -66,10 +76,7 @@ def _lock_name(cur: Any, table: TableName) -> str:
     the spelling, two migrates of it at once took two locks and ran the same
     steps side by side (error 1060, duplicate column).
     """
-    schema = table.schema
-    if schema is None:
-        cur.execute("SELECT DATABASE()")
-        schema = cur.fetchone()[0]
+    schema = table.schema or _current_database(cur)
     qualified = f"{schema}.{table.name}"
     name = _LOCK_NAMESPACE + qualified
     # GET_LOCK names are at most 64 characters: a longer one by its digest, so that no two tables share a lock.
@@ -166,13 +173,25 @@ def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: st
             for role in (relay, writer):
                 cur.execute(f"CREATE ROLE IF NOT EXISTS {role}")
                 # Revoking table privileges revokes the column ones too; a role may have had none.
-                try:
-                    cur.execute(f"REVOKE ALL PRIVILEGES ON {ids['table']} FROM {role}")
-                except pymysql.MySQLError as exc:
-                    if exc.args[0] not in _NO_SUCH_GRANT:
-                        raise
+                for on in (ids["table"], ids["version_table"]):
+                    try:
+                        cur.execute(f"REVOKE ALL PRIVILEGES ON {on} FROM {role}")
+                    except pymysql.MySQLError as exc:
+                        if exc.args[0] not in _NO_SUCH_GRANT:
+                            raise
             for statement in statements:
                 cur.execute(statement)
+            database, version_table = table.schema or _current_database(cur), table.derived("schema_version")
+            relay_may: privileges.Allowed = {
+                table.name: {"SELECT": None, "DELETE": None, "UPDATE": frozenset(_plain(RELAY_COLUMNS))},
+                version_table: {"SELECT": None},
+            }
+            writer_may: privileges.Allowed = {
+                table.name: {"INSERT": frozenset(_plain(WRITER_COLUMNS))},
+                version_table: {},
+            }
+            privileges.refuse_excess(cur, relay_role, database=database, allowed=relay_may)
+            privileges.refuse_excess(cur, writer_role, database=database, allowed=writer_may)
         finally:
             cur.execute("SELECT RELEASE_LOCK(%s)", (lock,))
     logger.info("granted roles %s and %s", relay_role, writer_role, extra={"action": "create_roles"})
