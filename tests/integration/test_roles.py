@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -341,3 +342,48 @@ def test_create_roles_again_takes_back_grants_on_the_version_table_and_the_id_se
         ).fetchall()
     # The relay reads the schema version, and nothing else here.
     assert {(role, privilege) for role, privilege, granted in held if granted} == {(relay, "SELECT")}
+
+
+def privilege_matrix(conn: psycopg.Connection[object], role: str) -> dict[str, bool]:
+    """Every privilege ``role`` may use on the outbox, its columns, its version table and its id sequence."""
+    rows = conn.execute(
+        "SELECT a.attname || ' ' || p, has_column_privilege(%(role)s, 'outbox', a.attname, p)"
+        " FROM pg_attribute AS a, unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'REFERENCES']) AS p"
+        " WHERE a.attrelid = 'outbox'::regclass AND a.attnum > 0 AND NOT a.attisdropped"
+        " UNION ALL SELECT t || ' ' || p, has_table_privilege(%(role)s, t, p)"
+        " FROM unnest(ARRAY['outbox', 'outbox_schema_version']) AS t,"
+        " unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', 'TRIGGER']) AS p"
+        " UNION ALL SELECT 'sequence ' || p, has_sequence_privilege(%(role)s, 'outbox_id_seq', p)"
+        " FROM unnest(ARRAY['USAGE', 'SELECT', 'UPDATE']) AS p"
+        " UNION ALL SELECT 'schema USAGE', has_schema_privilege(%(role)s, 'public', 'USAGE')",
+        {"role": role},
+    ).fetchall()
+    return {str(name): bool(granted) for name, granted in rows}
+
+
+def test_the_grants_by_hand_in_operations_md_are_those_of_create_roles(pg_admin_url: str, database_url: str) -> None:
+    # The page's writer grant lacked payload_bytes and content_type: writers granted by hand could not publish bytes.
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text("utf-8")
+    (block,) = [b for b in re.findall(r"```sql\n(.*?)```", page, re.S) if "CREATE ROLE outbox_relay NOLOGIN" in b]
+    suffix = uuid.uuid4().hex[:8]
+    by_hand = {"relay": f"hand_relay_{suffix}", "writer": f"hand_writer_{suffix}"}
+    made = {"relay": f"made_relay_{suffix}", "writer": f"made_writer_{suffix}"}
+    block = block.replace("outbox_relay", by_hand["relay"]).replace("outbox_writer", by_hand["writer"])
+    try:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            for statement in block.split(";"):
+                lines = [line for line in statement.splitlines() if not line.strip().startswith("--")]
+                text = "\n".join(lines).strip()
+                if text and "relay_login" not in text and "shop_app" not in text:  # the page's own login roles
+                    conn.execute(text.encode())
+        create_roles(database_url, TABLE, relay_role=made["relay"], writer_role=made["writer"])
+        with psycopg.connect(database_url) as conn:
+            for kind in ("relay", "writer"):
+                assert privilege_matrix(conn, by_hand[kind]) == privilege_matrix(conn, made[kind]), kind
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            for role in (*by_hand.values(), *made.values()):
+                conn.execute(f"DROP OWNED BY {role}")
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            for role in (*by_hand.values(), *made.values()):
+                conn.execute(f"DROP ROLE IF EXISTS {role}")
