@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -344,7 +345,7 @@ def test_create_roles_again_takes_back_grants_on_the_version_table_and_the_id_se
     assert {(role, privilege) for role, privilege, granted in held if granted} == {(relay, "SELECT")}
 
 
-def privilege_matrix(conn: psycopg.Connection[object], role: str) -> dict[str, bool]:
+def privilege_matrix(conn: psycopg.Connection[tuple[Any, ...]], role: str) -> dict[str, bool]:
     """Every privilege ``role`` may use on the outbox, its columns, its version table and its id sequence."""
     rows = conn.execute(
         "SELECT a.attname || ' ' || p, has_column_privilege(%(role)s, 'outbox', a.attname, p)"
