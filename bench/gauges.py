@@ -145,7 +145,7 @@ def plan_summary(explained: dict[str, Any], table: str = "outbox") -> dict[str, 
 def explain(url: str) -> dict[str, Any]:
     """EXPLAIN (ANALYZE, BUFFERS) of the status, gauges and age queries, each run once before."""
     queries = {name: named.render(named.queries()[name], TABLE) for name in ("status", "gauges", "oldest_pending_age")}
-    params = {"gauges": {"exact_up_to": GAUGES_EXACT_UP_TO, "table_name": '"outbox"'}}
+    params = {"gauges": {"exact_up_to": GAUGES_EXACT_UP_TO, "table_name": '"outbox"', "state_column": "state"}}
     found = {}
     with psycopg.connect(url, autocommit=True) as conn:
         for name, query in queries.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import psycopg
 
 import producers
+from bench.gauges import explain as gauges_explain
 from bench.profile import _explain
 
 
@@ -25,3 +26,12 @@ def test_the_profile_explains_the_shipped_claim_settle_and_l_db_and_leaves_the_t
     }
     assert all(plan["execution_ms"] > 0 for plan in found.values())
     assert after == before
+
+
+def test_the_gauges_scenario_explains_status_gauges_and_the_oldest_age(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for i in range(5):
+            producers.publish(conn, "bench-explain", {"i": i})
+    found = gauges_explain(database_url)
+    assert set(found) == {"status", "gauges", "oldest_pending_age"}
+    assert all(plan["execution_ms"] >= 0 and plan["scans"] for plan in found.values())
