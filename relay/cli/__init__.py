@@ -13,6 +13,7 @@ import contextlib
 import io
 import itertools
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 
@@ -41,14 +42,37 @@ def _secrets(args: argparse.Namespace) -> list[str]:
     return [secret for text in texts if text for secret in secrets.secrets_in(text)]
 
 
+def _secrets_in_argv(given: Sequence[str]) -> list[str]:
+    # A URL cut by an unquoted space arrives as two arguments: each pair is read as one too.
+    texts = [*given, *(f"{a} {b}" for a, b in itertools.pairwise(given))]
+    return [secret for text in texts for secret in secrets.secrets_in(text)]
+
+
+def _hide_from_ps(found: list[str]) -> None:
+    """Rewrite this process's command line (``ps``, ``/proc/PID/cmdline``) with ``found`` masked.
+
+    Every account on the host can read a process's arguments; a password given
+    in ``--database-url`` or ``--sink`` stays there for the life of a relay.
+    The title is set as soon as the arguments are parsed (the environment, which
+    only the same user can read, is the better place: ``RELAY_DATABASE_URL``)."""
+    if not found:
+        return
+    try:
+        import setproctitle
+    except ImportError:  # an install without it: the arguments stay as given
+        return
+    setproctitle.setproctitle(secrets.Scrubber(found)(shlex.join(sys.orig_argv)))
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line parsed; argparse's own errors (an unknown flag, a typo in a
     flag's name, a bad choice) echo the arguments, so they are scrubbed of the
     secrets in them first."""
     given = list(sys.argv[1:] if argv is None else argv)
-    # A URL cut by an unquoted space arrives as two arguments: each pair is read as one too.
-    texts = [*given, *(f"{a} {b}" for a, b in itertools.pairwise(given))]
-    scrub = secrets.Scrubber(secret for text in texts for secret in secrets.secrets_in(text))
+    found = _secrets_in_argv(given)
+    if argv is None:
+        _hide_from_ps(found)
+    scrub = secrets.Scrubber(found)
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
