@@ -106,3 +106,28 @@ def test_create_roles_again_takes_back_grants_on_the_version_table(
     on_version = [line for line in shown if "outbox_schema_version" in line]
     assert on_version == ([f"GRANT SELECT ON `{database}`.`outbox_schema_version` TO `{roles[role]}`"]
                           if role == "relay" else [])  # fmt: skip
+
+
+@pytest.mark.parametrize("step", ["migrate", "create_roles"])
+def test_a_migration_lock_held_past_the_wait_is_an_error_and_nothing_runs_without_it(
+    mysql_url: str, roles: dict[str, str], step: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from relay.errors import StoreUnavailable
+    from relay.store.mysql import migrate as mysql_migrate
+
+    monkeypatch.setattr(mysql_migrate, "LOCK_WAIT_SECONDS", 1)
+    holder = mysql_support.connect(mysql_url)
+    try:
+        with holder.cursor() as cur:
+            lock = mysql_migrate._lock_name(cur, TABLE)
+            cur.execute("SELECT GET_LOCK(%s, 0)", (lock,))
+            assert cur.fetchone() == (1,)
+        with pytest.raises(StoreUnavailable, match="held its lock for 1s"):
+            if step == "migrate":
+                mysql_migrate.migrate(mysql_url, TABLE)
+            else:
+                create_roles(mysql_url, TABLE, relay_role=roles["relay"], writer_role=roles["writer"])
+    finally:
+        holder.close()
+    granted = mysql_support.execute(mysql_url, f"SHOW GRANTS FOR `{roles['writer']}`")
+    assert not any("outbox" in row[0] for row in granted), granted

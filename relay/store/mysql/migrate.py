@@ -85,14 +85,20 @@ def _lock_name(cur: Any, table: TableName) -> str:
     )
 
 
+def _take_lock(cur: Any, table: TableName) -> str:
+    """Take ``table``'s migration lock (waiting up to ``LOCK_WAIT_SECONDS``); its name."""
+    lock = _lock_name(cur, table)
+    cur.execute("SELECT GET_LOCK(%s, %s)", (lock, LOCK_WAIT_SECONDS))
+    if (cur.fetchone() or (None,))[0] != 1:
+        raise StoreUnavailable(f"another migration of {table} held its lock for {LOCK_WAIT_SECONDS}s")
+    return lock
+
+
 def migrate(url: str, table: TableName) -> list[int]:
     """Apply the migrations ``table`` lacks; return the versions applied."""
     ids = named.identifiers(table)
     with connect(url, table) as conn, conn.cursor() as cur:
-        lock = _lock_name(cur, table)
-        cur.execute("SELECT GET_LOCK(%s, %s)", (lock, LOCK_WAIT_SECONDS))
-        if (cur.fetchone() or (None,))[0] != 1:
-            raise StoreUnavailable(f"another migration of {table} held its lock for {LOCK_WAIT_SECONDS}s")
+        lock = _take_lock(cur, table)
         try:
             if table.schema:
                 cur.execute(f"CREATE DATABASE IF NOT EXISTS {named.quote(table.schema)}")
@@ -167,8 +173,7 @@ def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: st
         f"GRANT INSERT ({', '.join(WRITER_COLUMNS)}) ON {ids['table']} TO {writer}",
     ]
     with connect(url, table) as conn, conn.cursor() as cur:
-        lock = _lock_name(cur, table)
-        cur.execute("SELECT GET_LOCK(%s, %s)", (lock, LOCK_WAIT_SECONDS))
+        lock = _take_lock(cur, table)
         try:
             for role in (relay, writer):
                 cur.execute(f"CREATE ROLE IF NOT EXISTS {role}")
