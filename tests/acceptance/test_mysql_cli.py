@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
@@ -14,7 +18,9 @@ import pytest
 
 from devservers import free_port, wait_for_port
 from tests import mysql_support
+from relay.config import CONNECT_TIMEOUT_SECONDS
 from tests.acceptance.cli import cli as env_cli
+from tests.acceptance.cli import spawn
 from tests.acceptance.test_run_kafka import http_get, metric
 from tests.integration.kafka_support import consume, unique_topic
 from tests.relay_support import relay_process, stop_process, wait_until
@@ -248,3 +254,49 @@ def test_a_created_at_ahead_of_the_clock_does_not_hide_the_age_of_the_events_aft
     shown = cli("status", "--json", "--database-url", mysql_url)
     assert shown.returncode == 0, shown.stderr
     assert 3500 < json.loads(shown.stdout)["oldest_pending_age_seconds"] < 3700, shown.stdout
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[int]:
+    """A port whose server takes connections and never says a word: a frozen server, or another
+    protocol's that waits for the client to speak first (``mysql://`` at PostgreSQL's port)."""
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as server:  # the kernel accepts; no one answers
+        yield server.getsockname()[1]
+
+
+#: Every command that connects to the database, started at once against the silent server.
+CONNECTING_COMMANDS = [
+    ["migrate"],
+    ["status"],
+    ["dead"],
+    ["requeue", "--all"],
+    ["skip", "--id", "1"],
+    ["inspect", "1"],
+    ["purge", "--older-than", "1d"],
+    ["replay", "--all"],
+    ["run", "--sink", "kafka://127.0.0.1:1"],
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scheme", ["mysql", "mariadb", "postgresql"])
+def test_a_server_that_never_answers_ends_every_command_at_the_connect_timeout(scheme: str) -> None:
+    # MySQL's drivers bounded only the TCP connect: migrate waited for the server's greeting for
+    # ever, the other commands for the 35 s call deadline; PostgreSQL gives up at the connect timeout.
+    with silent_server() as port:
+        url = f"{scheme}://app:{CANARY}@127.0.0.1:{port}/shop"
+        started = time.monotonic()
+        procs = [spawn(*command, "--database-url", url) for command in CONNECTING_COMMANDS]
+        try:
+            outputs = [proc.communicate(timeout=CONNECT_TIMEOUT_SECONDS + 20) for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+        took = time.monotonic() - started
+    assert took < CONNECT_TIMEOUT_SECONDS + 15, f"took {took:.0f} s"
+    for command, proc, (out, err) in zip(CONNECTING_COMMANDS, procs, outputs, strict=True):
+        assert proc.returncode == 1, (command, out, err)
+        assert err.startswith("outbox-relay: error: ") and err.count("\n") == 1, (command, err)
+        assert CANARY not in out + err

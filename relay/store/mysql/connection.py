@@ -150,6 +150,14 @@ def translate(exc: BaseException, url: str, table: TableName) -> StoreError:
     return StoreError(describe(exc, url))
 
 
+def no_greeting(connect_timeout: float) -> StoreUnavailable:
+    """The error of a server that took the connection but did not complete the handshake in time."""
+    return StoreUnavailable(
+        f"the database did not answer within {connect_timeout:g}s of connecting "
+        "(is the server up, and is it MySQL or MariaDB?)"
+    )
+
+
 def server_is_mariadb(version: str) -> bool:
     """Whether a ``VERSION()`` string is MariaDB's."""
     return "mariadb" in version.lower()
@@ -242,6 +250,16 @@ class Database:
             raise translate(exc, self.url, self.table) from exc
 
     async def _connect(self) -> Any:
+        # asyncmy's connect_timeout bounds the TCP connect alone: a server that takes the
+        # connection and never greets (frozen, or PostgreSQL's port) held it to the call's
+        # deadline. The whole handshake and session set-up get the connect timeout, as libpq's does.
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                return await self._handshake()
+        except TimeoutError:
+            raise no_greeting(self._connect_timeout) from None
+
+    async def _handshake(self) -> Any:
         target = self.target
         with self.errors():
             conn = await asyncmy.connect(

@@ -22,7 +22,7 @@ from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
 from relay.errors import StoreUnavailable
 from relay.store.mysql import privileges
 from relay.store.mysql import sql as named
-from relay.store.mysql.connection import Target, translate
+from relay.store.mysql.connection import Target, no_greeting, translate
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +44,22 @@ def connect(url: str, table: TableName) -> Iterator[Any]:
             password=target.password_bytes,
             database=target.database,
             connect_timeout=max(1, round(CONNECT_TIMEOUT_SECONDS)),
+            # PyMySQL's connect_timeout bounds the TCP connect alone: a server that takes the
+            # connection and never greets (frozen, or PostgreSQL's port) held migrate for ever.
+            # The handshake reads under these; the migration's own statements do not (below).
+            read_timeout=CONNECT_TIMEOUT_SECONDS,
+            write_timeout=CONNECT_TIMEOUT_SECONDS,
             autocommit=True,
             charset="utf8mb4",
             ssl=target.tls.context(),
         )
     except (pymysql.MySQLError, OSError) as exc:
+        if isinstance(exc.__context__, TimeoutError):  # the socket timed out in the handshake
+            raise no_greeting(CONNECT_TIMEOUT_SECONDS) from exc
         raise translate(exc, url, table) from exc
+    # A migration's DDL on a big table, or its wait for another migrate's lock, may take longer
+    # than a handshake: no read or write timeout from here on (PyMySQL sets one on the next I/O).
+    conn._read_timeout = conn._write_timeout = None
     try:
         with conn.cursor() as cur:
             cur.execute("SET SESSION time_zone = '+00:00'")
