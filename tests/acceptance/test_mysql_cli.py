@@ -300,3 +300,16 @@ def test_a_server_that_never_answers_ends_every_command_at_the_connect_timeout(s
         assert proc.returncode == 1, (command, out, err)
         assert err.startswith("outbox-relay: error: ") and err.count("\n") == 1, (command, err)
         assert CANARY not in out + err
+
+
+@pytest.mark.parametrize("token", ["not-a-uuid", "7", "zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz", "{0}"])
+def test_inspect_shows_a_claim_token_that_is_no_uuid_as_it_is(mysql_url: str, token: str) -> None:
+    # The column is text on MySQL (a uuid on PostgreSQL): plain SQL may write anything there.
+    mysql_support.execute(
+        mysql_url,
+        "INSERT INTO outbox (id, topic, payload, idempotency_key, claim_token) VALUES (7, 't', '{}', 'odd', %s)",
+        [token],
+    )
+    shown = json.loads(ok("inspect", "7", "--json", "--database-url", mysql_url))
+    assert (shown["idempotency_key"], shown["claim_token"]) == ("odd", token)
+    assert f"claim_token: {token}\n" in ok("inspect", "7", "--database-url", mysql_url)

@@ -196,7 +196,12 @@ class MySQLAdmin:
         # MariaDB's JSON check lets through some text no JSON parser takes (e.g. {"a":1e}): shown as it is.
         with contextlib.suppress(ValueError):
             row["headers"] = json.loads(row["headers"])
-        row["claim_token"] = UUID(row["claim_token"]) if row["claim_token"] else None
+        # The relay writes UUIDs, as PostgreSQL's column type holds them; plain SQL may write any text.
+        if not row["claim_token"]:
+            row["claim_token"] = None
+        else:
+            with contextlib.suppress(ValueError):
+                row["claim_token"] = UUID(row["claim_token"])
         return row
 
     async def purge(self, older_than_seconds: float, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
