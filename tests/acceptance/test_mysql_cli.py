@@ -17,8 +17,8 @@ from urllib.parse import quote, unquote, urlsplit
 import pytest
 
 from devservers import free_port, wait_for_port
-from tests import mysql_support
 from relay.config import CONNECT_TIMEOUT_SECONDS
+from tests import mysql_support
 from tests.acceptance.cli import cli as env_cli
 from tests.acceptance.cli import spawn
 from tests.acceptance.test_run_kafka import http_get, metric

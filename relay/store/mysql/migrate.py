@@ -59,7 +59,9 @@ def connect(url: str, table: TableName) -> Iterator[Any]:
         raise translate(exc, url, table) from exc
     # A migration's DDL on a big table, or its wait for another migrate's lock, may take longer
     # than a handshake: no read or write timeout from here on (PyMySQL sets one on the next I/O).
-    conn._read_timeout = conn._write_timeout = None
+    # (PyMySQL's own attributes, which no public call sets after connecting, and its stubs omit.)
+    unbounded: Any = conn
+    unbounded._read_timeout = unbounded._write_timeout = None
     try:
         with conn.cursor() as cur:
             cur.execute("SET SESSION time_zone = '+00:00'")
