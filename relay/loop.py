@@ -120,6 +120,9 @@ class Relay:
         self._away_until = 0.0
         # The claim started while the last one's events were built.
         self._ahead: _Ahead | None = None
+        # Set once the batch handed out last started publishing or was given back: the next batch
+        # may go on with its keys, so it waits for that before publishing (see ``_deliver``).
+        self._last_turn: asyncio.Event | None = None
 
     def alive(self) -> bool:
         """True unless the loop is wedged: it went round within a lease, or waits on purpose.
@@ -297,7 +300,9 @@ class Relay:
         self._limits.took(len(claim.events), payload_bytes)
         mark_chained(claim.events, [other.events for other, _ in self._flying.values()])
         self._flying[claim.token] = (claim, claimed_at)
-        task = asyncio.create_task(self._deliver(claim, claimed_at), name=f"deliver-{claim.token}")
+        before, turn = self._last_turn, asyncio.Event()
+        self._last_turn = turn
+        task = asyncio.create_task(self._deliver(claim, claimed_at, before, turn), name=f"deliver-{claim.token}")
         self._inflight[task] = claimed_at
         task.add_done_callback(self._delivered)
         full = len(claim.events) >= count or payload_bytes >= max_bytes
@@ -439,13 +444,27 @@ class Relay:
         self._sink_outage.reset()
         return True
 
-    async def _deliver(self, claim: Claim, claimed_at: float) -> None:
+    async def _deliver(
+        self, claim: Claim, claimed_at: float, before: asyncio.Event | None, turn: asyncio.Event
+    ) -> None:
+        """Publish and settle ``claim`` once the batch handed out before it has had its turn.
+
+        On a sink that keeps a key's order across batches, this batch may hold the next events of
+        the keys of the one before it, and the sink keeps their order only if it is handed that
+        batch first. Batches usually start in the order they were claimed, but one that must renew
+        its lease first (a slow claim, a stalled process) waits for the database meanwhile: the
+        batch after it must not overtake it. ``turn`` is set once this batch started publishing or
+        was given back (its keys held), and the next batch waits for it.
+        """
         try:
-            await self._publish_and_settle(claim, claimed_at)
+            if before is not None and self.sink.chains_keys:
+                await before.wait()
+            await self._publish_and_settle(claim, claimed_at, turn)
         finally:
+            turn.set()
             self._flying.pop(claim.token, None)
 
-    async def _publish_and_settle(self, claim: Claim, claimed_at: float) -> None:
+    async def _publish_and_settle(self, claim: Claim, claimed_at: float, turn: asyncio.Event) -> None:
         # A batch that waited (a slow claim, a stalled process) until its lease
         # could end before the publish and the settle are done renews the lease
         # of what it still holds, or goes back: publishing on the old lease
@@ -464,9 +483,12 @@ class Relay:
                 extra={"action": "release_stale", "batch_size": len(claim.events)},
             )
             self.holds.hold(claim.events)
+            turn.set()
             await settle_within_lease(self.store, claim, lease_ends, release={0.0: everything})
             return
         started = time.monotonic()
+        # The next batch goes once this one is handed to the sink: it runs up to its first wait first.
+        turn.set()
         try:
             with batch_span(claim.events, system=self.sink.name):
                 outcomes = await self.sink.publish(claim.events, self.holds)

@@ -167,3 +167,44 @@ def test_a_started_postgres_claim_reads_its_raw_rows_whatever_their_keys_topics_
     assert leased.priorities == {-5, 0, 2**31 - 1} and leased.xids == (700, 712)
     tails = {key: (e.id, e.topic) for key, e in chained_keys([leased.tails()]).items()}
     assert tails == {"clé-😀": (7, ""), "k": (12, "tópico")}
+
+
+class SlowFirstClaimStore(RecordingStore):
+    """The first claim comes back too late to publish on its lease, and renewing a lease is slow."""
+
+    def __init__(self, claim_seconds: float, renew_seconds: float) -> None:
+        super().__init__()
+        self.claim_seconds, self.renew_seconds = claim_seconds, renew_seconds
+        self.renewed: list[int] = []
+
+    async def start_claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
+    ) -> Started:
+        started = await super().start_claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
+        if len(self.log) == 1:
+            await asyncio.sleep(self.claim_seconds)
+        return started
+
+    async def renew(self, claim: Claim) -> set[int]:
+        await asyncio.sleep(self.renew_seconds)
+        self.renewed.append(len(claim.events))
+        return await super().renew(claim)
+
+
+def test_a_batch_that_renews_its_lease_is_not_overtaken_by_the_batch_claimed_after_it() -> None:
+    # The first claim is slow (a big payload): its batch must renew its lease before publishing.
+    # The claim started ahead of it came back at once, fresh, with the next events of the same keys.
+    # That batch must wait until the one before it started publishing (or was given back).
+    # Renewed in time to publish, or too late (then given back, its keys held).
+    for keys, renew_seconds in ((1, 0.01), (1, 0.05), (2, 0.01), (7, 0.05)):
+        store, sink = SlowFirstClaimStore(claim_seconds=0.06, renew_seconds=renew_seconds), OrderedSink()
+        for i in range(40):
+            store.insert("t", {"i": i}, key=f"k{i % keys}")
+        relay = Relay(store, sink, replace(FAST, batch_size=8))
+        relay._latest_publish_start = 0.03  # a lease short enough for the slow claim to outlast
+        asyncio.run(run_until(relay, lambda sink=sink: len(sink.delivered) >= 40, timeout=20))  # type: ignore[misc]
+        assert store.renewed, "the first batch was expected to renew its lease"
+        for k in range(keys):
+            got = [json.loads(e.payload)["i"] for e in sink.delivered if e.key == f"k{k}"]
+            assert got == sorted(got), (keys, renew_seconds, k, got)
+        assert sorted({json.loads(e.payload)["i"] for e in sink.delivered}) == list(range(40))
