@@ -3,9 +3,10 @@
 Each published batch gets one ``PRODUCER`` span, ``outbox-relay publish``. A
 batch mixes events of many unrelated requests, so the span is not a child of
 any of them: it links to the producer span of each event, read from the
-``traceparent`` header that ``producers.publish`` stored. The headers
-themselves are forwarded unchanged, so a consumer continues the producer's
-trace, not the relay's.
+``traceparent`` header that ``producers.publish`` stored (or any writer, in
+any case: header names are case-insensitive, so ``Traceparent`` and
+``TRACEPARENT`` count too). The headers themselves are forwarded unchanged, so
+a consumer continues the producer's trace, not the relay's.
 
 OpenTelemetry is optional (the ``tracing`` extra): without it, or without an
 SDK configured, ``batch_span`` costs next to nothing.
@@ -14,7 +15,7 @@ SDK configured, ``batch_span`` costs next to nothing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,8 @@ TRACER_NAME = "outbox-relay"
 #: Most links on one batch span (the SDK's default span link limit); the
 #: events past it are still published, only not linked.
 MAX_LINKS = 128
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
 
 
 @cache
@@ -43,16 +46,45 @@ def _opentelemetry() -> tuple[Tracer, TraceContextTextMapPropagator] | None:
     return trace.get_tracer(TRACER_NAME), TraceContextTextMapPropagator()
 
 
+def trace_context_headers(headers: Mapping[str, str]) -> dict[str, list[str]]:
+    """The W3C trace context in ``headers``: the values of ``traceparent`` and ``tracestate``,
+    by lower-case name, whatever the case of the row's names, in the row's order.
+
+    HTTP and W3C Trace Context header names are case-insensitive, and a JSON
+    object may hold one name in several cases. Only ASCII letters fold: a name
+    that only Unicode case folding turns into ``tracestate`` (with a long s, U+017F) is
+    no header name, so it is not one of these.
+    """
+    found: dict[str, list[str]] = {}
+    for name, value in headers.items():
+        if name.isascii() and (lower := name.lower()) in (TRACEPARENT, TRACESTATE):
+            found.setdefault(lower, []).append(value)
+    return found
+
+
 def event_links(events: Sequence[Event], propagator: TraceContextTextMapPropagator) -> list[Link]:
-    """One link per distinct valid ``traceparent`` among ``events``, at most :data:`MAX_LINKS`."""
+    """One link per distinct valid ``traceparent`` among ``events``, at most :data:`MAX_LINKS`.
+
+    An event whose headers hold ``traceparent`` more than once (in several
+    cases) with different values gets no link: W3C Trace Context takes
+    duplicated ``traceparent`` headers as invalid. Several ``tracestate``
+    entries are combined, as repeated header fields are (RFC 9110, 5.3).
+    """
     from opentelemetry.trace import Link, get_current_span
 
     links: list[Link] = []
     seen: set[tuple[int, int]] = set()
     for event in events:
-        if "traceparent" not in event.headers:
+        if not event.headers:  # the common case, on the hot path
             continue
-        context = get_current_span(propagator.extract(event.headers)).get_span_context()
+        found = trace_context_headers(event.headers)
+        parents = found.get(TRACEPARENT)
+        if not parents or len(set(parents)) > 1:
+            continue
+        carrier = {TRACEPARENT: parents[:1], TRACESTATE: found.get(TRACESTATE, [])}
+        if not carrier[TRACESTATE]:
+            del carrier[TRACESTATE]
+        context = get_current_span(propagator.extract(carrier)).get_span_context()
         ids = (context.trace_id, context.span_id)
         if not context.is_valid or ids in seen:
             continue

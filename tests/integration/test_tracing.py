@@ -151,6 +151,20 @@ def test_batch_span_links_distinct_producers_up_to_the_cap(spans: InMemorySpanEx
     assert "messaging.destination.name" not in span.attributes, "several topics: no single destination"
 
 
+@pytest.mark.parametrize(
+    ("parent", "state"), [("Traceparent", "Tracestate"), ("TRACEPARENT", "TRACESTATE"), ("traceParent", "traceState")]
+)
+def test_batch_span_links_a_producer_whatever_the_case_of_the_header_name(
+    spans: InMemorySpanExporter, parent: str, state: str
+) -> None:
+    headers = {parent: _traceparent(5, 6)["traceparent"], state: "vendor=x"}
+    with batch_span([make_event("t", headers=headers)], system="kafka"):
+        pass
+    [span] = batch_spans(spans)
+    assert [(link.context.trace_id, link.context.span_id) for link in span.links] == [(5, 6)]
+    assert span.links[0].context.trace_state.to_header() == "vendor=x"
+
+
 def test_batch_span_records_a_failed_publish(spans: InMemorySpanExporter) -> None:
     with pytest.raises(RuntimeError, match="broker down"), batch_span([make_event("t")], system="kafka"):
         raise RuntimeError("broker down")
