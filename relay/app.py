@@ -183,6 +183,8 @@ async def start(relay: Relay, timeout: float, stop: asyncio.Event | None = None)
             if asyncio.get_running_loop().time() >= deadline:
                 raise
             logger.warning("not started yet, trying again: %s", exc, extra={"action": "start_retry"})
+            # Alive meanwhile (/healthz 200, /readyz 503): each try in relay.open() counts as a wait
+            # on purpose for a call allowance, which outlasts this second's wait before the next.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
             if stop.is_set():

@@ -199,10 +199,14 @@ class Relay:
         """Connect the store and the sink; raise the store's or the sink's error if either cannot be used.
 
         ``run`` calls it (and rides out outages) unless it was called, and
-        succeeded, before.
+        succeeded, before. Each call is bounded, so a start-up try is a wait on
+        purpose: alive throughout, however long the lease.
         """
+        self._away(CALL_ALLOWANCE_SECONDS)
         await self.store.open()
+        self._away(CALL_ALLOWANCE_SECONDS)
         await self.store.check()  # a standby answers, but cannot relay
+        self._away(CALL_ALLOWANCE_SECONDS)
         await self.sink.start()
         self._opened = True
 
@@ -212,7 +216,8 @@ class Relay:
             retry=retry_if_exception_type((StoreUnavailable, SinkUnavailable)),
             stop=lambda _: stop.is_set(),
             wait=Backoff.for_outages(),
-            sleep=lambda seconds: sleep_unless_stopped(stop, seconds),
+            # The waits between tries are on purpose: /healthz stays 200 through a long start-up.
+            sleep=lambda seconds: self._sleep(stop, seconds),
             before_sleep=log_before_sleep(logger, "waiting for servers: %s", "connect_retry"),
             reraise=True,
         )
