@@ -199,7 +199,8 @@ async def serve(config: RunConfig) -> None:
         health = None
         if config.metrics_port is not None:
             # Listen before connecting: a taken port fails at once, with nothing to close.
-            health = HealthServer(relay, config.metrics_host, config.metrics_port)
+            # Once stopping, /readyz answers 503 while the batches in hand drain.
+            health = HealthServer(relay, config.metrics_host, config.metrics_port, stopping=stop)
             await health.start()
         try:
             await _relay_until_stopped(relay, config, stop, health)

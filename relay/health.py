@@ -1,9 +1,14 @@
-"""A tiny HTTP server for /metrics, /healthz and /readyz on the relay's loop."""
+"""A tiny HTTP server for /metrics, /healthz and /readyz on the relay's loop.
+
+It must keep answering the probes whatever else connects: it holds at most
+``MAX_CONNECTIONS`` connections, gives a client ``REQUEST_TIMEOUT_SECONDS`` to
+send its request, and at the cap makes room by closing the connection that
+has waited longest for a request that never came.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from relay.errors import ConfigError, RelayError
@@ -13,6 +18,16 @@ from relay.sinks.routing import RoutingSink
 logger = logging.getLogger(__name__)
 
 READY_CHECK_TIMEOUT_SECONDS = 3.0
+#: Most connections served at once: each holds a file descriptor and up to a 64 KiB buffer.
+MAX_CONNECTIONS = 64
+#: How long a client has to send its request line and headers (a probe sends them at once).
+REQUEST_TIMEOUT_SECONDS = 5.0
+#: How long answering may take once the request is in: the readiness checks, then the write.
+ANSWER_TIMEOUT_SECONDS = 2 * READY_CHECK_TIMEOUT_SECONDS
+#: The most bytes of request line and headers read from one request.
+MAX_REQUEST_BYTES = 64 * 1024
+#: How long closing may wait for the answer to leave, for a client that does not read it.
+CLOSE_TIMEOUT_SECONDS = 1.0
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -24,11 +39,17 @@ def request_is_head(request: bytes) -> bool:
 class HealthServer:
     """Serves the relay's metrics and probes; one request per connection."""
 
-    def __init__(self, relay: Relay, host: str, port: int) -> None:
+    def __init__(self, relay: Relay, host: str, port: int, *, stopping: asyncio.Event | None = None) -> None:
+        """``stopping``: once set (SIGTERM), the relay is draining and ``/readyz`` answers 503."""
         self.relay = relay
         self.host = host
         self.port = port
+        self.stopping = stopping or asyncio.Event()
         self._server: asyncio.Server | None = None
+        # The open connections, oldest first; True while still waiting for the request.
+        self._connections: dict[asyncio.StreamWriter, bool] = {}
+        self._handlers: set[asyncio.Task[object]] = set()
+        self._closing = False
         #: Set once the relay has connected: until then it is not ready, and a
         #: probe must not open connections that start-up would not close.
         self.started = False
@@ -52,9 +73,13 @@ class HealthServer:
         logger.info("serving metrics on %s:%d", self.host, self.port, extra={"action": "metrics_listen"})
 
     async def close(self) -> None:
-        """Stop listening."""
+        """Stop listening, and end the connections still open (a client waiting for nothing gets nothing)."""
         if self._server is not None:
             self._server.close()
+            self._closing = True
+            for task in self._handlers:
+                task.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
             await self._server.wait_closed()
             self._server = None
 
@@ -66,7 +91,8 @@ class HealthServer:
         """True when the database and the broker answer; with routes, every route's broker.
 
         A routed sink that is down holds back its events while the others flow:
-        the relay is working, but not for everything, so it is not ready.
+        the relay is working, but not for everything, so it is not ready. Nor
+        is a relay that is stopping (draining the batches in hand).
 
         The checks run as one task that probes share and that a probe never
         cancels: a probe answers "not ready" once they take longer than
@@ -76,6 +102,10 @@ class HealthServer:
         connection closed) before any answer went out.
         """
         if not self.started:
+            return False
+        if self.stopping.is_set():
+            # Draining: load balancers and orchestrators must stop counting on this relay.
+            logger.info("not ready: stopping", extra={"action": "not_ready"})
             return False
         if self._checks is None or self._checks.done():
             self._checks = asyncio.create_task(self._check(), name="readiness checks")
@@ -110,30 +140,91 @@ class HealthServer:
         return None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.add(handler)
         try:
-            async with asyncio.timeout(READY_CHECK_TIMEOUT_SECONDS * 3):
-                request = b""
-                try:
-                    request = await reader.readline()
-                    while (await reader.readline()).strip():
-                        pass
-                except ValueError:  # a line past the reader's limit (64 KiB)
-                    status, extra, body = "431 Request Header Fields Too Large", "", b"request too large\n"
-                    ctype = "text/plain"
-                else:
-                    status, ctype, extra, body = await self._answer(request)
-                writer.write(
-                    f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                    f"{extra}Connection: close\r\n\r\n".encode()
-                    + (b"" if request_is_head(request) else body)
-                )
-                await writer.drain()
-        except (TimeoutError, ConnectionError):
+            if len(self._connections) >= MAX_CONNECTIONS and not self._evict_idle():
+                # Every connection is being answered (each within ANSWER_TIMEOUT_SECONDS): refuse this one.
+                writer.write(_response("503 Service Unavailable", "text/plain", "Retry-After: 1\r\n", b"busy\n"))
+                return
+            self._connections[writer] = True
+            try:
+                async with asyncio.timeout(REQUEST_TIMEOUT_SECONDS) as deadline:
+                    await self._serve(reader, writer, deadline)
+            except TimeoutError:
+                waiting = self._connections.get(writer)  # None: evicted, and told so
+                if waiting:
+                    self._say_timeout(writer)
+                elif waiting is False:  # a client that does not read its answer: drop what is left of it
+                    writer.transport.abort()
+            finally:
+                self._connections.pop(writer, None)
+        except ConnectionError:
             pass
+        except asyncio.CancelledError:
+            if not self._closing:
+                raise
+            # Ended by close(): a cancelled handler would be reported as an error by asyncio's streams.
+            writer.transport.abort()
         finally:
+            self._handlers.discard(handler)
             writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+            try:
+                # Closing waits for the answer to go out; a client that never reads it must not hold the socket.
+                async with asyncio.timeout(CLOSE_TIMEOUT_SECONDS):
+                    await writer.wait_closed()
+            except TimeoutError:
+                writer.transport.abort()
+            except ConnectionError:
+                pass
+
+    @staticmethod
+    def _say_timeout(writer: asyncio.StreamWriter) -> None:
+        writer.write(_response("408 Request Timeout", "text/plain", "", b"request timeout\n"))
+
+    def _evict_idle(self) -> bool:
+        """Make room: close the oldest connection still waiting for its request. False if there is none."""
+        for writer, waiting in self._connections.items():
+            if waiting:
+                # Out of the table at once: its handler sees that, and answers nothing more.
+                del self._connections[writer]
+                self._say_timeout(writer)
+                writer.close()
+                # DEBUG: a flood of connections must not become a flood of log lines.
+                logger.debug(
+                    "metrics server at %d connections: closed the oldest one still waiting for its request",
+                    MAX_CONNECTIONS,
+                    extra={"action": "metrics_evict"},
+                )
+                return True
+        return False
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, deadline: asyncio.Timeout
+    ) -> None:
+        """Read one request within the deadline, then answer it within ``ANSWER_TIMEOUT_SECONDS``."""
+        request = b""
+        answer: tuple[str, str, str, bytes] | None = None
+        try:
+            request = await reader.readline()
+            size = len(request)
+            while (line := await reader.readline()).strip() and size <= MAX_REQUEST_BYTES:
+                size += len(line)
+            if size > MAX_REQUEST_BYTES:
+                raise ValueError(size)
+        except ValueError:  # a line past the reader's limit (64 KiB), or all of them past MAX_REQUEST_BYTES
+            answer = ("431 Request Header Fields Too Large", "text/plain", "", b"request too large\n")
+        if writer not in self._connections:
+            return  # evicted meanwhile: it has its answer
+        if deadline.expired():
+            await asyncio.sleep(0)  # the deadline's cancellation is pending: take it (a TimeoutError)
+        # The request is in: no longer idle, and the answer gets its own time.
+        self._connections[writer] = False
+        deadline.reschedule(asyncio.get_running_loop().time() + ANSWER_TIMEOUT_SECONDS)
+        status, ctype, extra, body = answer or await self._answer(request)
+        writer.write(_response(status, ctype, extra, body, head=request_is_head(request)))
+        await writer.drain()
 
     async def _answer(self, request: bytes) -> tuple[str, str, str, bytes]:
         """Status, content type, extra header lines and body for one request line."""
@@ -155,3 +246,15 @@ class HealthServer:
         else:
             return "404 Not Found", "text/plain", b"not found\n"
         return ("200 OK", "text/plain", b"ok\n") if ok else ("503 Service Unavailable", "text/plain", b"unavailable\n")
+
+
+def _response(status: str, ctype: str, extra: str, body: bytes, *, head: bool = False) -> bytes:
+    """One HTTP/1.1 answer that closes the connection; ``extra``: header lines, each ending in CRLF.
+
+    ``head``: the headers only, with the length of the body a GET would get.
+    """
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+        f"{extra}Connection: close\r\n\r\n".encode()
+        + (b"" if head else body)
+    )
