@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -18,6 +19,40 @@ def is_idempotency_header(name: str) -> bool:
     """Whether ``name`` is ``idempotency-key`` in any case: a row's header of that name gives way
     to the relay's, since consumers often look headers up without regard to case."""
     return len(name) == len(IDEMPOTENCY_HEADER) and name.lower() == IDEMPOTENCY_HEADER
+
+
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+
+
+def trace_context(headers: Mapping[str, str]) -> dict[str, str]:
+    """The W3C trace context among a row's headers: ``traceparent`` and ``tracestate``, by those
+    lower-case names, whatever the case of the row's (empty values left out).
+
+    HTTP and W3C Trace Context header names are case-insensitive, and a JSON
+    object may hold one name in several cases. Only ASCII letters fold: a name
+    that only Unicode case folding makes one of these (a long s, U+017F, for
+    the s of ``tracestate``) is no header name. A ``traceparent`` given in
+    several cases with different values is invalid (W3C: a duplicated
+    ``traceparent``), and so is the whole context: none. Several ``tracestate``
+    entries are joined with commas, in the row's order, as repeated header
+    fields are (RFC 9110, 5.3).
+    """
+    parents: list[str] = []
+    states: list[str] = []
+    for name, value in headers.items():
+        if value and len(name) in (10, 11) and name.isascii():
+            lower = name.lower()
+            if lower == TRACEPARENT:
+                parents.append(value)
+            elif lower == TRACESTATE:
+                states.append(value)
+    if len(set(parents)) > 1:
+        return {}
+    found = {TRACEPARENT: parents[0]} if parents else {}
+    if states:
+        found[TRACESTATE] = ",".join(states)
+    return found
 
 
 @dataclass(slots=True)

@@ -15,11 +15,11 @@ SDK configured, ``batch_span`` costs next to nothing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import TYPE_CHECKING
 
-from relay.events import Event
+from relay.events import TRACEPARENT, Event, trace_context
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Link, Tracer
@@ -30,8 +30,6 @@ TRACER_NAME = "outbox-relay"
 #: Most links on one batch span (the SDK's default span link limit); the
 #: events past it are still published, only not linked.
 MAX_LINKS = 128
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
 
 
 @cache
@@ -46,29 +44,10 @@ def _opentelemetry() -> tuple[Tracer, TraceContextTextMapPropagator] | None:
     return trace.get_tracer(TRACER_NAME), TraceContextTextMapPropagator()
 
 
-def trace_context_headers(headers: Mapping[str, str]) -> dict[str, list[str]]:
-    """The W3C trace context in ``headers``: the values of ``traceparent`` and ``tracestate``,
-    by lower-case name, whatever the case of the row's names, in the row's order.
-
-    HTTP and W3C Trace Context header names are case-insensitive, and a JSON
-    object may hold one name in several cases. Only ASCII letters fold: a name
-    that only Unicode case folding turns into ``tracestate`` (with a long s, U+017F) is
-    no header name, so it is not one of these.
-    """
-    found: dict[str, list[str]] = {}
-    for name, value in headers.items():
-        if name.isascii() and (lower := name.lower()) in (TRACEPARENT, TRACESTATE):
-            found.setdefault(lower, []).append(value)
-    return found
-
-
 def event_links(events: Sequence[Event], propagator: TraceContextTextMapPropagator) -> list[Link]:
     """One link per distinct valid ``traceparent`` among ``events``, at most :data:`MAX_LINKS`.
 
-    An event whose headers hold ``traceparent`` more than once (in several
-    cases) with different values gets no link: W3C Trace Context takes
-    duplicated ``traceparent`` headers as invalid. Several ``tracestate``
-    entries are combined, as repeated header fields are (RFC 9110, 5.3).
+    The headers are read in any case (see :func:`relay.events.trace_context`).
     """
     from opentelemetry.trace import Link, get_current_span
 
@@ -77,13 +56,9 @@ def event_links(events: Sequence[Event], propagator: TraceContextTextMapPropagat
     for event in events:
         if not event.headers:  # the common case, on the hot path
             continue
-        found = trace_context_headers(event.headers)
-        parents = found.get(TRACEPARENT)
-        if not parents or len(set(parents)) > 1:
+        carrier = trace_context(event.headers)
+        if TRACEPARENT not in carrier:
             continue
-        carrier = {TRACEPARENT: parents[:1], TRACESTATE: found.get(TRACESTATE, [])}
-        if not carrier[TRACESTATE]:
-            del carrier[TRACESTATE]
         context = get_current_span(propagator.extract(carrier)).get_span_context()
         ids = (context.trace_id, context.span_id)
         if not context.is_valid or ids in seen:

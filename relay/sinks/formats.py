@@ -6,7 +6,7 @@ Kafka protocol binding and, as far as AMQP 0-9-1 headers allow, the AMQP
 binding. The attributes come from the row's columns: ``id`` the idempotency
 key, ``type`` the topic, ``time`` the creation time, ``partitionkey`` the key
 (none when null or empty: the extension must not be empty), ``traceparent`` and ``tracestate`` the row's W3C trace
-context headers. Binary mode never parses the payload: the attributes go in
+context headers (in any case). Binary mode never parses the payload: the attributes go in
 headers. Structured mode wraps the payload, as it is, in a JSON envelope: a
 JSON payload as ``data``, raw bytes as ``data_base64``. docs/cloudevents.md
 has the whole mapping.
@@ -20,15 +20,13 @@ from datetime import UTC, datetime
 from json.encoder import encode_basestring as _json_string
 
 from relay.config import Format
-from relay.events import IDEMPOTENCY_HEADER, Event, is_idempotency_header
+from relay.events import IDEMPOTENCY_HEADER, Event, is_idempotency_header, trace_context
 
 SPECVERSION = "1.0"
 JSON_CONTENT_TYPE = "application/json"
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
 #: The source a sink uses when it is given none (the CLI always gives one).
 DEFAULT_EVENT_SOURCE = "/outbox-relay"
-#: Headers of the row that become CloudEvents extensions as well (W3C trace context).
-TRACE_HEADERS = ("traceparent", "tracestate")
 KAFKA_PREFIX = "ce_"
 AMQP_PREFIX = "cloudEvents:"
 #: What the AMQP binding's readers take as attributes: ``cloudEvents:`` and, for JMS, ``cloudEvents_``
@@ -86,7 +84,8 @@ class Rfc3339:
 
 
 def _trace_context(headers: dict[str, str]) -> list[tuple[str, str]]:
-    return [(name, headers[name]) for name in TRACE_HEADERS if headers.get(name)]
+    # In any case of the row's names (relay.events.trace_context): the extensions' names are lower case.
+    return list(trace_context(headers).items())
 
 
 def envelope_encoder(source: str) -> Callable[[Event], bytes]:

@@ -1,15 +1,23 @@
-"""The relay reads an event's W3C trace context whatever the case of the header names (no I/O)."""
+"""The relay reads an event's W3C trace context whatever the case of the header names (no I/O).
+
+Both readers: the batch span's links, and the CloudEvents encoders' ``traceparent``
+and ``tracestate`` extensions.
+"""
 
 from __future__ import annotations
 
 import itertools
+import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import pytest
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.span import format_span_id, format_trace_id
 
+from relay.config import Format
 from relay.events import Event
+from relay.sinks.formats import amqp_encoder, envelope_encoder, kafka_encoder
 from relay.tracing import event_links
 
 _ids = itertools.count(1)
@@ -91,3 +99,27 @@ def test_a_traceparent_repeated_in_two_cases_with_different_values_is_invalid() 
 def test_tracestate_entries_in_several_cases_are_combined_in_order() -> None:
     headers = {"Traceparent": traceparent(1, 2), "tracestate": "a=1", "TraceState": "b=2"}
     assert links(headers) == [(1, 2, "a=1,b=2")]
+
+
+def extensions(headers: dict[str, str]) -> list[Mapping[str, object]]:
+    """The trace extensions each CloudEvents encoding gives an event with these headers."""
+    e = event(headers)
+    _, kafka_headers = kafka_encoder(Format.CLOUDEVENTS)(e)
+    _, _, amqp_headers = amqp_encoder(Format.CLOUDEVENTS)(e)
+    document = json.loads(envelope_encoder("/s")(e))
+    kafka_ce = {name.removeprefix("ce_"): value for name, value in kafka_headers if name.startswith("ce_trace")}
+    amqp_ce = {name.removeprefix("cloudEvents:"): v for name, v in amqp_headers.items() if "cloudEvents:trace" in name}
+    structured = {name: value for name, value in document.items() if name.startswith("trace")}
+    return [kafka_ce, amqp_ce, structured]
+
+
+@pytest.mark.parametrize(("parent_name", "state_name"), CASINGS)
+def test_cloudevents_carry_the_trace_context_in_any_case(parent_name: str, state_name: str) -> None:
+    headers = {parent_name: traceparent(1, 2), state_name: "vendor=v1"}
+    expected = {"traceparent": traceparent(1, 2), "tracestate": "vendor=v1"}
+    assert extensions(headers) == [expected] * 3
+
+
+def test_cloudevents_leave_out_a_traceparent_given_twice_with_different_values() -> None:
+    headers = {"traceparent": traceparent(1, 2), "TRACEPARENT": traceparent(3, 4), "tracestate": "a=1"}
+    assert extensions(headers) == [{}] * 3
