@@ -23,16 +23,20 @@ from typing import Any
 
 from relay.config import TableName
 
-# Text and bytes other than JSON travel as hexadecimal digits, UNHEX()ed by the server: ASCII that
+# Text and bytes other than the headers' JSON travel as hexadecimal digits, UNHEX()ed by the server: ASCII that
 # no charset or sql_mode reads otherwise. Sent as they are, a topic was cut at its first character
 # past the BMP on a utf8mb3 connection without strict mode, and asyncmy escapes bytes with
 # backslashes even under NO_BACKSLASH_ESCAPES (each backslash doubled, a quote closing the literal).
+# A JSON payload goes the same way, as UTF-8: the relay sends its text as it is stored, and JSON
+# with non-ASCII escaped as \uXXXX made a body up to three times what PostgreSQL sends (past a
+# broker's message size where PostgreSQL's was delivered) and other bytes than its consumers saw.
 _INSERT = (
     "INSERT INTO {table} (topic, `key`, payload, headers, idempotency_key, deliver_at, priority)"
-    " VALUES (CONVERT(UNHEX(%(topic)s) USING utf8mb4), UNHEX(%(key)s), %(payload)s, %(headers)s,"
+    " VALUES (CONVERT(UNHEX(%(topic)s) USING utf8mb4), UNHEX(%(key)s), CONVERT(UNHEX(%(payload)s) USING utf8mb4),"
+    " %(headers)s,"
     " UNHEX(%(idempotency_key)s), COALESCE(%(deliver_at)s, UTC_TIMESTAMP(6)), %(priority)s)"
 )
-#: A bytes payload: its own statement, so that a JSON publish sends what it always sent.
+#: A bytes payload: its own statement, with its content type.
 _INSERT_BYTES = (
     "INSERT INTO {table} (topic, `key`, payload_bytes, content_type, headers, idempotency_key, deliver_at, priority)"
     " VALUES (CONVERT(UNHEX(%(topic)s) USING utf8mb4), UNHEX(%(key)s), UNHEX(%(payload)s),"
@@ -91,7 +95,8 @@ def _values(params: dict[str, Any]) -> dict[str, Any]:
         **params,
         # Both drivers send bytes as a _binary literal: stored exactly, whatever the connection's charset.
         # A value json cannot write (None from _json_text) fails here, before any SQL, as it always did.
-        "payload": params["payload"] if as_bytes else params["payload_json"] or json.dumps(params["payload"]),
+        # JSON text as UTF-8, not escaped (see _INSERT); it was checked as payload_json (NaN, surrogates).
+        "payload": params["payload"] if as_bytes else _utf8_json(params["payload"]),
         "headers": params["headers_json"],
         # VARBINARY columns keep the bytes they are sent: as text, a key or idempotency key would be
         # stored in the connection's charset (latin1's 'café' is not utf8mb4's), one event written
@@ -103,6 +108,11 @@ def _values(params: dict[str, Any]) -> dict[str, Any]:
         # DATETIME(6) holds UTC, without a zone.
         "deliver_at": deliver_at.astimezone(UTC).replace(tzinfo=None) if deliver_at is not None else None,
     }
+
+
+def _utf8_json(payload: Any) -> bytes:
+    """``payload`` as JSON text in UTF-8, non-ASCII characters as themselves, as PostgreSQL's jsonb gives them."""
+    return json.dumps(payload, ensure_ascii=False).encode("utf-8")
 
 
 def _hexed(values: dict[str, Any]) -> dict[str, Any]:

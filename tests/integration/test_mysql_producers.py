@@ -18,7 +18,9 @@ from relay.errors import ConfigError
 from relay.store.mysql import Target
 from relay.store.mysql.migrate import migrate
 from tests import mysql_support
+from tests.integration.rabbit_support import temp_queue
 from tests.producer_cases import BAD_ARGUMENTS
+from tests.relay_support import RelayThread
 
 
 def count(url: str, table: str = "outbox") -> int:
@@ -402,3 +404,44 @@ def test_a_large_event_is_checked_against_max_allowed_packet_from_a_dict_cursor_
 
         asyncio.run(asynchronous())
     assert mysql_support.execute(mysql_url, "SELECT idempotency_key FROM outbox") == [(b"big",)]
+
+
+#: Non-ASCII text of every width in UTF-8, beside what JSON escapes whatever the setting.
+NON_ASCII_PAYLOADS = [
+    {"name": "café"},
+    {"城市": "東京", "note": "ключ"},
+    ["🎉", "a\u2028b", "\U0010fffd"],
+    {"mixed": 'quote " backslash \\ tab \t é', "n": 1},
+    "ünïcödé alone",
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("charset", ["utf8mb4", "utf8mb3", "latin1"])
+def test_a_json_payload_is_delivered_as_utf8_text_as_on_postgresql(mysql_url: str, amqp_url: str, charset: str) -> None:
+    """The body is the payload's JSON with its characters as UTF-8, as PostgreSQL's jsonb sends it:
+    written escaped (\\u00e9), it reached consumers as other bytes, up to three times as long."""
+    with temp_queue(amqp_url) as queue:
+        conn = mysql_support.connect(mysql_url, autocommit=False, charset=charset)
+        try:
+            for i, payload in enumerate(NON_ASCII_PAYLOADS):
+                producers.publish(conn, queue.name, payload, key="k", idempotency_key=f"sync-{i}")
+            conn.commit()
+        finally:
+            conn.close()
+
+        async def awrite() -> None:
+            aconn = await _aconnect(mysql_url, charset="utf8" if charset == "utf8mb3" else charset)
+            try:
+                for i, payload in enumerate(NON_ASCII_PAYLOADS):
+                    await producers.apublish(aconn, queue.name, payload, key="k", idempotency_key=f"async-{i}")
+                await aconn.commit()
+            finally:
+                aconn.close()
+
+        asyncio.run(awrite())
+        with RelayThread(mysql_url, amqp_url):
+            messages = queue.collect(2 * len(NON_ASCII_PAYLOADS))
+    wanted = [json.dumps(p, ensure_ascii=False).encode() for p in NON_ASCII_PAYLOADS] * 2
+    assert [m.body for m in messages] == wanted
+    assert [m.message_id for m in messages] == [f"{w}-{i}" for w in ("sync", "async") for i in range(5)]
