@@ -555,6 +555,12 @@ def check_database_url(url: str) -> str:
     url = url.strip()  # a value read from a file often ends in a line break
     if not url:
         raise ConfigError("no database configured: set --database-url, RELAY_DATABASE_URL or DATABASE_URL")
+    if any("\ud800" <= char <= "\udfff" for char in url):
+        # Python keeps bytes that are not UTF-8 (a shell's argument, a variable) as lone surrogates;
+        # libpq would fail on them with a traceback, and the password may be among them: not echoed.
+        raise ConfigError(
+            "invalid database URL: it holds bytes that are not UTF-8 (write it in UTF-8, percent-encode the rest)"
+        )
     if "://" not in url and "=" not in url:
         # Neither a URL nor a keyword string (a URL that lost its '//', a password set in its place):
         # libpq's error would echo it whole, whatever secret it holds.

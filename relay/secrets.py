@@ -289,7 +289,9 @@ def _unquote_keyword(value: str) -> str:
 def spellings(secret: str) -> set[str]:
     """Every form in which ``secret`` may appear in a library's text."""
     decoded = unquote(secret)
-    forms = {secret, decoded, unquote_plus(secret), quote(decoded, safe=""), quote_plus(decoded)}
+    # Bytes that are not UTF-8 (a shell's argument, escaped by Python) are quoted as the bytes they were.
+    quoted = quote(decoded, safe="", errors="surrogateescape"), quote_plus(decoded, errors="surrogateescape")
+    forms = {secret, decoded, unquote_plus(secret), *quoted}
     forms |= {repr(decoded)[1:-1], decoded.encode("unicode_escape").decode("ascii"), json.dumps(decoded)[1:-1]}
     forms.add(decoded.replace("\\", "\\\\").replace("'", "\\'"))  # libpq's keyword quoting
     # Pieces of the escaped form too: an error that names a piece by its repr doubles its backslashes.

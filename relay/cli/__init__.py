@@ -3,7 +3,8 @@
 - :mod:`.flags`: flags with an environment fallback (``RELAY_<FLAG>``);
 - :mod:`.parser`: every command and flag;
 - :mod:`.commands`: ``migrate`` and ``run``;
-- :mod:`.admin`: the operator's commands, on the store's ``Admin`` port.
+- :mod:`.admin`: the operator's commands, on the store's ``Admin`` port;
+- :mod:`.streams`: closed or broken standard streams, encodings and locales.
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ import argparse
 import contextlib
 import io
 import itertools
-import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
 
 from relay import secrets
-from relay.cli import admin, commands
+from relay.cli import admin, commands, streams
 from relay.cli.flags import PROG, add_env_flag, misspelt_env, reject_bad_env
 from relay.cli.parser import build_parser
 from relay.errors import ConfigError, RelayError
@@ -61,15 +61,17 @@ def _hide_from_ps(found: list[str]) -> None:
         import setproctitle
     except ImportError:  # an install without it: the arguments stay as given
         return
-    setproctitle.setproctitle(secrets.Scrubber(found)(shlex.join(sys.orig_argv)))
+    setproctitle.setproctitle(streams.printable_title(secrets.Scrubber(found)(shlex.join(sys.orig_argv))))
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line parsed; argparse's own errors (an unknown flag, a typo in a
     flag's name, a bad choice) echo the arguments, so they are scrubbed of the
     secrets in them first."""
-    given = list(sys.argv[1:] if argv is None else argv)
-    found = _secrets_in_argv(given)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    given = [streams.as_utf8(arg) for arg in raw]
+    # The spellings as Python first decoded them are what the process title shows.
+    found = _secrets_in_argv(given) + (_secrets_in_argv(raw) if raw != given else [])
     if argv is None:
         _hide_from_ps(found)
     scrub = secrets.Scrubber(found)
@@ -83,6 +85,20 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``outbox-relay`` console script."""
+    if argv is None:
+        streams.prepare()
+    try:
+        code = _main(argv)
+        streams.flush()
+    except BrokenPipeError:
+        # The reader went away (`outbox-relay dead | head`): as any Unix tool, stop quietly. The
+        # output still buffered would fail again at exit, so stdout and stderr point at nothing.
+        streams.discard_output()
+        return streams.BROKEN_PIPE_EXIT
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parse(argv)
     reject_bad_env(args)
     for warning in misspelt_env():
@@ -100,11 +116,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        # The reader went away (`outbox-relay dead | head`): as any Unix tool, stop quietly. The
-        # output still buffered would fail again at exit, so stdout points at nothing from here.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
 
 
 def _scrub(text: str, found: list[str]) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from relay.cli.streams import as_utf8
 from relay.config import parse_duration
 from relay.errors import ConfigError
 
@@ -38,7 +39,7 @@ def env_value(flag: str) -> str | None:
     if not value and flag == "--database-url":
         # An empty RELAY_DATABASE_URL (a template that filled in nothing) does not hide DATABASE_URL.
         value = os.environ.get("DATABASE_URL") or value
-    return value
+    return None if value is None else as_utf8(value)
 
 
 def _parsed(text: str, convert: Callable[[str], N], what: str) -> N:
