@@ -9,6 +9,7 @@ has waited longest for a request that never came.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from relay.errors import ConfigError, RelayError
@@ -26,6 +27,8 @@ REQUEST_TIMEOUT_SECONDS = 5.0
 ANSWER_TIMEOUT_SECONDS = 2 * READY_CHECK_TIMEOUT_SECONDS
 #: The most bytes of request line and headers read from one request.
 MAX_REQUEST_BYTES = 64 * 1024
+#: Past the cap, with every connection being answered: how long a new one may take to send its request.
+OVER_CAP_REQUEST_SECONDS = 1.0
 #: How long closing may wait for the answer to leave, for a client that does not read it.
 CLOSE_TIMEOUT_SECONDS = 1.0
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -140,13 +143,15 @@ class HealthServer:
         return None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closing:  # accepted just before close(), which could not cancel what had not started
+            writer.transport.abort()
+            return
         handler = asyncio.current_task()
         if handler is not None:
             self._handlers.add(handler)
         try:
             if len(self._connections) >= MAX_CONNECTIONS and not self._evict_idle():
-                # Every connection is being answered (each within ANSWER_TIMEOUT_SECONDS): refuse this one.
-                writer.write(_response("503 Service Unavailable", "text/plain", "Retry-After: 1\r\n", b"busy\n"))
+                await self._over_cap(reader, writer)
                 return
             self._connections[writer] = True
             try:
@@ -207,12 +212,7 @@ class HealthServer:
         request = b""
         answer: tuple[str, str, str, bytes] | None = None
         try:
-            request = await reader.readline()
-            size = len(request)
-            while (line := await reader.readline()).strip() and size <= MAX_REQUEST_BYTES:
-                size += len(line)
-            if size > MAX_REQUEST_BYTES:
-                raise ValueError(size)
+            request = await _read_request(reader)
         except ValueError:  # a line past the reader's limit (64 KiB), or all of them past MAX_REQUEST_BYTES
             answer = ("431 Request Header Fields Too Large", "text/plain", "", b"request too large\n")
         if writer not in self._connections:
@@ -225,6 +225,24 @@ class HealthServer:
         status, ctype, extra, body = answer or await self._answer(request)
         writer.write(_response(status, ctype, extra, body, head=request_is_head(request)))
         await writer.drain()
+
+    async def _over_cap(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Every connection is being answered (each within ANSWER_TIMEOUT_SECONDS): this one gets
+        ``OVER_CAP_REQUEST_SECONDS`` for its request. ``/healthz``, answered from memory, is answered
+        as ever: a liveness probe must not restart a relay whose other probes or scrapes are slow (a
+        database that stalls holds every ``/readyz`` for seconds). Anything else gets 503."""
+        request = b""
+        with contextlib.suppress(TimeoutError, ValueError):
+            async with asyncio.timeout(OVER_CAP_REQUEST_SECONDS):
+                # The whole request is read: a socket closed with bytes unread is reset, and the
+                # client may lose the answer.
+                request = await _read_request(reader)
+        parts = request.decode("latin-1").split()
+        if len(parts) == 3 and parts[0] in ("GET", "HEAD") and parts[1].split("?")[0] == "/healthz":
+            status, ctype, extra, body = await self._answer(request)
+        else:
+            status, ctype, extra, body = "503 Service Unavailable", "text/plain", "Retry-After: 1\r\n", b"busy\n"
+        writer.write(_response(status, ctype, extra, body, head=request_is_head(request)))
 
     async def _answer(self, request: bytes) -> tuple[str, str, str, bytes]:
         """Status, content type, extra header lines and body for one request line."""
@@ -246,6 +264,18 @@ class HealthServer:
         else:
             return "404 Not Found", "text/plain", b"not found\n"
         return ("200 OK", "text/plain", b"ok\n") if ok else ("503 Service Unavailable", "text/plain", b"unavailable\n")
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    """The request line, once its header lines are read (and dropped); ValueError past ``MAX_REQUEST_BYTES``
+    (or a line past the reader's own limit, 64 KiB)."""
+    request = await reader.readline()
+    size = len(request)
+    while (line := await reader.readline()).strip() and size <= MAX_REQUEST_BYTES:
+        size += len(line)
+    if size > MAX_REQUEST_BYTES:
+        raise ValueError(size)
+    return request
 
 
 def _response(status: str, ctype: str, extra: str, body: bytes, *, head: bool = False) -> bytes:
