@@ -310,6 +310,8 @@ class Relay:
         task = asyncio.create_task(self._deliver(claim, claimed_at, before, turn), name=f"deliver-{claim.token}")
         self._inflight[task] = claimed_at
         task.add_done_callback(self._delivered)
+        # Also for a task cancelled before it ran: its ``finally`` never does, and the next batch waits.
+        task.add_done_callback(lambda _: self._end_turn(claim, turn))
         full = len(claim.events) >= count or payload_bytes >= max_bytes
         return len(claim.events), full
 
@@ -466,8 +468,15 @@ class Relay:
                 await before.wait()
             await self._publish_and_settle(claim, claimed_at, turn)
         finally:
+            self._end_turn(claim, turn)
+
+    def _end_turn(self, claim: Claim, turn: asyncio.Event) -> None:
+        """``claim`` is done with: a batch that ended before it reached the sink (an error, a
+        cancellation) holds its keys first, so that the next batch does not send their later events."""
+        if not turn.is_set():
+            self.holds.hold(claim.events)
             turn.set()
-            self._flying.pop(claim.token, None)
+        self._flying.pop(claim.token, None)
 
     async def _publish_and_settle(self, claim: Claim, claimed_at: float, turn: asyncio.Event) -> None:
         # A batch that waited (a slow claim, a stalled process) until its lease

@@ -208,3 +208,29 @@ def test_a_batch_that_renews_its_lease_is_not_overtaken_by_the_batch_claimed_aft
             got = [json.loads(e.payload)["i"] for e in sink.delivered if e.key == f"k{k}"]
             assert got == sorted(got), (keys, renew_seconds, k, got)
         assert sorted({json.loads(e.payload)["i"] for e in sink.delivered}) == list(range(40))
+
+
+def test_a_batch_cancelled_before_it_ran_holds_its_keys_and_the_next_batch_does_not_wait_for_ever() -> None:
+    async def scenario() -> tuple[Relay, OrderedSink, bool]:
+        store, sink = MemoryStore(), OrderedSink()
+        for i in range(6):
+            store.insert("t", {"i": i}, key="k" if i < 4 else "other")
+        relay = Relay(store, sink, replace(FAST, batch_size=2))
+        relay._may_claim_ahead = lambda stop: False  # type: ignore[method-assign]  # one batch per call
+        stop = asyncio.Event()
+        await relay._claim(stop)  # k's first two events; its delivery has not run yet
+        (first,) = relay._inflight
+        first.cancel()
+        await relay._claim(stop)  # k's next two, going on from the first batch
+        await relay._claim(stop)  # the other key's
+        tasks = set(relay._inflight) | {first}
+        _, pending = await asyncio.wait(tasks, timeout=3)
+        for task in pending:
+            task.cancel()
+        return relay, sink, not pending
+
+    relay, sink, finished = asyncio.run(scenario())
+    assert finished, "a batch waited for ever for the one cancelled before it"
+    # The cancelled batch's key went on hold: its later events were not sent ahead of the first ones.
+    assert relay.holds.held("k")
+    assert [json.loads(e.payload)["i"] for e in sink.delivered] == [4, 5]
