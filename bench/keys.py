@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from bench import baselines
+from bench import baselines, lease_loop
 from bench.consumers import RabbitReceiver
 from bench.drain import Drain, run_drain
 from bench.services import AMQP_URL, TABLE, document_for, require_rabbitmq, source_state
@@ -203,6 +203,29 @@ class KeysScenario:
             self.run.cleanup.drop_database("keys_ldb")
         self._bracket(chosen.baseline, result)
 
+    def l_lease(self) -> None:
+        """L_lease (bench/lease_loop.py) on a copy of the 1,000-key backlog: the most a relay leasing each row gets."""
+        chosen = SPREADS["k1000"]
+        url = self.run.cleanup.create_database("keys_llease", template=self.template(chosen))
+        try:
+            result = lease_loop.l_lease(url)
+        finally:
+            self.run.cleanup.drop_database("keys_llease")
+        self._bracket("l_lease", result)
+
+    def l_lease_kafka(self) -> None:
+        """L_lease,kafka (bench/lease_loop.py) on a copy of the 1,000-key backlog, to Tansu."""
+        chosen = SPREADS["k1000"]
+        bootstrap = self.run.bootstrap
+        name = self.run.cleanup.create_topic(f"keys-{chosen.name}", PARTITIONS)
+        url = self.run.cleanup.create_database("keys_lleasek", template=self.template(chosen))
+        try:
+            result = lease_loop.l_lease_kafka(url, bootstrap)
+        finally:
+            self.run.cleanup.drop_database("keys_lleasek")
+            self.run.cleanup.delete_topic(name)
+        self._bracket("l_lease_kafka", result)
+
     def l_rmq(self) -> None:
         require_rabbitmq()
         queue = self.run.cleanup.create_queue("keys-lrmq")
@@ -255,15 +278,19 @@ class KeysScenario:
         self.run.save()
 
     def measure(self) -> None:
-        """Seed, then L_db (of the ~150-byte and the 16 KB backlogs), the Kafka cases, L_db again, L_rmq
-        and L_rmq,1, the RabbitMQ cases, L_rmq,1 and L_rmq; then write keys.json."""
+        """Seed, then L_db (of the ~150-byte and the 16 KB backlogs), L_lease and L_lease,kafka, the Kafka
+        cases, those again, L_rmq and L_rmq,1, the RabbitMQ cases, L_rmq,1 and L_rmq; then write keys.json."""
         for spread in SPREADS.values():  # all before measuring: seeding's writes would land in a measurement
             self.template(spread)
         self.l_db()
+        self.l_lease()
+        self.l_lease_kafka()
         self.l_db("big")
         for name in KAFKA_CASES:
             self.drain("kafka", SPREADS[name])
         self.l_db("big")
+        self.l_lease_kafka()
+        self.l_lease()
         self.l_db()
         self.l_rmq()
         self.l_rmq_serial()

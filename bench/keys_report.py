@@ -116,6 +116,33 @@ def _serial(data: dict[str, Any], baseline: Callable[[str], str]) -> str:
     )
 
 
+def _lease(data: dict[str, Any], baseline: Callable[[str], str]) -> str:
+    """What L_lease is, and what it says about the x L_db targets, when it was measured."""
+    rates = {name: entry.get("rate") for name, entry in data.get("baselines", {}).items()}
+    lease = rates.get("l_lease")
+    if not _measured(lease):
+        return ""
+    over = ratio(lease, rates.get("l_db"))
+    share = f", {_ratio(over)} x L_db," if over is not None else ""
+    text = (
+        f" L_lease {baseline('l_lease')}{share} is the bare loop of a relay that leases each row "
+        "(bench/lease_loop.py: the lease UPDATE ... RETURNING on one connection, the DELETE by token on another, "
+        "overlapping; no ordering, no broker, no events built) on a copy of the 1,000-key backlog: the database "
+        "work of such a relay, and nothing else."
+    )
+    kafka = rates.get("l_lease_kafka")
+    if _measured(kafka):
+        over = ratio(kafka, rates.get("l_db"))
+        share = f", {_ratio(over)} x L_db," if over is not None else ""
+        text += (
+            f" L_lease,kafka {baseline('l_lease_kafka')}{share} is that loop producing each batch to Kafka with "
+            "the relay's producer settings and deleting it once all of it is acknowledged: what a relay written "
+            "in Python that leases each row gets here before any ordering, holds, outcomes or metrics; a Kafka "
+            "row's x L_db below it is the relay's own cost."
+        )
+    return text
+
+
 def _big(data: dict[str, Any], baseline: Callable[[str], str]) -> str:
     """What the 16 KB case drains, and its own L_db, when it was measured."""
     if "kafka/big" not in data.get("cases", {}):
@@ -147,7 +174,8 @@ def keys_text(data: dict[str, Any]) -> str:
         "payloads) were taken before and after the cases."
         + _big(data, baseline)
         + _load(data)
-        + _serial(data, baseline),
+        + _serial(data, baseline)
+        + _lease(data, baseline),
         "",
         "| Case | Drain rate | x L_db | x L_rmq | x L_rmq,1 | Target | Met "
         "| Rate at 80-90% / 10-20% received | >= 0.9 |",

@@ -292,6 +292,9 @@ MYSQL = {
     "l_db_mysql": 32_000.0,
     "keyed": {"rows_per_second": 6_400.0, "seconds": 7.8, "mean_claim_ms": 230.0, "ratio": 0.2},
     "null_keys": {"rows_per_second": 25_600.0, "seconds": 2.0, "mean_claim_ms": 120.0, "ratio": 0.8},
+    "l_steps_mysql_runs": [15_000.0, 17_000.0],
+    "l_steps_mysql": 16_000.0,
+    "l_steps_ratio": 0.5,
 }
 
 
@@ -301,6 +304,9 @@ def test_the_mysql_scenario_reports_both_drains_against_l_db_mysql_with_their_ta
     assert "| 5,000 keys | 6,400 | 0.20 | >= 0.8 (missed) | 230 ms |" in text
     assert "| null keys | 25,600 | 0.80 | >= 0.8 (met) | 120 ms |" in text
     assert "Not measured" in mysql.mysql_text(None)
+    assert "L_steps_mysql 16,000 rows/s (the mean of 15,000, 17,000), **0.50 x L_db_mysql**" in text
+    earlier = {k: v for k, v in MYSQL.items() if not k.startswith("l_steps")}  # a run saved before it existed
+    assert "L_steps_mysql" not in mysql.mysql_text(earlier) and "| null keys | 25,600 |" in mysql.mysql_text(earlier)
     verdicts = {v["target"]: v for v in report.evaluate({"mysql": MYSQL})}
     assert verdicts["MySQL Kafka drain, 5,000 keys >= 0.8 x L_db_mysql"]["met"] is False
     assert verdicts["MySQL Kafka drain, null keys >= 0.8 x L_db_mysql"]["met"] is True
@@ -404,6 +410,8 @@ KEYS: dict[str, Any] = {
         "l_db": {"rate": 100_000.0, "runs": [{}, {}]},
         "l_rmq": {"rate": 10_000.0, "runs": [{}, {}]},
         "l_rmq_serial": {"rate": 2_000.0, "runs": [{}, {}]},
+        "l_lease": {"rate": 80_000.0, "runs": [{}, {}]},
+        "l_lease_kafka": {"rate": 110_000.0, "runs": [{}, {}]},
     },
     "cases": {
         "kafka/k1000": {"rate": 95_000.0, "s3_ratio": 0.95, "cut": False, "received": 200_000},
@@ -443,6 +451,12 @@ def test_key_distribution_cases_are_judged_against_their_baselines() -> None:
     assert "L_db 100,000/s (mean of 2 runs)" in text
     assert "The load average was 1.5 at the start and 2.2 at the end." in text
     assert "| Kafka, 1,000 keys | 95,000/s | 0.95 | 9.5 | - |" in text
+    # The ceiling of a relay that leases each row, stated, never a row's denominator.
+    assert "L_lease 80,000/s (mean of 2 runs), 0.8 x L_db, is the bare loop of a relay that leases each row" in text
+    assert "L_lease,kafka 110,000/s (mean of 2 runs), 1.1 x L_db, is that loop producing each batch" in text
+    without = {**KEYS, "baselines": {k: v for k, v in KEYS["baselines"].items() if k != "l_lease"}}
+    assert "L_lease" not in keys_report.keys_text(without)
+    assert [row["over_l_db"] for row in keys_report.verdicts(without)] == [row["over_l_db"] for row in rows.values()]
 
 
 def test_hot_key_and_big_payload_cases_are_judged_against_their_own_l_db() -> None:

@@ -1,0 +1,235 @@
+"""The bare loops of a relay that leases each row: what any such relay could reach here, at most.
+
+The baselines (L_db, L_db_mysql) claim and delete in one step; a relay that
+keeps the at-least-once, crash-counting promises (docs/ordering.md) must first
+lease each row (write a token, an owner, an expiry and the attempt) and only
+delete it once the broker has acknowledged it. These loops do exactly that and
+nothing else: no ordering check, no broker, no events built, a keyset on the id
+instead of the relay's scan (exact for a backlog of one priority, as the
+bench's are: it would skip rows of a lower priority), on two connections that overlap as the relay's
+claim and settle connections do (the next claim runs while the previous batch
+is deleted, at most ``depth`` batches in between). Their rate over the
+baseline's, in the same run, bounds every x L_db figure of a relay of that
+design on this machine: the relay does all of this and more.
+
+- ``l_lease`` (PostgreSQL): ``UPDATE … FROM (SELECT … FOR UPDATE SKIP LOCKED)
+  RETURNING`` the columns the relay reads, then ``DELETE … WHERE id = ANY(…)
+  AND claim_token = …``.
+- ``l_lease_kafka`` (PostgreSQL to Kafka): ``l_lease`` that also produces each
+  batch with the relay's producer settings and deletes it only once every
+  message of it is acknowledged (a thread polls the producer, as the relay's
+  does): the most a relay written in Python with confluent-kafka, leasing each
+  row, gets here.
+- ``l_steps_mysql`` (MySQL/MariaDB, issue 17): the issue's two-step claim
+  (``SELECT … FOR UPDATE SKIP LOCKED``, the lease ``UPDATE``, ``COMMIT``), with
+  its step 4, the read of the rows by token, folded into the locking read as
+  the relay's store does (it costs one round trip less, and ``claim_token`` has
+  no index); then ``DELETE … WHERE id IN (…) AND claim_token = …`` and
+  ``COMMIT``, at READ COMMITTED.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from confluent_kafka import Producer
+
+from relay.config import BATCH_SIZE, PIPELINE_DEPTH, PUBLISH_TIMEOUT_SECONDS, KafkaSinkConfig
+from relay.events import IDEMPOTENCY_HEADER
+from relay.sinks.kafka import producer_config
+
+#: The relay's own defaults: the loop gets every lever the relay has.
+BATCH = BATCH_SIZE
+DEPTH = PIPELINE_DEPTH
+LEASE_SECONDS = 60
+
+PG_CLAIM = """
+UPDATE outbox AS o
+SET claim_token = %(token)s, lease_owner = 'bench-lease-loop',
+    lease_expires_at = now() + make_interval(secs => %(lease)s), attempts = o.attempts + 1
+FROM (SELECT id FROM outbox
+      WHERE state = 'pending' AND id > %(after)s AND lease_expires_at IS NULL AND deliver_at <= now()
+      ORDER BY priority DESC, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS c
+WHERE o.id = c.id
+RETURNING o.id, o.topic, o.key, o.payload::text, o.headers::text, o.idempotency_key, o.attempts, o.created_at
+"""
+PG_SETTLE = "DELETE FROM outbox WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s"
+
+MYSQL_SELECT = (
+    "SELECT id, topic, `key`, payload, headers, idempotency_key, attempts, created_at, priority FROM outbox"
+    " WHERE state = 'pending' AND id > %s AND lease_expires_at IS NULL AND deliver_at <= UTC_TIMESTAMP(6)"
+    " ORDER BY priority DESC, id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+MYSQL_LEASE = (
+    "UPDATE outbox SET claim_token = %s, lease_owner = 'bench-lease-loop',"
+    " lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s SECOND, attempts = attempts + 1 WHERE id IN %s"
+)
+MYSQL_SETTLE = "DELETE FROM outbox WHERE id IN %s AND claim_token = %s"
+
+#: A claim gives (the batch's ids, its token), or None once the table is drained.
+Claim = Callable[[int], "tuple[list[int], str] | None"]
+Settle = Callable[[list[int], str], None]
+
+
+def _overlapped(claim: Claim, settle: Settle, *, depth: int) -> dict[str, Any]:
+    """Claim on this thread and settle on another, at most ``depth`` batches between them; the rate."""
+    handed: queue.Queue[tuple[list[int], str] | None] = queue.Queue(maxsize=depth)
+    failures: list[BaseException] = []
+    settled = [0]
+
+    def settler() -> None:
+        try:
+            while (item := handed.get()) is not None:
+                settle(*item)
+                settled[0] += len(item[0])
+        except BaseException as exc:  # noqa: BLE001 - raised again on the claiming thread
+            failures.append(exc)
+            while handed.get() is not None:  # let the claims end
+                pass
+
+    thread = threading.Thread(target=settler, name="lease-loop-settle", daemon=True)
+    started = time.perf_counter()
+    thread.start()
+    after = 0
+    try:
+        while not failures and (batch := claim(after)) is not None:
+            after = max(batch[0])
+            handed.put(batch)
+    finally:
+        handed.put(None)
+        thread.join()
+    elapsed = time.perf_counter() - started
+    if failures:
+        raise failures[0]
+    return {"events": settled[0], "seconds": elapsed, "rate": settled[0] / elapsed if elapsed else 0.0}
+
+
+def l_lease(database_url: str, *, batch: int = BATCH, depth: int = DEPTH) -> dict[str, Any]:
+    """Drain the outbox with the bare lease-then-delete loop on PostgreSQL; events per second."""
+    with (
+        psycopg.connect(database_url, autocommit=True) as claiming,
+        psycopg.connect(database_url, autocommit=True) as settling,
+    ):
+
+        def claim(after: int) -> tuple[list[int], str] | None:
+            token = str(uuid.uuid4())
+            rows = claiming.execute(
+                PG_CLAIM, {"token": token, "lease": LEASE_SECONDS, "after": after, "limit": batch}
+            ).fetchall()
+            return ([row[0] for row in rows], token) if rows else None
+
+        def settle(ids: list[int], token: str) -> None:
+            settling.execute(PG_SETTLE, {"ids": ids, "token": token})
+
+        return _overlapped(claim, settle, depth=depth)
+
+
+def l_lease_kafka(database_url: str, bootstrap: str, *, batch: int = BATCH, depth: int = DEPTH) -> dict[str, Any]:
+    """``l_lease`` with each batch produced to Kafka (each row to its own topic, with its key and the
+    idempotency header) and deleted once all of it is acknowledged; events per second."""
+    settings = producer_config(
+        KafkaSinkConfig(bootstrap_servers=bootstrap), publish_timeout_seconds=PUBLISH_TIMEOUT_SECONDS, client_id="bench"
+    )
+    producer = Producer(settings)
+    stop = threading.Event()
+    failed: list[str] = []
+
+    def poll() -> None:
+        while not stop.is_set():
+            producer.poll(0.05)
+
+    poller = threading.Thread(target=poll, name="lease-loop-poll", daemon=True)
+    poller.start()
+    acked: dict[str, threading.Event] = {}
+    try:
+        with (
+            psycopg.connect(database_url, autocommit=True) as claiming,
+            psycopg.connect(database_url, autocommit=True) as settling,
+        ):
+
+            def claim(after: int) -> tuple[list[int], str] | None:
+                token = str(uuid.uuid4())
+                rows = claiming.execute(
+                    PG_CLAIM, {"token": token, "lease": LEASE_SECONDS, "after": after, "limit": batch}
+                ).fetchall()
+                if not rows:
+                    return None
+                done, left = threading.Event(), [len(rows)]
+                lock = threading.Lock()
+
+                def delivered(error: Any, _message: Any) -> None:
+                    if error is not None:
+                        failed.append(str(error))
+                    with lock:
+                        left[0] -= 1
+                        if not left[0]:
+                            done.set()
+
+                acked[token] = done
+                for row in rows:
+                    while True:
+                        try:
+                            producer.produce(
+                                row[1],
+                                row[3].encode(),
+                                row[2],
+                                on_delivery=delivered,
+                                headers=[(IDEMPOTENCY_HEADER, row[5])],
+                            )
+                            break
+                        except BufferError:
+                            time.sleep(0.001)
+                producer.poll(0)
+                return [row[0] for row in rows], token
+
+            def settle(ids: list[int], token: str) -> None:
+                if not acked.pop(token).wait(PUBLISH_TIMEOUT_SECONDS):
+                    raise TimeoutError("no acknowledgement of a batch within the publish timeout")
+                if failed:
+                    raise RuntimeError(f"a produce failed: {failed[0]}")
+                settling.execute(PG_SETTLE, {"ids": ids, "token": token})
+
+            return _overlapped(claim, settle, depth=depth)
+    finally:
+        stop.set()
+        poller.join()
+        producer.flush(1)
+
+
+def l_steps_mysql(connect: Callable[[], Any], *, batch: int = BATCH, depth: int = DEPTH) -> dict[str, Any]:
+    """Drain the outbox with the issue's two-step claim and the delete, on MySQL; events per second.
+
+    ``connect`` opens a PyMySQL connection to the database (autocommit on)."""
+    claiming, settling = connect(), connect()
+    try:
+        for conn in (claiming, settling):
+            conn.autocommit(False)
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            conn.commit()
+
+        def claim(after: int) -> tuple[list[int], str] | None:
+            token = str(uuid.uuid4())
+            with claiming.cursor() as cur:
+                cur.execute(MYSQL_SELECT, (after, batch))
+                ids = tuple(row[0] for row in cur.fetchall())
+                if ids:
+                    cur.execute(MYSQL_LEASE, (token, LEASE_SECONDS, ids))
+                claiming.commit()
+            return (list(ids), token) if ids else None
+
+        def settle(ids: list[int], token: str) -> None:
+            with settling.cursor() as cur:
+                cur.execute(MYSQL_SETTLE, (tuple(ids), token))
+            settling.commit()
+
+        return _overlapped(claim, settle, depth=depth)
+    finally:
+        claiming.close()
+        settling.close()
