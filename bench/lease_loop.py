@@ -8,9 +8,10 @@ nothing else: no ordering check, no broker, no events built, a keyset on the id
 instead of the relay's scan (exact for a backlog of one priority, as the
 bench's are: it would skip rows of a lower priority), on two connections that overlap as the relay's
 claim and settle connections do (the next claim runs while the previous batch
-is deleted, at most ``depth`` batches in between). Their rate over the
-baseline's, in the same run, bounds every x L_db figure of a relay of that
-design on this machine: the relay does all of this and more.
+is deleted, at most ``depth`` batches queued for it besides the one being
+deleted). Their rate over the baseline's, in the same run, is what a relay of
+that design has to work with on this machine before anything of its own:
+the relay does all of this and more.
 
 - ``l_lease`` (PostgreSQL): ``UPDATE … FROM (SELECT … FOR UPDATE SKIP LOCKED)
   RETURNING`` the columns the relay reads, then ``DELETE … WHERE id = ANY(…)
@@ -78,7 +79,7 @@ Settle = Callable[[list[int], str], None]
 
 
 def _overlapped(claim: Claim, settle: Settle, *, depth: int) -> dict[str, Any]:
-    """Claim on this thread and settle on another, at most ``depth`` batches between them; the rate."""
+    """Claim on this thread and settle on another, at most ``depth`` batches queued between them; the rate."""
     handed: queue.Queue[tuple[list[int], str] | None] = queue.Queue(maxsize=depth)
     failures: list[BaseException] = []
     settled = [0]
