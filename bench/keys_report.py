@@ -100,14 +100,21 @@ def _load(data: dict[str, Any]) -> str:
     return f" The load average was {load['start']:.1f} at the start and {load['end']:.1f} at the end."
 
 
+def _share(data: dict[str, Any], name: str, over: str, end: str = "") -> str | None:
+    """ ", 0.2 x L_rmq" for baseline ``name`` over baseline ``over`` ("" without the latter); None if
+    ``name`` was not measured."""
+    rates = {key: entry.get("rate") for key, entry in data.get("baselines", {}).items()}
+    if not _measured(rates.get(name)):
+        return None
+    found = ratio(rates[name], rates.get(over))
+    return f", {_ratio(found)} x {_BASELINE_LABELS[over]}{end}" if found is not None else ""
+
+
 def _serial(data: dict[str, Any], baseline: Callable[[str], str]) -> str:
     """What L_rmq,1 is, and what it says about the RabbitMQ targets, when it was measured."""
-    rates = {name: entry.get("rate") for name, entry in data.get("baselines", {}).items()}
-    serial = rates.get("l_rmq_serial")
-    if not _measured(serial):
+    share = _share(data, "l_rmq_serial", "l_rmq")
+    if share is None:
         return ""
-    over = ratio(serial, rates.get("l_rmq"))
-    share = f", {_ratio(over)} x L_rmq" if over is not None else ""
     return (
         f" L_rmq,1 {baseline('l_rmq_serial')}{share} is the same client with one unconfirmed message at a time "
         f"(the same payloads, at most {SERIAL_EVENTS:,}): the most any publisher gets from one key while a "
@@ -118,22 +125,17 @@ def _serial(data: dict[str, Any], baseline: Callable[[str], str]) -> str:
 
 def _lease(data: dict[str, Any], baseline: Callable[[str], str]) -> str:
     """What L_lease is, and what it says about the x L_db targets, when it was measured."""
-    rates = {name: entry.get("rate") for name, entry in data.get("baselines", {}).items()}
-    lease = rates.get("l_lease")
-    if not _measured(lease):
+    share = _share(data, "l_lease", "l_db", ",")
+    if share is None:
         return ""
-    over = ratio(lease, rates.get("l_db"))
-    share = f", {_ratio(over)} x L_db," if over is not None else ""
     text = (
         f" L_lease {baseline('l_lease')}{share} is the bare loop of a relay that leases each row "
         "(bench/lease_loop.py: the lease UPDATE ... RETURNING on one connection, the DELETE by token on another, "
         "overlapping; no ordering, no broker, no events built) on a copy of the 1,000-key backlog: the database "
         "work of such a relay, and nothing else."
     )
-    kafka = rates.get("l_lease_kafka")
-    if _measured(kafka):
-        over = ratio(kafka, rates.get("l_db"))
-        share = f", {_ratio(over)} x L_db," if over is not None else ""
+    share = _share(data, "l_lease_kafka", "l_db", ",")
+    if share is not None:
         text += (
             f" L_lease,kafka {baseline('l_lease_kafka')}{share} is that loop producing each batch to Kafka with "
             "the relay's producer settings and deleting it once all of it is acknowledged: what a relay written "

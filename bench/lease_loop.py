@@ -111,6 +111,13 @@ def _overlapped(claim: Claim, settle: Settle, *, depth: int) -> dict[str, Any]:
     return {"events": settled[0], "seconds": elapsed, "rate": settled[0] / elapsed if elapsed else 0.0}
 
 
+def _pg_claim(conn: psycopg.Connection[Any], after: int, batch: int) -> tuple[str, list[Any]]:
+    """Lease up to ``batch`` rows after id ``after``: the claim's token and its rows."""
+    token = str(uuid.uuid4())
+    rows = conn.execute(PG_CLAIM, {"token": token, "lease": LEASE_SECONDS, "after": after, "limit": batch}).fetchall()
+    return token, rows
+
+
 def l_lease(database_url: str, *, batch: int = BATCH, depth: int = DEPTH) -> dict[str, Any]:
     """Drain the outbox with the bare lease-then-delete loop on PostgreSQL; events per second."""
     with (
@@ -119,10 +126,7 @@ def l_lease(database_url: str, *, batch: int = BATCH, depth: int = DEPTH) -> dic
     ):
 
         def claim(after: int) -> tuple[list[int], str] | None:
-            token = str(uuid.uuid4())
-            rows = claiming.execute(
-                PG_CLAIM, {"token": token, "lease": LEASE_SECONDS, "after": after, "limit": batch}
-            ).fetchall()
+            token, rows = _pg_claim(claiming, after, batch)
             return ([row[0] for row in rows], token) if rows else None
 
         def settle(ids: list[int], token: str) -> None:
@@ -155,10 +159,7 @@ def l_lease_kafka(database_url: str, bootstrap: str, *, batch: int = BATCH, dept
         ):
 
             def claim(after: int) -> tuple[list[int], str] | None:
-                token = str(uuid.uuid4())
-                rows = claiming.execute(
-                    PG_CLAIM, {"token": token, "lease": LEASE_SECONDS, "after": after, "limit": batch}
-                ).fetchall()
+                token, rows = _pg_claim(claiming, after, batch)
                 if not rows:
                     return None
                 done, left = threading.Event(), [len(rows)]
