@@ -62,6 +62,15 @@ def temp_root() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def as_in_a_terminal() -> None:
+    """SIGINT at its default in the owner, as for a command typed at a terminal.
+
+    A command started in the background by a shell without job control (``cmd &`` in a script,
+    ``nohup``) inherits SIGINT ignored, and so do the tests' children when the suite itself runs
+    that way: the owner would then rightly ignore the Ctrl-C these cases send it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt(command: list[str], signum: signal.Signals, when: str, temp_root: Path) -> None:
     """Run ``command``; signal it once a child runs (``starting``) or it prints ``when``; check what is left."""
     mark = uuid.uuid4().hex
@@ -71,6 +80,7 @@ def interrupt(command: list[str], signum: signal.Signals, when: str, temp_root: 
         stderr=subprocess.PIPE,
         text=True,
         env=env(**{MARK: mark, "TMPDIR": str(temp_root)}),
+        preexec_fn=as_in_a_terminal,
     )
     try:
         assert owner.stdout is not None
@@ -94,6 +104,9 @@ def interrupt(command: list[str], signum: signal.Signals, when: str, temp_root: 
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+        for pipe in (owner.stdout, owner.stderr):  # closed here, not by a later test's garbage collection
+            if pipe is not None:
+                pipe.close()
         for pid in marked(mark):
             os.kill(pid, signal.SIGKILL)
     assert not left, f"left running after {signum.name}: {left}; stderr: {said}"
