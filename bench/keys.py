@@ -204,7 +204,8 @@ class KeysScenario:
         self._bracket(chosen.baseline, result)
 
     def l_lease(self) -> None:
-        """L_lease (bench/lease_loop.py) on a copy of the 1,000-key backlog: the most a relay leasing each row gets."""
+        """L_lease (bench/lease_loop.py) on a copy of the 1,000-key backlog: the database work of a relay leasing
+        each row, and nothing else."""
         chosen = SPREADS["k1000"]
         url = self.run.cleanup.create_database("keys_llease", template=self.template(chosen))
         try:

@@ -101,8 +101,8 @@ def _load(data: dict[str, Any]) -> str:
 
 
 def _share(data: dict[str, Any], name: str, over: str, end: str = "") -> str | None:
-    """ ", 0.2 x L_rmq" for baseline ``name`` over baseline ``over`` ("" without the latter); None if
-    ``name`` was not measured."""
+    """The text ``, 0.2 x L_rmq`` (then ``end``) for baseline ``name`` over baseline ``over``; empty
+    without a rate of ``over``; None if ``name`` was not measured."""
     rates = {key: entry.get("rate") for key, entry in data.get("baselines", {}).items()}
     if not _measured(rates.get(name)):
         return None
