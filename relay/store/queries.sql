@@ -107,6 +107,11 @@ WITH candidates AS (
     -- the run's topic: one index walk, of at most the key's candidates, for a
     -- key in flight or with several candidates; none for a key with one that
     -- is not in flight (its run is its first event, if that is a candidate).
+    -- A run whose topic is unknown (NULL: its first is no candidate, being in
+    -- another relay's flight or locked by another claim) cannot start, and is
+    -- not walked: each of its rows would be compared with every candidate in
+    -- turn (a row holding a NULL finds no hashed match), 350 ms a claim where
+    -- another relay holds 1,000 keys' heads.
     SELECT h.start AS id, false AS chained
     FROM heads AS h
     -- (IS TRUE keeps this a hashed lookup, not a join planned as a loop)
@@ -122,7 +127,7 @@ WITH candidates AS (
         WHERE e.key = h.key AND e.id >= h.start AND e.state IN ('pending', 'failed')
         ORDER BY e.id
         LIMIT h.n) AS w
-    WHERE (h.n > 1 OR h.flying) AND w.unbroken
+    WHERE (h.n > 1 OR h.flying) AND h.topic IS NOT NULL AND w.unbroken
 ), placed AS (
     -- Membership through hashed lookups: a join here is planned as a loop over the runs for each candidate.
     SELECT c.id, c.key, c.old_lease, c.bytes,
