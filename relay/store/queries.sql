@@ -97,10 +97,13 @@ WITH candidates AS (
     FROM keyed AS k
     LEFT JOIN unnest(%(tail_keys)s::text[], %(tail_ids)s::bigint[], %(tail_topics)s::text[]) AS t(key, id, topic)
         ON t.key = k.key
+    -- One primary-key probe per tail. OFFSET 0 keeps it one: with thousands of
+    -- tails the planner chose to hash the EXISTS over a scan of the whole table.
     WHERE t.id IS NULL
        OR EXISTS (SELECT 1 FROM {table} AS tail
                   WHERE tail.id = t.id AND tail.state = 'pending'
-                    AND tail.claim_token = ANY(%(mine)s::uuid[]) AND tail.lease_expires_at > now())
+                    AND tail.claim_token = ANY(%(mine)s::uuid[]) AND tail.lease_expires_at > now()
+                  OFFSET 0)
 ), members AS MATERIALIZED (
     -- The events of the runs, and whether each is chained. A run takes the
     -- key's unsent events from its start on while each is a candidate going to

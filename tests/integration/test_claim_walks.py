@@ -128,3 +128,32 @@ def test_a_chained_claim_walks_only_its_own_keys_in_flight(database_url: str) ->
         plan, leased = explained_claim(conn, "claim", claim_params(500, uuid4(), **chain))
         assert leased == expected
         assert walks(plan) == len(mine)
+
+
+def tail_reads(plan: dict[str, Any]) -> list[tuple[str, int]]:
+    """How the claim read the tails' rows (to check their leases): each node and its loops."""
+    return [(node["Node Type"], int(node["Actual Loops"])) for node in nodes(plan) if node.get("Alias") == "tail"]
+
+
+def test_a_claim_with_many_tails_probes_each_instead_of_reading_the_table(database_url: str) -> None:
+    """Each tail's lease is one primary-key probe, however many tails there are. With hundreds of them,
+    PostgreSQL chose to check them by hashing over a scan of the whole table: O(backlog) every claim."""
+    keys = [f"key-{i}" for i in range(300)]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        seed(conn, keys, 3)
+        conn.execute("ANALYZE outbox")
+        token = uuid4()
+        heads = first_events(conn, keys)
+        conn.execute(
+            "UPDATE outbox SET claim_token = %s, lease_owner = 't', attempts = 1,"
+            " lease_expires_at = now() + interval '1 minute' WHERE id = ANY(%s)",
+            [token, heads],
+        )
+        tails = dict(conn.execute("SELECT key, id FROM outbox WHERE id = ANY(%s)", [heads]).fetchall())
+        chain = {"mine": [token], "tail_keys": list(tails), "tail_ids": list(tails.values()),
+                 "tail_topics": ["t"] * len(tails)}  # fmt: skip
+        expected = {int(r[0]) for r in conn.execute("SELECT id FROM outbox WHERE claim_token IS NULL")}
+        for name in ("claim", "claim_hinted"):
+            plan, leased = explained_claim(conn, name, claim_params(2000, uuid4(), **chain))
+            assert leased == expected
+            assert tail_reads(plan) == [("Index Scan", len(tails))], name
