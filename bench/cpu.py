@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,8 +48,8 @@ def _machine() -> tuple[float, float]:
     return (user + nice + system + irq + softirq) / _TICKS, steal / _TICKS
 
 
-def _group(pid: int, name: str, ppid: int, relay_pid: int | None) -> str:
-    if pid == relay_pid:
+def _group(pid: int, name: str, ppid: int, relay_pids: Collection[int]) -> str:
+    if pid in relay_pids:
         return "relay"
     if pid == os.getpid():
         return "bench"
@@ -61,8 +62,9 @@ def _group(pid: int, name: str, ppid: int, relay_pid: int | None) -> str:
     return "other"
 
 
-def snapshot(relay_pid: int | None = None) -> Snapshot:
-    """CPU seconds used so far by the machine and by each group of processes."""
+def snapshot(relay_pid: int | Collection[int] | None = None) -> Snapshot:
+    """CPU seconds used so far by the machine and by each group of processes (the relays' together)."""
+    relay_pids = {relay_pid} if isinstance(relay_pid, int) else set(relay_pid or ())
     busy, steal = _machine()
     groups = {"relay": 0.0, "postgres": 0.0, "broker": 0.0, "bench": 0.0, "kernel": 0.0}
     for entry in Path("/proc").iterdir():
@@ -74,7 +76,7 @@ def snapshot(relay_pid: int | None = None) -> Snapshot:
             continue  # exited meanwhile
         name = text[text.index("(") + 1 : text.rindex(")")]
         ppid = int(text[text.rindex(")") + 2 :].split()[1])
-        group = _group(int(entry.name), name, ppid, relay_pid)
+        group = _group(int(entry.name), name, ppid, relay_pids)
         if group != "other":
             groups[group] += proc_cpu_seconds(text, _TICKS)
     return Snapshot(time.monotonic(), busy, steal, groups)

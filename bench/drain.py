@@ -1,13 +1,15 @@
 """S1 (drain a backlog), S3 (does the drain slow down as it goes) and the relay's CPU and memory.
 
-A copy of the seeded database holds N events; one relay process drains it
-while a consumer on the far side of the broker timestamps what arrives. A
-drain given ``max_seconds`` stops there and is marked ``cut``: its rates are
-then taken over fractions of what arrived by then, not of the backlog.
+A copy of the seeded database holds N events; one relay process (or
+``relays`` of them, started together) drains it while a consumer on the far
+side of the broker timestamps what arrives. A drain given ``max_seconds``
+stops there and is marked ``cut``: its rates are then taken over fractions
+of what arrived by then, not of the backlog.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -42,6 +44,8 @@ class Drain:
     max_seconds: float | None = None
     #: The sink URL option format= (issue 18): native, cloudevents or cloudevents-structured.
     format: str = "native"
+    #: How many relays drain it together (their CPU, claims and log lines are summed; RSS is the largest).
+    relays: int = 1
 
 
 def run_drain(drain: Drain, label: str, *extra: str) -> dict[str, Any]:
@@ -80,18 +84,21 @@ def _drain(
     at: dict[float, tuple[cpu.Snapshot, int]] = {}
     started = time.monotonic()
     cut = False
-    with RelayProcess(url, sink_url, *extra) as relay:
-        cpu_start = relay.cpu_seconds()
+    with contextlib.ExitStack() as stack:
+        relays = [stack.enter_context(RelayProcess(url, sink_url, *extra)) for _ in range(drain.relays)]
+        pids = [relay.pid for relay in relays]
+        cpu_start = sum(relay.cpu_seconds() for relay in relays)
         last_count, last_change, next_report = 0, time.monotonic(), time.monotonic() + 2
         while receiver.count < total:
             if receiver.error is not None:
                 raise RuntimeError(f"{receiver.name} failed: {receiver.error!r}")
-            relay.check_alive()
+            for relay in relays:
+                relay.check_alive()
             now = time.monotonic()
             count = receiver.count
             for fraction in (0.1, 0.9):
                 if fraction not in at and count >= fraction * total:
-                    at[fraction] = (cpu.snapshot(relay.pid), count)
+                    at[fraction] = (cpu.snapshot(pids), count)
             if count != last_count:
                 last_count, last_change = count, now
             elif now - last_change > STALL_SECONDS:
@@ -105,13 +112,16 @@ def _drain(
                 drain.progress(f"{label}: {count:,}/{total:,} received ({count / total:.0%})")
             time.sleep(MONITOR_SECONDS)
         finished = time.monotonic()
-        at.setdefault(0.9, (cpu.snapshot(relay.pid), receiver.count))
-        cpu_total = relay.cpu_seconds() - cpu_start
-        peak_rss = relay.peak_rss_bytes()
-        claim_sum, claim_count = relay.claim_histogram()
-        warnings = relay.warnings()
-        code = relay.stop()
-        relay.discard_log()
+        at.setdefault(0.9, (cpu.snapshot(pids), receiver.count))
+        cpu_total = sum(relay.cpu_seconds() for relay in relays) - cpu_start
+        peak_rss = max(relay.peak_rss_bytes() for relay in relays)
+        histograms = [relay.claim_histogram() for relay in relays]
+        claim_sum, claim_count = sum(h[0] for h in histograms), sum(h[1] for h in histograms)
+        warnings = sum(relay.warnings() for relay in relays)
+        codes = [relay.stop() for relay in relays]
+        code = next((c for c in codes if c), codes[0])
+        for relay in relays:
+            relay.discard_log()
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*) FROM outbox").fetchone()
     marks = list(receiver.marks)
@@ -128,6 +138,7 @@ def _drain(
         cpu_window, machine_cpu = math.nan, {}
     return {
         "events": total,
+        "relays": drain.relays,
         "received": receiver.count,
         "cut": cut,
         "left_in_outbox": row[0] if row else None,

@@ -49,6 +49,8 @@ class Spread:
     rest to the ``keys`` others. ``blob_bytes``: each payload carries that many
     more bytes of incompressible text, and the backlog is ``divisor`` times
     smaller, drained against ``baseline`` (L_db on a copy of the same backlog).
+    ``relays``: how many relays drain it together; ``backlog``: the spread whose
+    backlog (its template) this one drains, if not its own.
     """
 
     name: str
@@ -58,6 +60,8 @@ class Spread:
     blob_bytes: int = 0
     divisor: int = 1
     baseline: str = "l_db"
+    relays: int = 1
+    backlog: str | None = None
 
     def key(self, g: int) -> str | None:
         """The key of event ``g`` (from 1); keys take turns, so a key's events lie spread through the backlog."""
@@ -92,9 +96,12 @@ SPREADS = {
         Spread("k1", "1 key", 1),
         Spread("hot", "1 hot key (half the events) and 1,000 others", 1000, hot_every=2),
         Spread("big", "1,000 keys, 16 KB payloads", 1000, blob_bytes=16_384, divisor=10, baseline="l_db_big"),
+        # Relays started together: each claim meets keys another relay has in flight.
+        Spread("k1000x3", "1,000 keys, 3 relays", 1000, relays=3, backlog="k1000"),
+        Spread("hotx3", "1 hot key and 1,000 others, 3 relays", 1000, hot_every=2, relays=3, backlog="hot"),
     )
 }
-KAFKA_CASES = ("null", "each", "k1000", "k8", "k1", "hot", "big")
+KAFKA_CASES = ("null", "each", "k1000", "k8", "k1", "hot", "big", "k1000x3", "hotx3")
 RABBIT_CASES = ("k1000", "k1")
 SINK_LABELS = {"kafka": "Kafka", "rabbitmq": "RabbitMQ"}
 #: Issue 16's targets: (sink, spread) -> (least drain rate over the baseline, the baseline).
@@ -173,7 +180,9 @@ class KeysScenario:
         run.results["keys"] = self.data
 
     def template(self, spread: Spread) -> str:
-        """The template database of ``spread``, seeded on first use."""
+        """The template database of ``spread``'s backlog, seeded on first use."""
+        if spread.backlog is not None:
+            return self.template(SPREADS[spread.backlog])
         name = f"keys_{spread.name}"
         if name not in self.templates:
             started = time.monotonic()
@@ -256,7 +265,7 @@ class KeysScenario:
         cleanup = self.run.cleanup
         kafka = sink == "kafka"
         bootstrap = self.run.bootstrap if kafka else None  # starts Tansu on first use
-        topic = f"keys-{spread.name}"
+        topic = f"keys-{spread.backlog or spread.name}"  # the topic its backlog's events name
         name = cleanup.create_topic(topic, PARTITIONS) if kafka else cleanup.create_queue(topic)
         drain = Drain(
             cleanup,
@@ -268,6 +277,7 @@ class KeysScenario:
             self.run.progress,
             partitions=PARTITIONS,
             max_seconds=self.cap_seconds,
+            relays=spread.relays,
         )
         try:
             result = run_drain(drain, f"keys_{sink}_{spread.name}")

@@ -169,7 +169,8 @@ def keys_text(data: dict[str, Any]) -> str:
     lines = [
         f"Measured {data.get('date', '?')} at {data.get('source', '?')}. Each case drains "
         f"{data.get('events', 0):,} events written with COPY (~{data.get('payload_bytes', 0)} bytes of JSON "
-        f"each; keys take turns through the backlog) with one `outbox-relay run` at default settings, to Tansu "
+        f"each; keys take turns through the backlog) with one `outbox-relay run` at default settings (three, "
+        "started together, in the cases that say so), to Tansu "
         f"with {data.get('partitions', 0)} partitions or to a durable RabbitMQ queue. A case still draining "
         f"after {data.get('cap_seconds', 0):.0f} s is cut, and its rates are then those of what arrived by then "
         f"(between 10% and 90% of it). L_db {baseline('l_db')} and L_rmq {baseline('l_rmq')} (the same "

@@ -6,6 +6,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import time
 import zlib
 from typing import Any
@@ -365,6 +367,33 @@ def test_a_cpu_snapshot_counts_this_process_as_the_bench() -> None:
     after = cpu.snapshot()
     assert after.groups["bench"] - before.groups["bench"] >= 0.04
     assert after.busy >= before.busy
+
+
+def test_a_cpu_snapshot_counts_every_relay_it_is_given_in_the_relay_group() -> None:
+    burn = "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nsys.stdin.read()"
+    busy = [subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE) for _ in range(2)]
+    try:
+        pids = [p.pid for p in busy]
+        deadline = time.monotonic() + 30
+        while min(cpu.snapshot(pid).groups["relay"] for pid in pids) < 0.3:
+            assert time.monotonic() < deadline, "the busy children did not burn their CPU"
+            time.sleep(0.05)
+        one, both = cpu.snapshot(pids[0]).groups["relay"], cpu.snapshot(pids).groups["relay"]
+        assert 0.3 <= one < 0.6 <= both
+        assert cpu.snapshot().groups["relay"] == 0
+    finally:
+        for process in busy:
+            process.communicate(b"")
+
+
+def test_spreads_of_several_relays_drain_the_backlog_of_another_spread() -> None:
+    spreads = keys.SPREADS
+    for name in ("k1000x3", "hotx3"):
+        spread = spreads[name]
+        assert spread.relays == 3 and spread.backlog in spreads and name in keys.KAFKA_CASES
+        mine = spreads[spread.backlog]
+        assert [spread.key(g) for g in range(1, 3001)] == [mine.key(g) for g in range(1, 3001)]
+    assert all(s.relays == 1 and s.backlog is None for s in spreads.values() if not s.name.endswith("x3"))
 
 
 def test_received_before_reads_the_last_mark_at_or_before_a_time() -> None:
