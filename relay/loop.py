@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,6 +49,8 @@ BEAT_SECONDS = 1.0
 #: a connect by its timeout (10 s). A batch's publish and settles end within its lease,
 #: so a batch still in hand this long after its lease ended is wedged too.
 CALL_ALLOWANCE_SECONDS = 60.0
+#: How many batches done with whose keys count as recent: a key that comes back within them recurs.
+RECENT_BATCHES = 2
 
 
 def _capped_bytes(event: Event) -> int:
@@ -109,6 +112,9 @@ class Relay:
         # The batches in hand and when they were claimed: on a sink that keeps a
         # key's order across batches, a claim may go on with the keys they hold.
         self._flying: dict[UUID, tuple[Claim, float]] = {}
+        # The keys of the last batches done with: a key of a batch in hand that was in one of them too
+        # is a busy one, and a claim goes on with it even with one event in hand (see _chain).
+        self._recent_keys: deque[frozenset[str]] = deque(maxlen=RECENT_BATCHES)
         #: Keys whose chain of events in flight broke (relay/holds.py).
         self.holds = KeyHolds()
         self._crash: BaseException | None = None
@@ -326,6 +332,11 @@ class Relay:
         held = self.holds.snapshot()
         if held:
             chain = [replace(claim, events=[e for e in claim.events if e.key not in held]) for claim in chain]
+        if self._recent_keys:
+            recent = frozenset().union(*self._recent_keys)
+            chain = [
+                replace(claim, recurring=frozenset(e.key for e in claim.events if e.key in recent)) for claim in chain
+            ]
         return chain
 
     def _may_claim_ahead(self, stop: asyncio.Event) -> bool:
@@ -476,7 +487,8 @@ class Relay:
         if not turn.is_set():
             self.holds.hold(claim.events)
             turn.set()
-        self._flying.pop(claim.token, None)
+        if self._flying.pop(claim.token, None) is not None and self.sink.chains_keys:
+            self._recent_keys.append(frozenset(e.key for e in claim.events if e.key is not None))
 
     async def _publish_and_settle(self, claim: Claim, claimed_at: float, turn: asyncio.Event) -> None:
         # A batch that waited (a slow claim, a stalled process) until its lease

@@ -24,6 +24,9 @@ class Claim:
     reaped: int = 0
     #: Rows the claim dead-lettered instead of leasing: no event could be made of them (MySQL only).
     buried: int = 0
+    #: Keys of this batch that the relay also had in a batch before it: a claim going on from this one
+    #: goes on with them even when they have one event here (see :func:`chained_keys`).
+    recurring: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,16 +412,21 @@ def in_key_order(items: Iterable[T], rank: Callable[[T], Any], *, event: Callabl
 def chained_keys(chain: Sequence[Claim]) -> dict[str, Event]:
     """The keys a claim may go on with from the batches ``chain``, each with its last event in them.
 
-    Only keys with two events or more in flight: a key with one is most likely
-    not a hot one, and waits for it to settle as on a sink that does not chain.
-    That keeps the claim's map of keys small when every event has a key of its own.
+    Keys with two events or more in flight, and keys a batch marks ``recurring``
+    (the relay had them in an earlier batch too). Any other key with one event in
+    flight is most likely not a busy one, and waits for it to settle as on a sink
+    that does not chain: that keeps the claim's map of keys small when every
+    event has a key of its own. A busy key with one event in each batch (about
+    as many keys as a batch holds events) recurs from batch to batch, and goes on.
     """
     last: dict[str, Event] = {}
     count: dict[str, int] = {}
+    recurring: set[str] = set()
     for claim in chain:
+        recurring.update(claim.recurring)
         for event in claim.events:
             if event.key is not None:
                 count[event.key] = count.get(event.key, 0) + 1
                 if event.key not in last or event.id > last[event.key].id:
                     last[event.key] = event
-    return {key: event for key, event in last.items() if count[key] > 1}
+    return {key: event for key, event in last.items() if count[key] > 1 or key in recurring}

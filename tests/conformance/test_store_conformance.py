@@ -9,6 +9,7 @@ have their own file, test_admin_conformance.py.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -67,6 +68,19 @@ def test_a_relay_goes_on_with_a_key_it_has_in_flight_and_marks_the_events_chaine
     # ... and a claim that no longer counts them starts each key again from its oldest event.
     third = run(h.store.claim(10, max_attempts=MAX))
     assert keys_of(third) == [("k0", False), ("k1", True), ("k2", True), ("k3", True)]
+
+
+def test_a_key_with_one_event_in_flight_goes_on_when_its_batch_marks_it_recurring(h: Harness) -> None:
+    h.insert("t", {}, key="busy", idempotency_key="b0")
+    h.insert("t", {}, key="quiet", idempotency_key="q0")
+    first = run(h.store.claim(10, max_attempts=MAX))
+    h.insert("t", {}, key="busy", idempotency_key="b1")
+    h.insert("t", {}, key="quiet", idempotency_key="q1")
+    # Unmarked, neither key goes on from its one event in flight ...
+    assert run(h.store.claim(10, max_attempts=MAX, chain=[first])).events == []
+    # ... marked, "busy" does, after its tail, chained; "quiet" still waits.
+    marked = replace(first, recurring=frozenset({"busy"}))
+    assert keys_of(run(h.store.claim(10, max_attempts=MAX, chain=[marked]))) == [("b1", True)]
 
 
 def test_a_key_in_flight_goes_on_after_its_tail_whatever_came_back_before_it(h: Harness) -> None:

@@ -108,6 +108,43 @@ def test_tails_stand_for_the_claim_in_a_chain() -> None:
     assert {key: e.id for key, e in chained_keys([full, other]).items()} == {"k1": 9, "k2": 8, "k3": 7}
 
 
+def test_a_key_with_one_event_in_flight_is_chained_only_if_its_batch_marks_it_recurring() -> None:
+    events = [
+        Event(id=i, topic="t", key=k, payload=b"{}", headers={}, idempotency_key=str(i), attempts=1, created_at=NOW)
+        for i, k in ((1, "busy"), (2, "quiet"), (3, "pair"), (4, "pair"), (5, None))
+    ]
+    claim = Claim(token=uuid4(), events=events)
+    assert {key: e.id for key, e in chained_keys([claim]).items()} == {"pair": 4}
+    marked = replace(
+        claim, recurring=frozenset({"busy", "gone"})
+    )  # "gone" has nothing in flight: nothing to go on from
+    assert {key: e.id for key, e in chained_keys([marked]).items()} == {"busy": 1, "pair": 4}
+    # A mark on one batch of the chain counts for the key's last event in any of them.
+    later = Claim(token=uuid4(), events=[replace(events[0], id=7)])
+    assert {key: e.id for key, e in chained_keys([marked, later]).items()} == {"busy": 7, "pair": 4}
+    assert {key: e.id for key, e in chained_keys([later, marked]).items()} == {"busy": 7, "pair": 4}
+
+
+def test_as_many_keys_as_a_batch_holds_go_on_from_batch_to_batch_once_they_recur() -> None:
+    """One event of each key in each batch: a key that came in the batch before recurs, so the claim
+    ahead goes on with it. Without that, every claim ahead found its keys in flight and came back empty."""
+    store, sink = RecordingStore(), OrderedSink()
+    keys, per_key = 10, 30
+    for i in range(keys * per_key):
+        store.insert("t", {"i": i}, key=f"k{i % keys}")
+    settings = replace(FAST, batch_size=keys)
+    total = keys * per_key
+    asyncio.run(run_until(Relay(store, sink, settings), lambda: len(sink.delivered) == total, timeout=20))
+    sizes = [entry[2] for kind, entry in store.log if kind == "started"]
+    assert sum(sizes) == total
+    # The first claim ahead meets keys that have not recurred yet, and the last ones find the backlog gone.
+    assert sizes.count(0) <= 4, sizes
+    assert len(sizes) <= per_key + 5, sizes
+    for key in range(keys):
+        got = [json.loads(e.payload)["i"] for e in sink.delivered if e.key == f"k{key}"]
+        assert got == sorted(got) and len(got) == per_key, key
+
+
 def test_a_claim_started_ahead_goes_back_unpublished_when_the_loop_stops() -> None:
     store = RecordingStore()
 
