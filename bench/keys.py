@@ -92,6 +92,8 @@ SPREADS = {
         Spread("null", "null keys", None),
         Spread("each", "one key per event", 0),
         Spread("k1000", "1,000 keys", 1000),
+        # About as many keys as the default batch holds events: one event of each key in each batch.
+        Spread("k4000", "4,000 keys", 4000),
         Spread("k8", "8 keys", 8),
         Spread("k1", "1 key", 1),
         Spread("hot", "1 hot key (half the events) and 1,000 others", 1000, hot_every=2),
@@ -101,7 +103,7 @@ SPREADS = {
         Spread("hotx3", "1 hot key and 1,000 others, 3 relays", 1000, hot_every=2, relays=3, backlog="hot"),
     )
 }
-KAFKA_CASES = ("null", "each", "k1000", "k8", "k1", "hot", "big", "k1000x3", "hotx3")
+KAFKA_CASES = ("null", "each", "k1000", "k4000", "k8", "k1", "hot", "big", "k1000x3", "hotx3")
 RABBIT_CASES = ("k1000", "k1")
 SINK_LABELS = {"kafka": "Kafka", "rabbitmq": "RabbitMQ"}
 #: Issue 16's targets: (sink, spread) -> (least drain rate over the baseline, the baseline).

@@ -409,6 +409,7 @@ def test_spreads_give_each_event_its_key() -> None:
     assert [spreads["null"].key(g) for g in (1, 2)] == [None, None]
     assert len({spreads["each"].key(g) for g in range(1, 101)}) == 100
     assert len({spreads["k1000"].key(g) for g in range(1, 5001)}) == 1000
+    assert len({spreads["k4000"].key(g) for g in range(1, 8001)}) == 4000
     assert [spreads["k8"].key(g) for g in (1, 9)] == ["key-1", "key-1"]
     assert {spreads["k1"].key(g) for g in range(1, 50)} == {"key-0"}
     assert 130 <= len(keys.payload(123_456)) <= 160
