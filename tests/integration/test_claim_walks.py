@@ -81,6 +81,24 @@ def lease_by_another_relay(conn: psycopg.Connection[Any], ids: list[int]) -> Non
     )
 
 
+def lease_heads_here(conn: psycopg.Connection[Any], keys: list[str]) -> dict[str, list[Any]]:
+    """Lease the first event of each of ``keys`` to this relay; the claim parameters that go on from them."""
+    token = uuid4()
+    heads = first_events(conn, keys)
+    conn.execute(
+        "UPDATE outbox SET claim_token = %s, lease_owner = 't', attempts = 1,"
+        " lease_expires_at = now() + interval '1 minute' WHERE id = ANY(%s)",
+        [token, heads],
+    )
+    tails = dict(conn.execute("SELECT key, id FROM outbox WHERE id = ANY(%s)", [heads]).fetchall())
+    return {
+        "mine": [token],
+        "tail_keys": list(tails),
+        "tail_ids": list(tails.values()),
+        "tail_topics": ["t"] * len(tails),
+    }
+
+
 def test_no_walk_for_keys_whose_first_event_another_relay_holds(database_url: str) -> None:
     held = [f"held-{i}" for i in range(40)]
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -112,16 +130,7 @@ def test_a_chained_claim_walks_only_its_own_keys_in_flight(database_url: str) ->
     with psycopg.connect(database_url, autocommit=True) as conn:
         seed(conn, mine + other, 3)
         lease_by_another_relay(conn, first_events(conn, other))
-        token = uuid4()
-        heads = first_events(conn, mine)
-        conn.execute(
-            "UPDATE outbox SET claim_token = %s, lease_owner = 't', attempts = 1,"
-            " lease_expires_at = now() + interval '1 minute' WHERE id = ANY(%s)",
-            [token, heads],
-        )
-        tails = dict(conn.execute("SELECT key, id FROM outbox WHERE id = ANY(%s)", [heads]).fetchall())
-        chain = {"mine": [token], "tail_keys": list(tails), "tail_ids": list(tails.values()),
-                 "tail_topics": ["t"] * len(tails)}  # fmt: skip
+        chain = lease_heads_here(conn, mine)
         expected = {
             int(r[0]) for r in conn.execute("SELECT id FROM outbox WHERE key = ANY(%s) AND claim_token IS NULL", [mine])
         }
@@ -142,18 +151,9 @@ def test_a_claim_with_many_tails_probes_each_instead_of_reading_the_table(databa
     with psycopg.connect(database_url, autocommit=True) as conn:
         seed(conn, keys, 3)
         conn.execute("ANALYZE outbox")
-        token = uuid4()
-        heads = first_events(conn, keys)
-        conn.execute(
-            "UPDATE outbox SET claim_token = %s, lease_owner = 't', attempts = 1,"
-            " lease_expires_at = now() + interval '1 minute' WHERE id = ANY(%s)",
-            [token, heads],
-        )
-        tails = dict(conn.execute("SELECT key, id FROM outbox WHERE id = ANY(%s)", [heads]).fetchall())
-        chain = {"mine": [token], "tail_keys": list(tails), "tail_ids": list(tails.values()),
-                 "tail_topics": ["t"] * len(tails)}  # fmt: skip
+        chain = lease_heads_here(conn, keys)
         expected = {int(r[0]) for r in conn.execute("SELECT id FROM outbox WHERE claim_token IS NULL")}
         for name in ("claim", "claim_hinted"):
             plan, leased = explained_claim(conn, name, claim_params(2000, uuid4(), **chain))
             assert leased == expected
-            assert tail_reads(plan) == [("Index Scan", len(tails))], name
+            assert tail_reads(plan) == [("Index Scan", len(keys))], name
