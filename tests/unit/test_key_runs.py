@@ -10,6 +10,7 @@ from relay.events import HELD, Event, Failure, Outcome
 from relay.holds import KeyHolds, mark_chained
 from relay.loop import Relay
 from relay.sinks.memory import MemorySink
+from relay.store.base import chained_keys
 from relay.store.memory import MemoryStore
 from tests.unit.test_loop import FAST, go, run_until
 
@@ -169,3 +170,43 @@ def test_a_claim_does_not_go_on_from_the_events_of_a_key_on_hold() -> None:
     assert [c.token for c in chain] == [claim.token]
     assert {e.key for c in chain for e in c.events} == {"cold"}
     assert not asyncio.run(store.claim(10, max_attempts=3, chain=chain)).events
+
+
+def test_keys_as_many_as_a_batch_keep_their_order_through_retries_and_a_poison() -> None:
+    """One event of each key in each batch: the claims go on with recurring keys that have one event in
+    flight, and a failure of that one event still holds what was chained on it."""
+    keys = PIPELINED.batch_size
+    poison = 3 * keys + 2  # the fourth event of key k1
+    failures = {2 * keys + 5: 1, 4 * keys + 6: 2}
+    outcomes = failing(failures)
+    store = MemoryStore()
+    sink = CountingSink(lambda e: Failure("too large", permanent=True) if e.id == poison else outcomes(e))
+    for i in range(20 * keys):
+        store.insert("t", {"i": i}, key=f"k{i % keys}")
+    relay = Relay(store, sink, PIPELINED)
+    parked = [i for i in range(poison + keys, 20 * keys + 1, keys)]
+    go(run_until(relay, lambda: sorted(store.rows) == [poison, *parked], timeout=20))
+    assert failures == {2 * keys + 5: 0, 4 * keys + 6: 0}, "the failures never happened"
+    for key in range(keys):
+        got = first_copies(sink, f"k{key}")
+        assert got == sorted(got), key
+        assert len(got) == (poison // keys if key == 1 else 20), key
+    # The claims went on with keys that had one event in flight: batches of one event per key, chained.
+    assert any(len(b) == keys and len({e.key for e in b}) == keys and all(e.chained for e in b) for b in sink.batches)
+    assert store.rows[poison].state == "failed" and relay.holds.held("k1")
+
+
+def test_a_recurring_key_is_gone_on_with_unless_it_is_on_hold() -> None:
+    store = MemoryStore()
+    for i in range(4):
+        store.insert("t", {"i": i}, key=f"k{i % 2}")
+    relay = Relay(store, MemorySink(), PIPELINED)
+    relay.sink.chains_keys = True  # type: ignore[misc]
+    claim = asyncio.run(store.claim(2, max_attempts=3))  # one event of k0 and one of k1
+    relay._flying[claim.token] = (claim, 0.0)
+    assert not chained_keys(relay._chain(0.0))  # nothing recurs yet: neither key is gone on with
+    relay._recent_keys.append(frozenset({"k0", "k1", "gone"}))
+    assert set(chained_keys(relay._chain(0.0))) == {"k0", "k1"}
+    relay.holds.hold([e for e in claim.events if e.key == "k1"])
+    assert set(chained_keys(relay._chain(0.0))) == {"k0"}
+    assert [e.key for e in asyncio.run(store.claim(10, max_attempts=3, chain=relay._chain(0.0))).events] == ["k0"]
