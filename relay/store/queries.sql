@@ -111,10 +111,10 @@ WITH candidates AS (
     -- key in flight or with several candidates; none for a key with one that
     -- is not in flight (its run is its first event, if that is a candidate).
     -- A run whose topic is unknown (NULL: its first is no candidate, being in
-    -- another relay's flight or locked by another claim) cannot start, and is
-    -- not walked: each of its rows would be compared with every candidate in
-    -- turn (a row holding a NULL finds no hashed match), 350 ms a claim where
-    -- another relay holds 1,000 keys' heads.
+    -- flight, another relay's or one this relay did not name, or locked by
+    -- another claim) cannot start, and is not walked: each of its rows would
+    -- be compared with every candidate in turn (a row holding a NULL finds no
+    -- hashed match), 350 ms a claim where another relay holds 1,000 keys' heads.
     SELECT h.start AS id, false AS chained
     FROM heads AS h
     -- (IS TRUE keeps this a hashed lookup, not a join planned as a loop)

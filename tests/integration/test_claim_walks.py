@@ -157,3 +157,28 @@ def test_a_claim_with_many_tails_probes_each_instead_of_reading_the_table(databa
             plan, leased = explained_claim(conn, name, claim_params(2000, uuid4(), **chain))
             assert leased == expected
             assert tail_reads(plan) == [("Index Scan", len(keys))], name
+
+
+def test_many_tails_of_which_some_no_longer_hold(database_url: str) -> None:
+    """The same probe per tail decides as before: a key whose tail still holds goes on after it; a key
+    named as in flight whose tail's lease ran out, or was taken by another relay, or whose tail was
+    settled meanwhile, sits this claim out (the next one, not naming it, starts it from its first)."""
+    groups = {name: [f"{name}-{i}" for i in range(80)] for name in ("holds", "expired", "taken", "settled")}
+    every = [key for keys in groups.values() for key in keys]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        seed(conn, every, 3)
+        conn.execute("ANALYZE outbox")
+        chain = lease_heads_here(conn, every)
+        tails = dict(zip(chain["tail_keys"], chain["tail_ids"], strict=True))
+        ids_of = lambda keys: [tails[key] for key in keys]  # noqa: E731
+        conn.execute("UPDATE outbox SET lease_expires_at = now() - interval '1 second' WHERE id = ANY(%s)",
+                     [ids_of(groups["expired"])])  # fmt: skip
+        lease_by_another_relay(conn, ids_of(groups["taken"]))
+        conn.execute("DELETE FROM outbox WHERE id = ANY(%s)", [ids_of(groups["settled"])])
+
+        holding = {int(r[0]) for r in conn.execute("SELECT id FROM outbox WHERE key = ANY(%s)", [groups["holds"]])}
+        expected = holding - set(ids_of(groups["holds"]))  # the two after each tail that holds
+        for name in ("claim", "claim_hinted"):
+            plan, leased = explained_claim(conn, name, claim_params(2000, uuid4(), **chain))
+            assert leased == expected, name
+            assert tail_reads(plan) == [("Index Scan", len(every))], name
