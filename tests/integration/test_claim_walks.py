@@ -170,7 +170,10 @@ def test_many_tails_of_which_some_no_longer_hold(database_url: str) -> None:
         conn.execute("ANALYZE outbox")
         chain = lease_heads_here(conn, every)
         tails = dict(zip(chain["tail_keys"], chain["tail_ids"], strict=True))
-        ids_of = lambda keys: [tails[key] for key in keys]  # noqa: E731
+
+        def ids_of(keys: list[str]) -> list[int]:
+            return [tails[key] for key in keys]
+
         conn.execute("UPDATE outbox SET lease_expires_at = now() - interval '1 second' WHERE id = ANY(%s)",
                      [ids_of(groups["expired"])])  # fmt: skip
         lease_by_another_relay(conn, ids_of(groups["taken"]))

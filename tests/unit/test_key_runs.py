@@ -201,7 +201,7 @@ def test_a_recurring_key_is_gone_on_with_unless_it_is_on_hold() -> None:
     for i in range(4):
         store.insert("t", {"i": i}, key=f"k{i % 2}")
     relay = Relay(store, MemorySink(), PIPELINED)
-    relay.sink.chains_keys = True  # type: ignore[misc]
+    relay.sink.chains_keys = True
     claim = asyncio.run(store.claim(2, max_attempts=3))  # one event of k0 and one of k1
     relay._flying[claim.token] = (claim, 0.0)
     assert not chained_keys(relay._chain(0.0))  # nothing recurs yet: neither key is gone on with
