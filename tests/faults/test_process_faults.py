@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -420,11 +421,17 @@ def test_a_relay_stopped_before_it_reads_its_claim_never_publishes_it(
                         if "WITH candidates AS" not in (blocked_statement(probe) or ""):
                             locker.rollback()
                             continue
+                        # Due a minute ago: the waiting claim's now() is its transaction's start, which a
+                        # busy machine can put before this transaction's (the claim began, then lost the
+                        # core before taking its lock); an event due at the locker's now() would then not
+                        # be due for that claim, and the stopped relay would hold nothing.
+                        due = datetime.now(UTC) - timedelta(minutes=1)
                         for g in range(CAUGHT_EVENTS):
                             idem = f"caught-{g}"
                             producers.publish(
-                                locker, topic, {"key": f"c{g}", "seq": 1}, key=f"c{g}", idempotency_key=idem
-                            )
+                                locker, topic, {"key": f"c{g}", "seq": 1}, key=f"c{g}", idempotency_key=idem,
+                                deliver_at=due,
+                            )  # fmt: skip
                             ledger.committed[idem] = (f"c{g}", 1)
                         stalled.proc.send_signal(signal.SIGSTOP)
                         time.sleep(0.2)
