@@ -121,6 +121,9 @@ def cmd_requeue(args: argparse.Namespace) -> int:
 
     ids = _on_admin(args, lambda admin: admin.requeue(selection))
     print(json.dumps({"requeued": ids}) if args.json else f"requeued {len(ids)} events")
+    if args.id is not None and not ids:  # one event named, as skip: an operator's typo is no success
+        print(f"{PROG}: error: event {args.id} is not dead-lettered (or does not exist)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -400,3 +400,31 @@ def test_an_operator_command_writes_nothing_to_stderr_but_its_one_line_error(
     # Asked for, the log is there.
     logged = cli(*args, "--database-url", database_url, RELAY_LOG_LEVEL="INFO")
     assert "connected to the database" in logged.stderr
+
+
+@pytest.mark.parametrize("state", ["pending", "sent", "skipped", None])  # None: no such event
+@pytest.mark.parametrize("as_json", [False, True])
+def test_requeue_of_one_event_that_is_not_dead_lettered_fails_and_changes_nothing(
+    database_url: str, state: str | None, as_json: bool
+) -> None:
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox (id, topic, key, payload, state, attempts) OVERRIDING SYSTEM VALUE"
+            " VALUES (7, 't', 'k', '{}', 'failed', 3)"
+        )
+        if state is not None:
+            conn.execute(
+                "INSERT INTO outbox (id, topic, key, payload, state, attempts) OVERRIDING SYSTEM VALUE"
+                " VALUES (8, 't', 'k', '{}', %s, 2)",
+                [state],
+            )
+        before = conn.execute("SELECT * FROM outbox ORDER BY id").fetchall()
+    done = cli("requeue", "--id", "8", *(["--json"] if as_json else []), "--database-url", database_url)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "event 8 is not dead-lettered (or does not exist)" in done.stderr
+    assert (json.loads(done.stdout) == {"requeued": []}) if as_json else ("requeued 0 events" in done.stdout)
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT * FROM outbox ORDER BY id").fetchall() == before
+    # The dead letter beside it is still requeued by its id, as before.
+    requeued = cli("requeue", "--id", "7", "--database-url", database_url)
+    assert requeued.returncode == 0 and "requeued 1 events" in requeued.stdout, requeued.stderr
