@@ -8,7 +8,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from types import SimpleNamespace
 from typing import Any
 from uuid import uuid4
 
@@ -182,10 +181,14 @@ class RawResult:
     """The few parts of a psycopg cursor and its PGresult that a started PostgreSQL claim reads."""
 
     def __init__(self, columns: list[str], rows: list[list[bytes | None]]) -> None:
-        self.description = [SimpleNamespace(name=name) for name in columns]
+        self._columns = columns
         self.pgresult = self
         self.ntuples = len(rows)
+        self.nfields = len(columns)
         self._rows = rows
+
+    def fname(self, column: int) -> bytes:
+        return self._columns[column].encode()
 
     def get_value(self, row: int, column: int) -> bytes | None:
         return self._rows[row][column]

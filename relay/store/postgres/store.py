@@ -31,7 +31,7 @@ from relay.store.base import (
 from relay.store.floor import FULL_SCAN_AFTER, FULL_SCAN_INTERVAL_SECONDS, ClaimFloor
 from relay.store.postgres import monitoring
 from relay.store.postgres.admin import PostgresAdmin
-from relay.store.postgres.connection import Database, column_of, id_array
+from relay.store.postgres.connection import Database, column_index, column_of, id_array
 
 #: ``max_bytes`` when the caller sets no bound: more than any batch can hold.
 UNBOUNDED_BYTES = 2**62
@@ -81,7 +81,7 @@ def claimed_row(
     commit that introduced it for the figures). ``shape_headers`` turns the
     row's headers and its idempotency key into the message's headers (Debezium's layout).
     """
-    index = {column.name: i for i, column in enumerate(cursor.description or ())}
+    index = column_index(cursor)
     missing = [name for name in _CLAIMED_COLUMNS if name not in index]
     if missing:
         raise RuntimeError(f"the claim query lacks the columns {missing}")
@@ -319,7 +319,7 @@ class _Leased:
         self._keyed: list[tuple[int, Any, Any]] = []
         if result is None or not self.rows:
             return
-        index = {column.name: i for i, column in enumerate(cursor.description or ())}
+        index = column_index(cursor)
         value = result.get_value
         i_id, i_topic, i_key, i_prio = index["id"], index["topic"], index["key"], index["priority"]
         # As they came: int() reads the digits' bytes; text is decoded only for the tails.
