@@ -62,19 +62,25 @@ async def claim_each(store: PostgresStore, database_url: str, topics: list[str])
 
 
 def test_an_event_committed_late_below_the_floor_is_found_by_the_next_full_scan(database_url: str) -> None:
+    # A longer interval than the other tests': the claim after the second full scan must be a hinted
+    # one. With 0.5 s, full test runs here failed now and then: that claim found `late`, which only
+    # a full scan can (over half a second went by in between, on a busy machine).
+    interval = 4 * INTERVAL
+
     async def scenario() -> None:
-        async with opened_store(database_url, full_scan_interval=INTERVAL) as store:
+        async with opened_store(database_url, full_scan_interval=interval) as store:
             with psycopg.connect(database_url) as slow_writer:
                 late = insert(slow_writer, "late")  # takes its id now, commits much later
                 committed(database_url, "b1")
                 await send_all(store, await store.claim(10, max_attempts=5))  # full scan
-                await asyncio.sleep(INTERVAL * 1.2)
+                await asyncio.sleep(interval * 1.2)
                 committed(database_url, "b2")
                 await send_all(store, await store.claim(10, max_attempts=5))  # full scan: the floor is now above `late`
                 slow_writer.commit()
+            assert store._floor.next_after() != 0, "the next claim is a hinted one"
             hinted = await store.claim(10, max_attempts=5)
             assert hinted.events == []  # below the floor: a hinted claim does not look there
-            assert [e.id for e in (await next_full_scan(store)).events] == [late]
+            assert [e.id for e in (await next_full_scan(store, interval)).events] == [late]
 
     asyncio.run(scenario())
 
