@@ -404,12 +404,17 @@ class Database:
         name: str,
         params: Mapping[str, Any] | None = None,
         row_factory: AsyncRowFactory[R] | None = None,
+        *,
+        any_time: bool = False,
     ) -> psycopg.AsyncRawCursor[Any]:
-        """Run query ``name`` on ``conn`` (see :class:`Statement`) and return its cursor."""
+        """Run query ``name`` on ``conn`` (see :class:`Statement`) and return its cursor; ``any_time``
+        as :meth:`fetch` takes it."""
         if row_factory is None:
             cur: psycopg.AsyncRawCursor[Any] = psycopg.AsyncRawCursor(conn)
         else:
             cur = psycopg.AsyncRawCursor(conn, row_factory=row_factory)
+        if any_time:
+            cur.adapters.register_loader("timestamptz", AnyTimeLoader)
         statement = self.queries[name]
         await cur.execute(statement.text, statement.values(params))
         return cur
@@ -428,11 +433,7 @@ class Database:
         async with self.deadline():
             conn = await self._connection(lane)
             with self.errors(conn):
-                cur = psycopg.AsyncRawCursor(conn, row_factory=row_factory)
-                if any_time:
-                    cur.adapters.register_loader("timestamptz", AnyTimeLoader)
-                statement = self.queries[name]
-                await cur.execute(statement.text, statement.values(params))
+                cur = await self._raw(conn, name, params, row_factory, any_time=any_time)
                 return await cur.fetchall() if _has_rows(cur) else []
 
     async def execute(
@@ -443,8 +444,7 @@ class Database:
         async with self.deadline():
             conn = await self._connection(lane)
             with self.errors(conn):
-                cur = await self._raw(conn, name, params, row_factory)
-                return cur
+                return await self._raw(conn, name, params, row_factory)
 
     async def rows(self, cursor: psycopg.AsyncCursor[R]) -> list[R]:
         """The rows of a cursor from :meth:`execute`."""
