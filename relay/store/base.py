@@ -311,8 +311,12 @@ class Store(Protocol):
 
         For a batch that waited so long after its claim (a payload that takes
         seconds to read, a stalled process) that its lease could end before
-        the publish and the settle are done. An event another relay took over,
-        or that was dead-lettered meanwhile, is not renewed and not returned.
+        the publish and the settle are done. Only an event whose lease still
+        holds is renewed: its claim token matches and the lease has not ended,
+        on the database's clock, in the statement that renews it. An event
+        another relay took over, that was dead-lettered or settled meanwhile,
+        or whose lease ended (another relay's reaper may have acted on its
+        key since) is not renewed and not returned.
         """
 
     async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:

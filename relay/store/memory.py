@@ -294,10 +294,14 @@ class MemoryStore:
         return Settlement(sent=len(done), retried=retried, dead=buried, lost=lost)
 
     async def renew(self, claim: Claim) -> set[int]:
-        """Start the lease again for the claim's events it still holds."""
+        """Start the lease again for the claim's events it still holds, while their lease holds."""
         self._check()
-        lease_ends = self.now() + timedelta(seconds=self.lease_seconds)
-        kept = [r for r in self._owned(claim, [e.id for e in claim.events]) if r.state == "pending"]
+        now = self.now()
+        lease_ends = now + timedelta(seconds=self.lease_seconds)
+        owned = self._owned(claim, [e.id for e in claim.events])
+        kept = [
+            r for r in owned if r.state == "pending" and r.lease_expires_at is not None and r.lease_expires_at >= now
+        ]
         for row in kept:
             row.lease_expires_at = lease_ends
         return {row.id for row in kept}

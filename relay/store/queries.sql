@@ -210,10 +210,13 @@ WHERE o.id = r.id AND o.claim_token = %(token)s;
 -- Start a batch's lease again, for the events it still holds: a batch that
 -- waited past the point where its lease could end before its publish and
 -- settle were done (a payload that takes seconds to read, a stalled process).
--- A row another relay claimed since has another token and is left alone.
+-- Only while the lease holds: once it ended, another relay may have taken or
+-- dead-lettered other events of the batch's keys (reap_exhausted), so a row
+-- still under this token is no longer known to be next of its key.
 UPDATE {table}
 SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
 WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s AND state = 'pending'
+  AND lease_expires_at >= now()
 RETURNING id;
 
 -- name: release

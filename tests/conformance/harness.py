@@ -44,7 +44,7 @@ class Harness(Protocol):
 
     def insert(self, topic: str, payload: Any, **kw: Any) -> None: ...
     def insert_sent(self, idem: str, *, key: str | None = None, topic: str = "t", sent_ago: float = 0) -> None: ...
-    def expire_leases(self, ago: float = 1) -> None: ...
+    def expire_leases(self, ago: float = 1, *, idem: str | None = None) -> None: ...
     def make_due(self) -> None: ...
     def state_of(self, idem: str) -> str | None: ...
     def id_of(self, idem: str) -> int: ...
@@ -65,9 +65,10 @@ class MemoryHarness:
         row = self.store.rows[self.store.insert(topic, {}, key=key, idempotency_key=idem)]
         row.state, row.attempts, row.published_at = "sent", 1, self.store.now() - timedelta(seconds=sent_ago)
 
-    def expire_leases(self, ago: float = 1) -> None:
+    def expire_leases(self, ago: float = 1, *, idem: str | None = None) -> None:
+        """End every lease (or only event ``idem``'s) ``ago`` seconds back."""
         for row in self.store.rows.values():
-            if row.lease_expires_at is not None:
+            if row.lease_expires_at is not None and idem in (None, row.idempotency_key):
                 row.lease_expires_at = self.store.now() - timedelta(seconds=ago)
 
     def make_due(self) -> None:
@@ -117,10 +118,11 @@ class PostgresHarness:
             [topic, key, idem, sent_ago],
         )
 
-    def expire_leases(self, ago: float = 1) -> None:
+    def expire_leases(self, ago: float = 1, *, idem: str | None = None) -> None:
         self._execute(
-            "UPDATE outbox SET lease_expires_at = now() - make_interval(secs => %s) WHERE lease_expires_at IS NOT NULL",
-            [ago],
+            "UPDATE outbox SET lease_expires_at = now() - make_interval(secs => %s)"
+            " WHERE lease_expires_at IS NOT NULL AND (%s::text IS NULL OR idempotency_key = %s)",
+            [ago, idem, idem],
         )
 
     def make_due(self) -> None:
@@ -177,11 +179,11 @@ class MySQLHarness:
             [topic, key, idem, round(sent_ago * 1e6)],
         )
 
-    def expire_leases(self, ago: float = 1) -> None:
+    def expire_leases(self, ago: float = 1, *, idem: str | None = None) -> None:
         self._execute(
             "UPDATE outbox SET lease_expires_at = UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND"
-            " WHERE lease_expires_at IS NOT NULL",
-            [round(ago * 1e6)],
+            " WHERE lease_expires_at IS NOT NULL AND (%s IS NULL OR idempotency_key = %s)",
+            [round(ago * 1e6), idem, idem],
         )
 
     def make_due(self) -> None:

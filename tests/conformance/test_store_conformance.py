@@ -443,8 +443,8 @@ def test_renew_restarts_the_lease_of_what_the_claim_still_holds_and_nothing_else
     h.insert("t", {}, key="a", idempotency_key="mine")
     h.insert("t", {}, key="c", idempotency_key="other")
     claim = run(h.store.claim(2, max_attempts=MAX))
-    h.expire_leases(ago=5)  # a claim slow to come back: its lease already ran out
-    taken = run(h.store.claim(1, max_attempts=MAX))  # and another relay took one over
+    h.expire_leases(ago=5, idem="lost")  # one event's lease ran out
+    taken = run(h.store.claim(1, max_attempts=MAX))  # and another relay took it over
     assert [e.idempotency_key for e in taken.events] == ["lost"]
     before = {idem: h.snapshot(idem) for idem in ("lost", "other")}
     assert run(h.store.renew(claim)) == {h.id_of("mine")}
@@ -456,6 +456,42 @@ def test_renew_restarts_the_lease_of_what_the_claim_still_holds_and_nothing_else
     settled = run(h.store.settle(claim, sent=[h.id_of("mine"), h.id_of("lost")], retry=[], dead=[]))
     assert (settled.sent, settled.lost) == (1, 1)
     assert h.state_of("lost") == "pending"
+
+
+@pytest.mark.parametrize(
+    "attempts",
+    [
+        (0, 2, 2, 0),  # the middle of the run dead-lettered (the case)
+        (2, 0, 0, 0),  # its first
+        (0, 0, 2, 2),  # its end
+        (2, 2, 2, 2),  # all of it
+        (0, 0, 0, 0),  # none: the lease ended, nobody took the rows
+    ],
+)
+def test_renew_keeps_nothing_once_the_lease_ended_whatever_a_reaper_did_meanwhile(
+    h: Harness, attempts: tuple[int, ...]
+) -> None:
+    # History (requeue, replay, a late commit) can leave a key's later events with more attempts than
+    # its first. The batch's relay stalls past the lease; another relay's reaper dead-letters the events
+    # at the limit. Renewing what is still under the batch's token would send the rest of the run past
+    # the dead letters: a renewal after the lease ended keeps nothing.
+    idems = [f"k:{n}" for n in range(1, len(attempts) + 1)]
+    for idem, spent in zip(idems, attempts, strict=True):
+        h.insert("t", {}, key="k", idempotency_key=idem)
+        h.set_attempts(idem, spent)
+    claim = run(h.store.claim(10, max_attempts=MAX))
+    assert [e.attempts for e in claim.events] == [spent + 1 for spent in attempts]
+    h.expire_leases()
+    assert run(h.store.reap(max_attempts=MAX)) == sum(spent + 1 >= MAX for spent in attempts)
+    before = {idem: h.snapshot(idem) for idem in idems}
+    assert run(h.store.renew(claim)) == set()
+    assert {idem: h.snapshot(idem) for idem in idems} == before
+    # The key starts again at its first, in the table, up to its first dead letter.
+    alive = [idem for idem, spent in zip(idems, attempts, strict=True) if spent + 1 < MAX]
+    first_dead = next((n for n, spent in enumerate(attempts) if spent + 1 >= MAX), len(attempts))
+    again = run(h.store.claim(10, max_attempts=MAX))
+    assert [e.idempotency_key for e in again.events] == idems[:first_dead]
+    assert again.reaped == len(idems[:first_dead]) and set(idems[:first_dead]) <= set(alive)
 
 
 def test_renew_leaves_an_event_dead_lettered_meanwhile(h: Harness) -> None:

@@ -145,9 +145,11 @@ WHERE id = %(id)s AND claim_token = %(token)s;
 -- name: renew_select
 -- Renewing a batch's lease (a batch that waited so long after its claim that
 -- its lease could end before its publish and settle are done): the events it
--- still holds, locked. A row another relay claimed since has another token.
+-- still holds, locked, while their lease holds (see renew on PostgreSQL). A row
+-- another relay claimed since has another token.
 SELECT id FROM {table}
 WHERE id IN %(ids)s AND claim_token = %(token)s AND state = 'pending'
+  AND lease_expires_at >= UTC_TIMESTAMP(6)
 FOR UPDATE;
 
 -- name: renew
