@@ -9,7 +9,9 @@ broker keeps. The first event of a key that was not (a failure, a refusal, a
 timeout, a batch given back) puts the key on hold; every chained event of a
 held key is then given back untried (:data:`relay.events.HELD`). An event that
 is not chained starts its key afresh: the claim saw no earlier event of its key
-in flight, so whatever went wrong before has been settled in the table.
+in flight, so whatever went wrong before has been settled in the table. A
+batch that renews its lease and loses an event of a key marks its other events
+of that key chained (:meth:`KeyHolds.hold_lost`): they are not a fresh start.
 
 Sinks call :meth:`KeyHolds.admit` as they hand each event to the broker, in
 order, and :meth:`KeyHolds.hold` for each event they will not report
@@ -50,6 +52,25 @@ class KeyHolds:
         if keys:
             with self._lock:
                 self._held.update(keys)
+
+    def hold_lost(self, lost: Iterable[Event], kept: Iterable[Event]) -> list[Event]:
+        """Hold the keys of ``lost`` (a batch's events it no longer holds), and mark chained each of ``kept``
+        of those keys: none of them may lift the hold. Those events, marked, are returned.
+
+        A batch that loses an event of a key in flight (another relay took it,
+        or dead-lettered it after the lease ended) must send no event of that
+        key: not a later one, which would overtake it, and not an earlier one
+        either, since an unchained event lifts the hold and the later ones, in
+        this batch or a batch chained on it, would then go out. They go back
+        untried; the key starts afresh from its first, in the table.
+        """
+        lost = list(lost)
+        self.hold(lost)
+        broken = {e.key for e in lost if e.key is not None}
+        marked = [e for e in kept if e.key in broken]
+        for event in marked:
+            event.chained = True
+        return marked
 
     def snapshot(self) -> frozenset[str]:
         """The keys on hold now."""

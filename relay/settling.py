@@ -79,8 +79,15 @@ async def renewed(store: Store, claim: Claim, holds: KeyHolds) -> Claim | None:
     that waited in a stalled process has too little lease left to publish and
     settle. Giving it back unpublished would not help: the next claim would
     take as long, the event would never be tried and its key never move. So it
-    keeps what it still holds, from now, and goes on; the keys of the events
-    it lost are held (see :mod:`relay.holds`).
+    keeps what it still holds, from now, and goes on.
+
+    It holds only events whose lease has not ended (:meth:`Store.renew`): past
+    it, another relay's reaper may have dead-lettered an event of the batch in
+    the middle of its key's run, and the rest of the run is no longer next of
+    its key. A key that lost an event sends nothing from this batch: the key
+    is held and its kept events are marked chained, so the sink answers them
+    held and they go back untried (:meth:`KeyHolds.hold_lost`), and so does
+    any batch that went on with the key meanwhile.
     """
     try:
         kept = await store.renew(claim)
@@ -90,11 +97,12 @@ async def renewed(store: Store, claim: Claim, holds: KeyHolds) -> Claim | None:
     if not kept:
         return None
     events = [e for e in claim.events if e.id in kept]
-    holds.hold([e for e in claim.events if e.id not in kept])
+    held = holds.hold_lost([e for e in claim.events if e.id not in kept], events)
     logger.warning(
-        "lease nearly over before publishing: renewed it for %d events (%d taken over meanwhile)",
+        "lease nearly over before publishing: renewed it for %d events (%d lost meanwhile, %d held behind them)",
         len(events),
         len(claim.events) - len(events),
+        len(held),
         extra={"action": "renew_stale", "batch_size": len(events)},
     )
     return Claim(claim.token, events, claim.reaped)
