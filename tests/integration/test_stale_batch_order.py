@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
+from uuid import UUID
 
 import psycopg
 import pytest
@@ -27,7 +28,8 @@ from relay.app import RunConfig, build_relay, publish_grace_seconds, start
 from relay.config import CLAIM_RESERVE_SECONDS, SETTLE_RESERVE_SECONDS, RelaySettings, TableName, parse_sink_url
 from relay.events import Event
 from relay.loop import Relay
-from relay.store.base import Claim, Started, Store
+from relay.store.adapters import build_admin, build_store
+from relay.store.base import Claim, RequeueFilter, Started, Store
 from tests import mysql_support
 from tests.integration.kafka_support import consume, make_event, unique_topic
 from tests.integration.rabbit_support import temp_queue
@@ -113,6 +115,35 @@ class Outbox:
             with psycopg.connect(self.url) as pg:
                 for key, payload in events:
                     producers.publish(pg, topic, payload, key=key)
+
+    def write_run(self, topic: str, attempts: Sequence[int]) -> None:
+        """Key k's events, ``i`` 1, 2, ... in id order, each with the attempts history left it."""
+        for i, spent in enumerate(attempts, start=1):
+            payload = {"key": "k", "i": i}
+            if self.mysql:
+                conn = mysql_support.connect(self.url, autocommit=True)
+                try:
+                    idem = producers.publish(conn, topic, payload, key="k")
+                finally:
+                    conn.close()
+                statement = "UPDATE outbox SET attempts = %s WHERE idempotency_key = %s"
+                mysql_support.execute(self.url, statement, [spent, idem])
+            else:
+                with psycopg.connect(self.url) as pg:
+                    idem = producers.publish(pg, topic, payload, key="k")
+                    pg.execute("UPDATE outbox SET attempts = %s WHERE idempotency_key = %s", [spent, idem])
+
+    def end_lease(self, token: UUID) -> None:
+        """End the lease of claim ``token``'s rows a second ago, on the database's clock."""
+        if self.mysql:
+            statement = (
+                "UPDATE outbox SET lease_expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE claim_token = %s"
+            )
+            mysql_support.execute(self.url, statement, [str(token)])
+        else:
+            with psycopg.connect(self.url, autocommit=True) as pg:
+                statement = "UPDATE outbox SET lease_expires_at = now() - interval '1 second' WHERE claim_token = %s"
+                pg.execute(statement, [token])
 
     def left(self) -> dict[str, int]:
         """Rows per state."""
@@ -216,3 +247,147 @@ def test_a_batch_that_renews_its_lease_reaches_the_broker_before_the_batch_claim
     assert sorted(i for found in by_key.values() for i in found) == list(range(-keys, EVENTS))
     for key, found in by_key.items():
         assert found == sorted(found), (key, found)
+
+
+# A stale batch whose lease a reaper acted on (issue 36). The relay claims a run of key k and stalls
+# past its lease before publishing; another relay's reaper dead-letters the events whose attempts
+# reached the limit (history gave k's later events more attempts than its first: requeue, replay, a
+# late commit); the relay wakes and must renew. After the dead letters are requeued, the broker's
+# log of k must read 1, 2, 3, ... (k:1 may go first on its own), never 1, 4, 2, 3.
+
+MAX_ATTEMPTS = 3
+#: How long the first batch's events take to build (a stalled process), past the time a batch may
+#: start publishing, shortened here to this so the stall costs little.
+STALL_SECONDS = 0.4
+LATEST_PUBLISH_START_SECONDS = 0.15
+
+
+class StalledFirstBatch:
+    """The real store, but the first batch stalls once its events are built (after the claim started
+    ahead of it, if any, went out and chained on it): meanwhile its lease ends and another relay's
+    reaper runs."""
+
+    def __init__(self, store: Store, outbox: Outbox, lease_seconds: float) -> None:
+        self._store, self._outbox, self._lease_seconds = store, outbox, lease_seconds
+        self.tokens: list[UUID] = []
+        #: The tokens of the batches each claim was told it may go on from.
+        self.chains: list[set[UUID]] = []
+        self.reaped = 0
+        self.renewed: list[set[int]] = []
+
+    async def start_claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
+    ) -> Started:
+        started = await self._store.start_claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
+        if started.rows:
+            self.tokens.append(started.token)
+            self.chains.append({c.token for c in chain})
+        return _Stalling(started, self) if len(self.tokens) == 1 and started.rows else started
+
+    async def past_the_lease(self, claim: Claim) -> None:
+        await asyncio.sleep(STALL_SECONDS)
+        self._outbox.end_lease(claim.token)
+        other = build_store(
+            self._outbox.url, TableName.parse("outbox"), owner="another-relay",
+            lease_seconds=self._lease_seconds, keep_sent=False, listen=False,
+        )  # fmt: skip
+        await other.open()
+        try:
+            self.reaped += await other.reap(max_attempts=MAX_ATTEMPTS)
+        finally:
+            await other.close()
+
+    async def renew(self, claim: Claim) -> set[int]:
+        kept = await self._store.renew(claim)
+        self.renewed.append(kept)
+        return kept
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+class _Stalling:
+    def __init__(self, started: Started, store: StalledFirstBatch) -> None:
+        self._started, self._store = started, store
+        self.token, self.rows = started.token, started.rows
+
+    def tails(self) -> Claim:
+        return self._started.tails()
+
+    async def events(self) -> Claim:
+        claim = await self._started.events()
+        await self._store.past_the_lease(claim)
+        return claim
+
+
+# On PostgreSQL: MariaDB's renew keeps nothing past the lease in the store conformance suite
+# (tests/conformance), and the rest is the loop's, the same on every store.
+ISSUE_CASE = (0, 2, 2, 0)  # k:2 and k:3 dead-lettered, k:1 and k:4 still the batch's
+CHAINED_CASE = (*ISSUE_CASE, 0, 0, 0, 0)  # and a batch claimed ahead went on with k:5..k:8 meanwhile
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("outbox", "broker", "attempts"),
+    [
+        ("postgres", "kafka", ISSUE_CASE),
+        ("postgres", "rabbitmq", ISSUE_CASE),
+        ("postgres", "kafka", CHAINED_CASE),
+        ("postgres", "rabbitmq", CHAINED_CASE),
+    ],
+    ids=["kafka", "rabbitmq", "kafka-chained", "rabbitmq-chained"],
+    indirect=["outbox", "broker"],
+)
+def test_a_stale_batch_sends_nothing_of_a_key_past_what_a_reaper_dead_lettered_meanwhile(
+    outbox: Outbox, broker: Broker, attempts: tuple[int, ...]
+) -> None:
+    outbox.write_run(broker.topic, attempts)
+    sink = parse_sink_url(broker.sink_url)
+    grace = publish_grace_seconds(sink)
+    batch_size = len(ISSUE_CASE)
+    settings = RelaySettings(
+        batch_size=batch_size,
+        max_attempts=MAX_ATTEMPTS,
+        backoff_initial_seconds=0.05,
+        backoff_max_seconds=0.2,
+        lease_seconds=CLAIM_RESERVE_SECONDS + PUBLISH_TIMEOUT_SECONDS + grace + SETTLE_RESERVE_SECONDS,
+        publish_timeout_seconds=PUBLISH_TIMEOUT_SECONDS,
+        poll_interval_seconds=0.05,
+        poll_interval_max_seconds=0.2,
+        listen=False,
+    )
+    relay = build_relay(
+        RunConfig(database_url=outbox.url, table=TableName.parse("outbox"), sink=sink, settings=settings)
+    )
+    relay._latest_publish_start = LATEST_PUBLISH_START_SECONDS
+    store = StalledFirstBatch(relay.store, outbox, settings.lease_seconds)
+    relay.store = cast(Store, store)
+    before_dead = attempts.index(MAX_ATTEMPTS - 1)
+
+    async def scenario() -> None:
+        await start(relay, 10)
+        published = relay.metrics.published.labels(broker.topic)
+        stop = asyncio.Event()
+        task = asyncio.create_task(relay.run(stop))
+        admin = build_admin(outbox.url, TableName.parse("outbox"))
+        await admin.open()
+        try:
+            async with asyncio.timeout(20):
+                while published._value.get() < before_dead:  # the key's events before its first dead letter
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(0.3)  # anything sent past the dead letters would be sent by now
+                assert store.reaped == 2
+                assert len(await admin.requeue(RequeueFilter(all=True))) == 2
+                while published._value.get() < len(attempts):
+                    await asyncio.sleep(0.02)
+        finally:
+            await admin.close()
+            stop.set()
+            await task
+
+    asyncio.run(scenario())
+    if batch_size < len(attempts):  # the case this is about happened: a claim went on from the stale batch
+        assert store.tokens[0] in store.chains[1], (store.tokens, store.chains)
+    assert outbox.left() == {}
+    by_key = first_copies_by_key(broker.read(len(attempts)))
+    assert by_key == {"k": list(range(1, len(attempts) + 1))}, by_key

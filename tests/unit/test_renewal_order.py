@@ -133,7 +133,9 @@ def deliver_everything(store: StalledStore, relay: Relay, sink: MemorySink) -> N
     def settled() -> bool:
         now = store.now()
         mine = {token for token, _ in store.claims}
-        leased = any(r.claim_token in mine and r.lease_expires_at and r.lease_expires_at >= now for r in store.rows.values())
+        leased = any(
+            r.claim_token in mine and r.lease_expires_at and r.lease_expires_at >= now for r in store.rows.values()
+        )
         return not leased and all(
             r.state == "failed" or r.claim_token not in (None, *mine) or _behind_a_stop(store, r.id)
             for r in store.rows.values()
