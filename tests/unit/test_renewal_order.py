@@ -220,6 +220,7 @@ def test_a_key_that_lost_an_event_in_a_renewal_sends_none_of_that_batch(how: str
     # The stale batch sent its other key's events, and none of k's: they went back untried.
     stale = {id(e) for e in store.handed_out[: len(written)]}
     assert {e.key for e in sink.delivered if id(e) in stale} == {"other"}
+    assert all(e.attempts == 1 for e in sink.delivered if e.id != lost), "given back without an attempt spent"
     if how == "settled":
         assert lost not in {e.id for e in sink.delivered}
 
