@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 from relay import uri_reference
 from relay.errors import ConfigError
 from relay.kafka_options import check_value, option_name
-from relay.secrets import Scrubber, ambiguity, shown_before_space
+from relay.secrets import Scrubber, ambiguity, holds_secret, shown_before_space
 
 # What is secret is decided in relay.secrets; these two stay importable from here.
 from relay.secrets import is_secret_option as is_secret_option
@@ -505,7 +505,8 @@ def check_event_source(text: str) -> str:
     """Return ``text`` if it can be a CloudEvents ``source``: a URI-reference with no credentials.
 
     ``ConfigError`` if it is empty, holds whitespace or control characters,
-    names a user or password (``scheme://user:pass@host``), or is no
+    names a user or password (``scheme://user:pass@host``), holds anything
+    else :mod:`relay.secrets` classes as secret (``?sig=``, ``?token=``), or is no
     URI-reference of RFC 3986 (:mod:`relay.uri_reference`): the source goes
     out with every event.
     """
@@ -527,6 +528,8 @@ def check_event_source(text: str) -> str:
     cut = ambiguity(as_url)
     if cut is not None:
         raise ConfigError(f"invalid --event-source {shown}: it {cut}")
+    if holds_secret(text):  # what relay.secrets masks: a token, a secret option (?password=, ?sig=)
+        raise ConfigError(f"--event-source {shown} holds a secret (a token or password): it goes out with every event")
     problem = next((f"{c!r} must be percent-encoded" for c in text if c in _NOT_IN_URIS), None)
     if problem is None:
         # RFC 3986's grammar decides (urlsplit takes almost anything), and names what breaks it.

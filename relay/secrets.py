@@ -13,6 +13,17 @@ structured fields, metric labels, reprs, command output):
 :func:`secrets_in` finds the secrets a scrubber needs in configuration text,
 valid or not: a URL whose password holds a raw ``/``, ``?``, ``#`` or ``@`` is
 invalid, and different parsers cut it in different places.
+
+The userinfo of a URL (what precedes the ``@`` of its authority) is read by
+its scheme. ``user:password`` is a user and a password in every scheme: the
+password is secret, the user is shown. A userinfo without ``:`` is a user name
+only for the schemes that put one there (:data:`USER_NAME_SCHEMES`: libpq's,
+the MySQL client's, AMQP's, where a password-less user logs in by a
+certificate, trust or a server-side rule); for any other scheme
+(``kafka://TOKEN@host``, ``https://TOKEN@host`` as GitHub and many HTTP APIs
+read it, a scheme the relay does not know) it is taken for a token, masked
+and scrubbed as a password is. The safe side: a user name shown as ``***`` is
+an inconvenience, a token shown is a leak.
 """
 
 from __future__ import annotations
@@ -63,6 +74,15 @@ _SECRET_WORDS = (
     "jaas",
     "keytab",  # Kerberos keys (sasl.kerberos.keytab): a path, masked as ssl.key.location is
 )
+#: Option names that are secret when whole (``?key=``, ``?auth=`` of HTTP APIs), and parts of a name
+#: (between '.', '_' or '-') that make it secret: too short to look for inside words (``sig`` in
+#: "design"), and as parts of others they name no secret (libpq's ``require_auth``,
+#: ``target_session_attrs``). Signed URLs' ``?sig=`` and ``X-Amz-Signature``.
+_SECRET_NAMES = frozenset({"key", "auth", "pass", "pwd", "session", "sig", "signature"})
+_SECRET_NAME_PARTS = frozenset({"sig", "signature", "authorization", "pwd"})
+#: Schemes whose userinfo without a ':' is a user name (shown); in any other it is a token (masked).
+USER_NAME_SCHEMES = frozenset({"postgresql", "postgres", "mysql", "mariadb", "amqp", "amqps"})
+_SCHEME_AT_END = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*$")
 #: Sensitive names whose values are masked where shown but not scrubbed from free
 #: text: a user name such as "relay" would cut words out of every message.
 _NAMES_NOT_SCRUBBED = frozenset({"sasl.username"})
@@ -87,13 +107,13 @@ _URL_DELIMITER_GROUPS = re.compile(r"([/?#@:&=;,\[\]']+)")
 SPAN_FORM_MAX_CHARS = 128
 SPAN_MAX_PIECES = 6
 MIN_PIECE_CHARS = 4
-# ``name=value`` in a URL query or a libpq keyword string: up to a '&' or a space, and a quoted
-# part may hold spaces. Not cut at '#' or ';': a raw one in a password is part of it to whoever
-# wrote it, and what follows it would be shown.
-_OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>(?:'(?:\\.|[^'\\])*'|[^&\s])*)")
+# ``name=value`` in a URL query or a libpq keyword string (the name perhaps percent-encoded): up to
+# a '&' or a space, and a quoted part may hold spaces. Not cut at '#' or ';': a raw one in a
+# password is part of it to whoever wrote it, and what follows it would be shown.
+_OPTION = re.compile(r"(?P<name>[A-Za-z%][\w.\-%]*)(?P<eq>\s*=\s*)(?P<value>(?:'(?:\\.|[^'\\])*'|[^&\s])*)")
 #: The same in a libpq keyword string (no ``scheme://``), where only a space ends a value: a '&' is
 #: part of it, and so is a space escaped with a backslash.
-_KEYWORD_OPTION = re.compile(r"(?P<name>[A-Za-z][\w.\-]*)(?P<eq>\s*=\s*)(?P<value>(?:'(?:\\.|[^'\\])*'|\\.|\S)*)")
+_KEYWORD_OPTION = re.compile(r"(?P<name>[A-Za-z%][\w.\-%]*)(?P<eq>\s*=\s*)(?P<value>(?:'(?:\\.|[^'\\])*'|\\.|\S)*)")
 #: The ``PATTERN=`` of a ``PATTERN=URL`` route (at the start, or after a space in RELAY_ROUTES).
 _ROUTE_PATTERN = re.compile(r"(?:^|(?<=\s))[^=\s]+=(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
 _AUTHORITY_END = re.compile(r"[/?#]")
@@ -158,8 +178,23 @@ def normalise_option(name: str) -> str:
 
 def is_secret_option(name: str) -> bool:
     """Whether the value of option ``name`` (any library, either spelling) is masked where shown."""
-    normal = normalise_option(name)
-    return normal in SENSITIVE_KAFKA_OPTIONS or any(word in normal for word in _SECRET_WORDS)
+    # Percent-decoded too: a URL's reader decodes its query's names (``pass%77ord``).
+    return any(
+        normal in SENSITIVE_KAFKA_OPTIONS
+        or any(word in normal for word in _SECRET_WORDS)
+        or normal in _SECRET_NAMES
+        or not _SECRET_NAME_PARTS.isdisjoint(normal.split("."))
+        for normal in {normalise_option(name), normalise_option(unquote_plus(name))}
+    )
+
+
+def userinfo_is_secret(scheme: str, userinfo: str) -> bool:
+    """Whether the userinfo of a ``scheme://userinfo@host`` URL is masked whole: it holds no ``:``
+    (so no separate password) and ``scheme`` does not put a user name there (see the module's text)."""
+    # What precedes the scheme is no part of it: a flag before it (``--database-url postgresql``, an
+    # argument pair read as one), a route's pattern (``orders.*=kafka``).
+    found = _SCHEME_AT_END.search(scheme)
+    return ":" not in userinfo and (found is None or found.group().lower() not in USER_NAME_SCHEMES)
 
 
 def _is_scrubbed_option(name: str) -> bool:
@@ -199,9 +234,18 @@ def _bare_userinfo(text: str) -> str | None:
     return text.strip().rpartition("@")[0]
 
 
+def _bare_token(userinfo: str) -> bool:
+    """Whether a bare ``userinfo`` is a token: the userinfo of a network-path reference (``//tok@host``),
+    with no ``:`` and so no scheme that puts a user name there. (Without the ``//``, ``ops@example.com``
+    is more likely an address, or a key, than a URL.)"""
+    return userinfo.startswith("//") and ":" not in userinfo and bool(userinfo.strip("/"))
+
+
 def _bare_passwords(userinfo: str) -> list[str]:
     """The passwords ``userinfo`` may hold: after its first ``:``, and after a leading ``scheme:`` too
     (whether ``postgresql:app:pw`` begins with a scheme or with a user, only its writer knows)."""
+    if _bare_token(userinfo):
+        return [userinfo.strip("/")]
     found = [userinfo.lstrip("/").partition(":")[2]]
     scheme = _SCHEME_PREFIX.match(userinfo)
     if scheme is not None:
@@ -233,17 +277,42 @@ def redact_url(url: str) -> str:
     scheme, separator, rest = text.partition("://")
     if not separator:
         bare = _bare_userinfo(text)
-        return text if bare is None or ":" not in bare else f"{MASK}@{text.strip().rpartition('@')[2]}"
+        if bare is None or not (":" in bare or _bare_token(bare)):
+            return text
+        return f"{MASK}@{text.strip().rpartition('@')[2]}"
     at = rest.rfind("@")
     if at < 0:
         return text
     end = _AUTHORITY_END.search(rest)
-    if end is not None and end.start() < at:
+    if (end is not None and end.start() < at) or userinfo_is_secret(scheme, rest[:at]):
         shown = MASK
     else:
         user, colon, _ = rest[:at].partition(":")
         shown = f"{user}:{MASK}" if colon else user
     return f"{scheme}://{shown}@{rest[at + 1 :]}"
+
+
+def holds_secret(reference: str) -> bool:
+    """Whether URI-reference ``reference`` holds anything this module classes as secret: a
+    password or a userinfo that is a token (:func:`userinfo_is_secret`) in its authority, or a
+    secret option (``?password=``, ``?sig=``, ``#access_token=``) in its query or fragment.
+
+    Only a reference with an authority (``scheme://``, ``//``) has a userinfo: the ``@`` of
+    ``mailto:ops@example.com`` is part of an address.
+    """
+    head, _, fragment = reference.partition("#")
+    head, _, query = head.partition("?")
+    scheme, separator, rest = ("x:" + head if head.startswith("//") else head).partition("://")
+    authority = _AUTHORITY_END.split(rest, maxsplit=1)[0]
+    if separator and "@" in authority:
+        userinfo = authority.rpartition("@")[0]
+        if ":" in userinfo or userinfo_is_secret(scheme, userinfo):
+            return True
+    for options in (query, fragment):
+        probe = "x://h?" + options
+        if options and _mask_options(probe) != probe:
+            return True
+    return False
 
 
 def secrets_in(text: str) -> list[str]:
@@ -252,12 +321,15 @@ def secrets_in(text: str) -> list[str]:
     the scheme's ``//`` and the last ``@``, which covers what any parser takes it for."""
     found: list[str] = []
     text = _ROUTE_PATTERN.sub("", text)  # a route's pattern is no option, whatever words it holds
-    _, separator, rest = text.partition("://")
+    scheme, separator, rest = text.partition("://")
     if separator:
         userinfo, at, _ = rest.rpartition("@")
         _, colon, password = userinfo.partition(":")
         if at and colon:
             found.append(password)
+        elif at and userinfo_is_secret(scheme, userinfo) and not _AUTHORITY_END.search(userinfo):
+            # (an '@' past the authority is in a path or a query: ``?email=me@corp``)
+            found.append(userinfo)
     else:
         bare = _bare_userinfo(text)
         if bare is not None:
@@ -355,6 +427,7 @@ __all__ = [
     "MASK",
     "Scrubber",
     "ambiguity",
+    "holds_secret",
     "is_secret_option",
     "normalise_option",
     "one_line",
@@ -362,4 +435,5 @@ __all__ = [
     "secrets_in",
     "secrets_of_options",
     "spellings",
+    "userinfo_is_secret",
 ]

@@ -208,6 +208,40 @@ def test_bad_event_sources_are_refused_without_the_password(text: str, needle: s
     assert "s3cret" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "/shop?password=s3cret",
+        "/shop?sig=s3cret",
+        "https://store.example/c?sv=2022&sig=s3cret",
+        "https://s3.example/b?X-Amz-Signature=s3cret",
+        "urn:shop?token=s3cret",
+        "//shop.example/o?access_token=s3cret",
+        "/shop?apikey=s3cret",
+        "/shop?key=s3cret",
+        "/shop?client_secret=s3cret",
+        "/shop?pass%77ord=s3cret",  # a percent-encoded name
+        "/shop?%73ig=s3cret",
+        "/shop?passwords3cret",  # an option glued to its value
+        "https://s3cret@shop.example/orders",  # a token alone
+        "//s3cret@shop.example/orders",
+        "kafka://s3cret@broker:9092",
+    ],
+)
+def test_an_event_source_holding_a_secret_is_refused_without_it(text: str) -> None:
+    """Every form relay.secrets masks, not only user:pass@: the source goes out with every event."""
+    with pytest.raises(ConfigError, match="--event-source") as caught:
+        check_event_source(text)
+    assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "text", ["mailto:ops@shop.example", "/shop?design=2", "/shop?v=1&format=json", "https://shop.example/o?region=eu"]
+)
+def test_an_event_source_without_a_secret_is_taken(text: str) -> None:
+    assert check_event_source(text) == text
+
+
 def test_run_config_takes_the_flag_or_the_default() -> None:
     sink = parse_sink_url("kafka://k:9092?format=cloudevents")
     dsn = "postgresql://app:s3cret@db/shop"
