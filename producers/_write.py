@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 
 from producers import _mysql
 from producers._tracing import with_trace_context
+from relay.attribute_values import media_type_problem, shown
 from relay.config import DEFAULT_TABLE, TableName
 
 _INSERT = (
@@ -68,6 +69,9 @@ def _payload_params(payload: Any, content_type: str | None) -> dict[str, Any]:
         _check_no_lone_surrogate(content_type, "content_type")
         if len(content_type.encode()) > CONTENT_TYPE_MAX_BYTES:
             raise ValueError(f"content_type must be at most {CONTENT_TYPE_MAX_BYTES} bytes of UTF-8")
+        # The relay sends it as a header (Kafka content-type, AMQP content_type, CloudEvents datacontenttype).
+        if problem := media_type_problem(content_type):
+            raise ValueError(f"content_type {shown(content_type)} {problem}, e.g. application/x-protobuf")
         return {"payload": bytes(payload), "content_type": content_type}
     if content_type is not None:
         raise TypeError(
@@ -322,7 +326,8 @@ def publish(
     ``bytearray``, ``memoryview``): those go downstream exactly as they are,
     with ``content_type`` (by default ``application/octet-stream``) as the
     Kafka ``content-type`` header and the RabbitMQ ``content_type``.
-    ``content_type`` is for bytes only. With an ``idempotency_key`` that
+    ``content_type`` is for bytes only, and must be a media type
+    (``type/subtype[; name=value]``, RFC 2046): ``ValueError`` otherwise. With an ``idempotency_key`` that
     the outbox already holds, nothing is written and the key is returned.
     Events with the same ``key`` are delivered in the order they are written;
     ``priority`` orders due events of different keys (higher first);

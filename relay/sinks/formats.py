@@ -6,7 +6,8 @@ Kafka protocol binding and, as far as AMQP 0-9-1 headers allow, the AMQP
 binding. The attributes come from the row's columns: ``id`` the idempotency
 key, ``type`` the topic, ``time`` the creation time, ``partitionkey`` the key
 (none when null or empty: the extension must not be empty), ``traceparent`` and ``tracestate`` the row's W3C trace
-context headers (in any case). Binary mode never parses the payload: the attributes go in
+context headers (in any case); an event whose attributes break the spec is refused
+(:func:`attribute_refusal`), so dead-lettered. Binary mode never parses the payload: the attributes go in
 headers. Structured mode wraps the payload, as it is, in a JSON envelope: a
 JSON payload as ``data``, raw bytes as ``data_base64``. docs/cloudevents.md
 has the whole mapping.
@@ -19,8 +20,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from json.encoder import encode_basestring as _json_string
 
+from relay.attribute_values import media_type_problem, shown, string_problem
 from relay.config import Format
-from relay.events import IDEMPOTENCY_HEADER, Event, is_idempotency_header, trace_context
+from relay.events import IDEMPOTENCY_HEADER, TRACEPARENT, TRACESTATE, Event, is_idempotency_header, trace_context
 
 SPECVERSION = "1.0"
 JSON_CONTENT_TYPE = "application/json"
@@ -191,9 +193,60 @@ def binary_mode_refusal(event: Event) -> str | None:
     )
 
 
+def attribute_refusal(event: Event) -> str | None:
+    """Why the attributes ``event`` takes from its row break the CloudEvents spec, or None.
+
+    ``id``, ``type``, ``partitionkey`` and the trace context must be Strings
+    (no control characters, noncharacters or lone surrogates), ``id`` and
+    ``type`` not empty, and ``datacontenttype`` a media type
+    (:mod:`relay.attribute_values`). Either binding puts them in headers, and
+    a consumer forwarding them over HTTP in HTTP headers, where a line break
+    starts a header of the row's choosing. Nothing can send such an event as
+    written, in either mode: it is dead-lettered at once, with this reason.
+    """
+    for name, value in (("id", event.idempotency_key), ("type", event.topic)):
+        if not value:
+            return f"CloudEvents attribute {name} would be empty (the row's {_COLUMNS[name]})"
+        if problem := string_problem(value):
+            return _attribute_error(name, value, problem)
+    if event.key and (problem := string_problem(event.key)):
+        return _attribute_error("partitionkey", event.key, problem)
+    if event.content_type is not None and (problem := media_type_problem(event.content_type)):
+        return _attribute_error("datacontenttype", event.content_type, problem)
+    if event.headers:
+        for name, value in _trace_context(event.headers):
+            if problem := string_problem(value):
+                return _attribute_error(name, value, problem)
+    return None
+
+
+#: The column each attribute comes from, for the reason an event is dead-lettered.
+_COLUMNS = {
+    "id": "idempotency_key",
+    "type": "topic",
+    "partitionkey": "key",
+    "datacontenttype": "content_type",
+    TRACEPARENT: "traceparent header",
+    TRACESTATE: "tracestate header",
+}
+
+
+def _attribute_error(name: str, value: str, problem: str) -> str:
+    return (
+        f"CloudEvents attribute {name} {shown(value)} (the row's {_COLUMNS[name]}) {problem}: "
+        "the spec does not allow it, and consumers would forward it as a header"
+    )
+
+
+def _binary_refusal(event: Event) -> str | None:
+    return binary_mode_refusal(event) or attribute_refusal(event)
+
+
 def refusal_of(chosen: Format) -> Callable[[Event], str | None] | None:
     """The check that refuses, per event, what format ``chosen`` cannot send as written; None if it sends all."""
-    return binary_mode_refusal if chosen is Format.CLOUDEVENTS else None
+    if chosen is Format.CLOUDEVENTS:
+        return _binary_refusal
+    return attribute_refusal if chosen is Format.CLOUDEVENTS_STRUCTURED else None
 
 
 def kafka_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> KafkaEncoder:

@@ -369,3 +369,72 @@ def test_the_relay_dead_letters_such_a_row_at_once_and_parks_its_key(database_ur
     attempts, last_error = row
     assert attempts == 1  # permanent: not retried
     assert "names a CloudEvents format" in last_error
+
+
+def bad_attribute_events(topic: str) -> list[Event]:
+    """A good event, then one per attribute the spec forbids as its row has it, each its own key."""
+    bad: list[Event] = [make_event(topic, key="k-good")]
+    for n, (column, value) in enumerate(
+        [
+            ("idempotency_key", "id\twith a tab"),
+            ("key", "key\x00nul"),
+            ("content_type", "text/plain\r\nX-Injected: 1"),
+            ("content_type", "not a media type"),
+            ("headers", {"traceparent": "00-x\n"}),
+        ]
+    ):
+        event = make_event(topic, key=f"k-{n}")
+        if column == "content_type":
+            event.content_type = str(value)
+        elif column == "headers":
+            event.headers = dict(value)  # type: ignore[arg-type]
+        else:
+            setattr(event, column, value)
+        bad.append(event)
+    return bad
+
+
+def check_bad_attributes_refused(outcomes: list[object]) -> None:
+    assert outcomes[0] is None
+    for outcome in outcomes[1:]:
+        assert isinstance(outcome, Failure) and outcome.permanent, outcome  # dead-lettered at once
+        assert outcome.error.startswith("CloudEvents attribute "), outcome.error
+
+
+@pytest.mark.parametrize("chosen", [Format.CLOUDEVENTS, Format.CLOUDEVENTS_STRUCTURED])
+def test_both_sinks_refuse_attributes_the_spec_forbids(kafka_bootstrap: str, amqp_url: str, chosen: Format) -> None:
+    topic = unique_topic()
+    events = bad_attribute_events(topic)
+    check_bad_attributes_refused(asyncio.run(outcomes_of(f"kafka://{kafka_bootstrap}?format={chosen.value}", events)))
+    (only,) = consume(kafka_bootstrap, topic, count=1)
+    assert kafka_event(only).get_id() == events[0].idempotency_key
+    with temp_queue(amqp_url) as queue:
+        events = bad_attribute_events(queue.name)
+        check_bad_attributes_refused(asyncio.run(outcomes_of(f"{amqp_url}?format={chosen.value}", events)))
+        (message,) = queue.collect(1)
+        assert queue.count() == 0
+    assert amqp_event(message).get_id() == events[0].idempotency_key
+
+
+def test_the_relay_dead_letters_a_row_whose_attributes_break_the_spec(database_url: str, amqp_url: str) -> None:
+    """Rows written in SQL (publish() refuses such a content type): a line break in the topic, the key's
+    next event held behind it, another key flowing."""
+    with temp_exchange(amqp_url) as exchange, temp_queue(amqp_url, exchange=exchange, routing_keys=["t"]) as queue:
+        with psycopg.connect(database_url) as conn:
+            conn.execute(
+                "INSERT INTO outbox (topic, key, payload_bytes, content_type, idempotency_key) VALUES"
+                " ('t', 'k', 'x', e'text/plain\\r\\nX-Injected: 1', 'bad-type'),"
+                " ('t', 'j', 'y', 'text/plain', 'flows')"
+            )
+            producers.publish(conn, "t", {"after": 1}, key="k", idempotency_key="waits-behind")
+        sink = f"{amqp_url}?exchange={exchange}&format=cloudevents-structured"
+        with RelayThread(database_url, sink, max_attempts=5):
+            wait_until(lambda: outbox_counts(database_url) == {"failed": 1, "pending": 1})
+            (message,) = queue.collect(1)
+        assert message.message_id == "flows"
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute("SELECT idempotency_key, attempts, last_error FROM outbox WHERE state = 'failed'").fetchone()
+    assert row is not None
+    idempotency_key, attempts, last_error = row
+    assert (idempotency_key, attempts) == ("bad-type", 1)  # permanent: not retried
+    assert last_error.startswith("CloudEvents attribute datacontenttype 'text/plain\\r\\nX-Injected: 1'")

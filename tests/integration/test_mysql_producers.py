@@ -308,7 +308,7 @@ TRICKY = {
     "topic": "t\\o'p\"ic.\U0001f600",
     "key": "', 0x7b7d, 0x7b7d, 'x', UTC_TIMESTAMP(6), 0) -- C:\\temp\\x",
     "idempotency_key": "ik\\1'\"\n\x1a",
-    "content_type": 'text/x\\y\'; q="\u00e9\U0001f600"',
+    "content_type": 'text/x\'y; q="\\\\\\"\u00e9\U0001f600"',  # a media type: \\ and \" quoted
 }
 
 

@@ -373,6 +373,18 @@ def test_a_nul_in_content_type_is_refused_before_any_sql_on_every_driver(
     assert outcome == NUL_IN_CONTENT_TYPE
 
 
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_content_type_that_is_no_media_type_is_refused_before_any_sql_on_every_driver(
+    request: pytest.FixtureRequest, driver: str
+) -> None:
+    """The relay sends it as a header (and CloudEvents' datacontenttype): it must be type/subtype[; params].
+    (The family of such values, without I/O: tests/unit/test_producer_values.py.)"""
+    content_type = "text/plain\r\nX-Injected: 1"
+    outcome = _in_a_business_transaction(request, driver, {"payload": b"x", "content_type": content_type})
+    assert isinstance(outcome, tuple) and outcome[0] is ValueError, outcome
+    assert outcome[1].startswith(f"content_type {content_type!r} ") and "\n" not in outcome[1]
+
+
 def _nested(depth: int, container: str) -> object:
     """``depth`` arrays or objects (``mixed``: alternately) one in another, around a scalar."""
     value: object = 1
