@@ -19,6 +19,10 @@ from relay.sinks.routing import RoutingSink
 logger = logging.getLogger(__name__)
 
 READY_CHECK_TIMEOUT_SECONDS = 3.0
+#: How long a finished readiness check answers ``/readyz`` before another runs: the checks write to
+#: the database and reach the broker, and the port may face any client, so their rate is bounded
+#: whatever the rate of requests (at most one check per this interval plus the check's own time).
+READY_CHECK_INTERVAL_SECONDS = 1.0
 #: Most connections served at once: each holds a file descriptor and up to a 64 KiB buffer.
 MAX_CONNECTIONS = 64
 #: How long a client has to send its request line and headers (a probe sends them at once).
@@ -42,9 +46,19 @@ def request_is_head(request: bytes) -> bool:
 class HealthServer:
     """Serves the relay's metrics and probes; one request per connection."""
 
-    def __init__(self, relay: Relay, host: str, port: int, *, stopping: asyncio.Event | None = None) -> None:
-        """``stopping``: once set (SIGTERM), the relay is draining and ``/readyz`` answers 503."""
+    def __init__(
+        self,
+        relay: Relay,
+        host: str,
+        port: int,
+        *,
+        stopping: asyncio.Event | None = None,
+        check_interval_seconds: float = READY_CHECK_INTERVAL_SECONDS,
+    ) -> None:
+        """``stopping``: once set (SIGTERM), the relay is draining and ``/readyz`` answers 503.
+        ``check_interval_seconds``: how long a finished check's result is reused."""
         self.relay = relay
+        self.check_interval_seconds = check_interval_seconds
         self.host = host
         self.port = port
         self.stopping = stopping or asyncio.Event()
@@ -57,6 +71,9 @@ class HealthServer:
         #: probe must not open connections that start-up would not close.
         self.started = False
         self._checks: asyncio.Task[str | None] | None = None
+        self._reported: asyncio.Task[str | None] | None = None
+        #: When the last checks finished (the loop's clock).
+        self._checked_at = -float("inf")
         self._checking = "the database"
 
     async def start(self) -> None:
@@ -102,7 +119,10 @@ class HealthServer:
         ``READY_CHECK_TIMEOUT_SECONDS``, and the next probes wait on the same
         checks. Cancelled, a check on a database that stopped answering would
         take psycopg's cancellation (several seconds more, and the relay's
-        connection closed) before any answer went out.
+        connection closed) before any answer went out. A finished check answers
+        the probes of the next ``check_interval_seconds``: each check runs an
+        UPDATE and reaches the broker, and 20 clients asking without a pause
+        drove hundreds a second.
         """
         if not self.started:
             return False
@@ -110,11 +130,16 @@ class HealthServer:
             # Draining: load balancers and orchestrators must stop counting on this relay.
             logger.info("not ready: stopping", extra={"action": "not_ready"})
             return False
-        if self._checks is None or self._checks.done():
+        loop = asyncio.get_running_loop()
+        if self._checks is None or (
+            self._checks.done() and loop.time() - self._checked_at >= self.check_interval_seconds
+        ):
             self._checks = asyncio.create_task(self._check(), name="readiness checks")
             # Retrieve the outcome even when no probe waits for it any more.
             self._checks.add_done_callback(lambda task: task.cancelled() or task.exception())
-        done, _ = await asyncio.wait({self._checks}, timeout=READY_CHECK_TIMEOUT_SECONDS)
+        # This probe's checks: by the time it resumes, a later probe may have started the next ones.
+        checks = self._checks
+        done, _ = await asyncio.wait({checks}, timeout=READY_CHECK_TIMEOUT_SECONDS)
         if not done:
             logger.info(
                 "not ready: %s did not answer within %g s",
@@ -123,13 +148,20 @@ class HealthServer:
                 extra={"action": "not_ready"},
             )
             return False
-        problem = self._checks.result()
-        if problem is not None:
+        problem = checks.result()
+        if problem is not None and self._reported is not checks:
+            self._reported = checks  # once per check, not once per probe that reuses it
             logger.info("not ready: %s", problem, extra={"action": "not_ready"})
         return problem is None
 
     async def _check(self) -> str | None:
         """What keeps the relay from being ready, or None."""
+        try:
+            return await self._checks_once()
+        finally:
+            self._checked_at = asyncio.get_running_loop().time()
+
+    async def _checks_once(self) -> str | None:
         sink = self.relay.sink
         try:
             self._checking = "the database"

@@ -248,7 +248,7 @@ def test_check_finds_an_idle_sink_gone_and_readiness_reports_any_down_sink() -> 
         billing, other = MemorySink(), MemorySink()
         sink = router(billing, other, outage_initial_seconds=5, outage_max_seconds=5)
         relay = Relay(MemoryStore(), sink, FAST)
-        health = HealthServer(relay, "127.0.0.1", 0)
+        health = HealthServer(relay, "127.0.0.1", 0, check_interval_seconds=0)  # each call checks anew
         await sink.start()
         assert not await health.ready(), "ready before the relay has started"
         health.started = True
