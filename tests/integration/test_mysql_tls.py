@@ -184,3 +184,20 @@ def test_odd_passwords_and_a_ca_path_with_spaces_and_percent_signs_work_and_neve
     with pytest.raises(StoreError) as info:
         asyncio.run(cipher(wrong))
     assert password not in str(info.value) and quote(password, safe="") not in str(info.value)
+
+
+def test_an_encrypted_client_key_with_its_passphrase_file_connects_with_both_drivers(
+    server: TlsServer, tmp_path: Path
+) -> None:
+    key, passphrase = tmp_path / "client-encrypted.key", tmp_path / "passphrase"
+    subprocess.run(
+        ["openssl", "pkey", "-in", str(server.client_key), "-out", str(key), "-aes256", "-passout", "pass:Pp-9qzx"],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    passphrase.write_text("Pp-9qzx\n")
+    options = f"ssl-mode=VERIFY_IDENTITY&ssl-ca={server.ca}&ssl-cert={server.client_cert}&ssl-key={key}"
+    target = url(server, f"{options}&ssl-key-password-file={passphrase}")
+    assert asyncio.run(cipher(target)).startswith("TLS_")
+    assert pymysql_cipher(target).startswith("TLS_")

@@ -193,6 +193,9 @@ class Database:
     def __init__(self, url: str, table: TableName, *, connect_timeout: float, statement_timeout: float | None) -> None:
         self.url = url
         self.target = Target.parse(url)
+        # Built now, once for every connection: a file that cannot be read, or an encrypted key
+        # without its passphrase, is a configuration error at start-up, not at the first connect.
+        self.target.tls.context()
         self.table = table
         self.queries = {name: named.render(text, table) for name, text in named.queries().items()}
         self._connect_timeout = connect_timeout
