@@ -138,7 +138,8 @@ def _command(commands: Commands, name: str) -> argparse.ArgumentParser:
         parser,
         "--database-url",
         help="URL of the database holding the outbox: postgresql://... (libpq) or mysql://user:pass@host:3306/db "
-        "(MySQL 8 or MariaDB; mariadb:// too) (or DATABASE_URL)",
+        "(MySQL 8 or MariaDB; mariadb:// too) (or DATABASE_URL; give a password there: in a flag, ps shows it "
+        "for a moment)",
         metavar="URL",
     )
     env_flag(parser, "--table", help="outbox table, optionally schema-qualified", default=config.DEFAULT_TABLE)
@@ -206,7 +207,8 @@ def _add_run(commands: Commands) -> None:
         "--sink",
         help="where events go (with --route: the catch-all route, tried last): "
         "kafka://host:port[,host:port][?option=value] or amqp://user:pass@host:port/vhost[?exchange=NAME] "
-        "(either takes the option format=native, the default, cloudevents or cloudevents-structured)",
+        "(either takes the option format=native, the default, cloudevents or cloudevents-structured; "
+        "a password goes in the variable: in a flag, ps shows it for a moment)",
         metavar="URL",
     )
     env_flag(
