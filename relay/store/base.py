@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
@@ -72,8 +72,21 @@ class Status:
     parked_keys: int = 0
     scheduled: int = 0
     keys_waiting_on_schedule: int = 0
+    #: Events failing and retrying (see :data:`RETRYING`), in all topics.
+    retrying: int = 0
+    #: The topics with retrying events, oldest first; the gauges read every topic, ``status`` at most its ``topics``.
+    retrying_topics: tuple[RetryingTopic, ...] = ()
+    #: Per-topic lag, oldest first (``status`` only; at most its ``topics``).
+    topics: tuple[TopicLag, ...] = ()
+    #: How many topics have pending events: ``topics`` may show fewer.
+    topic_count: int = 0
 
-    def as_dict(self) -> dict[str, int | float]:
+    @property
+    def oldest_retrying_age_seconds(self) -> float:
+        """Seconds since the oldest retrying event was written (0 when none is)."""
+        return max((t.oldest_age_seconds for t in self.retrying_topics), default=0.0)
+
+    def as_dict(self) -> dict[str, object]:
         """The ``status --json`` object."""
         return {
             "pending": self.pending,
@@ -83,6 +96,78 @@ class Status:
             "parked_keys": self.parked_keys,
             "scheduled": self.scheduled,
             "keys_waiting_on_schedule": self.keys_waiting_on_schedule,
+            "retrying": self.retrying,
+            "oldest_retrying_age_seconds": round(self.oldest_retrying_age_seconds, 3),
+            "retrying_topics": [t.as_dict() for t in self.retrying_topics],
+            "topics": [t.as_dict() for t in self.topics],
+            "topic_count": self.topic_count,
+        }
+
+
+#: What "retrying" means, in words (the status queries of every store say it in SQL): a pending event with
+#: an attempt behind it that did not deliver it. Not in flight with one attempt or more, or in flight again
+#: with two or more (its first attempt failed). A dead letter is not retrying: it waits for an operator.
+RETRYING = "pending, and attempts > 0 with no live lease, or attempts > 1 with one"
+
+
+def is_retrying(row: Mapping[str, Any], now: datetime) -> bool:
+    """Whether an event, as ``inspect`` gives its columns, is retrying (:data:`RETRYING`) at ``now``."""
+    lease = row.get("lease_expires_at")
+    # A lease end no datetime holds (plain SQL's 'infinity', as text) is live if it is not '-infinity'.
+    leased = lease >= now if isinstance(lease, datetime) else lease is not None and not str(lease).startswith("-")
+    attempts = row.get("attempts")
+    return row.get("state") == "pending" and isinstance(attempts, int) and attempts > (1 if leased else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryingTopic:
+    """The retrying events of one topic: how many, the age of the oldest, and its first one's last error.
+
+    ``event_id`` is that first (lowest id) retrying event, for ``inspect`` and
+    ``retry --id``; ``next_attempt_in_seconds`` when it is due again (0: due now
+    or in flight).
+    """
+
+    topic: str
+    retrying: int
+    oldest_age_seconds: float
+    event_id: int
+    attempts: int
+    last_error: str | None
+    next_attempt_in_seconds: float
+
+    @classmethod
+    def counted(cls, topic: str, retrying: int, oldest_age_seconds: float) -> RetryingTopic:
+        """A topic's retrying events as the gauges read them: how many and the oldest's age, no event named."""
+        return cls(topic, int(retrying), float(oldest_age_seconds), 0, 0, None, 0.0)
+
+    def as_dict(self) -> dict[str, object]:
+        """A JSON-ready mapping."""
+        return {
+            "topic": self.topic,
+            "retrying": self.retrying,
+            "oldest_age_seconds": round(self.oldest_age_seconds, 3),
+            "event_id": self.event_id,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+            "next_attempt_in_seconds": round(self.next_attempt_in_seconds, 3),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLag:
+    """One topic's backlog: its pending events (not in flight, due or not) and the age of its oldest due one."""
+
+    topic: str
+    pending: int
+    oldest_pending_age_seconds: float
+
+    def as_dict(self) -> dict[str, object]:
+        """A JSON-ready mapping."""
+        return {
+            "topic": self.topic,
+            "pending": self.pending,
+            "oldest_pending_age_seconds": round(self.oldest_pending_age_seconds, 3),
         }
 
 
@@ -165,6 +250,21 @@ class RequeueFilter:
 
     def __post_init__(self) -> None:
         _refuse_empty("requeue", self.all, self.id, self.topic, self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryFilter:
+    """Which retrying events to make due now: by ``id`` and/or ``topic``, or ``all``.
+
+    An empty filter is refused (``ValueError``) rather than read as "every one".
+    """
+
+    id: int | None = None
+    topic: str | None = None
+    all: bool = False
+
+    def __post_init__(self) -> None:
+        _refuse_empty("retry", self.all, self.id, self.topic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,14 +460,25 @@ class Admin(Protocol):
     async def close(self) -> None:
         """Disconnect. Safe to call twice."""
 
-    async def status(self) -> Status:
-        """Exact pending, in-flight and dead-lettered counts."""
+    async def status(self, *, topics: int = 0) -> Status:
+        """Exact pending, in-flight, retrying and dead-lettered counts.
 
-    async def dead(self, limit: int = 1000) -> list[DeadEvent]:
-        """Dead-lettered events, oldest first, at most ``limit``."""
+        With ``topics``, also the lag of that many topics and their retrying
+        events, those with the oldest events first (``Status.topics`` and
+        ``Status.retrying_topics``).
+        """
+
+    async def dead(self, limit: int = 1000, *, topic: str | None = None) -> list[DeadEvent]:
+        """Dead-lettered events, oldest first, at most ``limit``; with ``topic``, of that topic only."""
 
     async def requeue(self, selection: RequeueFilter) -> list[int]:
         """Put matching dead-lettered events back to pending, attempts reset; their ids."""
+
+    async def retry_now(self, selection: RetryFilter) -> list[int]:
+        """Make matching retrying events (pending, not in flight, attempts > 0) due now; their ids.
+
+        Their attempts stay as they are: ``--max-attempts`` still bounds them.
+        """
 
     async def skip(self, event_id: int, *, lease_grace_seconds: float) -> Skipped:
         """Mark one dead-lettered or waiting event skipped, releasing its key.

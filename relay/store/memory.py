@@ -24,10 +24,13 @@ from relay.store.base import (
     ReplayFilter,
     RequeueFilter,
     Retry,
+    RetryFilter,
+    RetryingTopic,
     Settlement,
     Skipped,
     Started,
     Status,
+    TopicLag,
     chained_keys,
     in_key_order,
     next_attempt,
@@ -343,8 +346,8 @@ class MemoryStore:
             return False
         return True
 
-    async def status(self) -> Status:
-        """The same counts as the PostgreSQL store."""
+    async def status(self, *, topics: int = 0) -> Status:
+        """The same counts as the PostgreSQL store; with ``topics``, per topic."""
         self._check()
         now = self.now()
         rows = list(self.rows.values())
@@ -364,6 +367,7 @@ class MemoryStore:
             and self._unsent(r.key)[0] is r
             and any(o.key == r.key and o.id > r.id and o.state == "pending" and o.deliver_at <= now for o in rows)
         }
+        lag = self._lag(pending, now)
         return Status(
             pending=len(pending),
             in_flight=len(live),
@@ -372,11 +376,55 @@ class MemoryStore:
             parked_keys=len({r.key for r in failed if r.key is not None}),
             scheduled=len(scheduled),
             keys_waiting_on_schedule=len(waiting),
+            retrying=sum(1 for r in rows if self._retrying(r, now)),
+            retrying_topics=self._retrying_topics(rows, now, topics),
+            topics=tuple(lag[:topics]),
+            topic_count=len(lag),
         )
 
+    @staticmethod
+    def _retrying(row: Row, now: datetime) -> bool:
+        """Failing and retrying (relay/store/base.py, ``RETRYING``)."""
+        leased = row.lease_expires_at is not None and row.lease_expires_at >= now
+        return row.state == "pending" and row.attempts > (1 if leased else 0)
+
+    def _retrying_topics(self, rows: list[Row], now: datetime, limit: int) -> tuple[RetryingTopic, ...]:
+        by_topic: dict[str, list[Row]] = {}
+        for row in sorted(rows, key=_by_id):
+            if self._retrying(row, now):
+                by_topic.setdefault(row.topic, []).append(row)
+        found = [
+            RetryingTopic(
+                topic=topic,
+                retrying=len(retrying),
+                oldest_age_seconds=_age(min(r.created_at for r in retrying), now),
+                event_id=retrying[0].id,
+                attempts=retrying[0].attempts,
+                last_error=retrying[0].last_error,
+                next_attempt_in_seconds=max(0.0, (retrying[0].deliver_at - now).total_seconds()),
+            )
+            for topic, retrying in by_topic.items()
+        ]
+        return tuple(sorted(found, key=lambda t: (-t.oldest_age_seconds, t.topic))[:limit])
+
+    @staticmethod
+    def _lag(pending: list[Row], now: datetime) -> list[TopicLag]:
+        by_topic: dict[str, list[Row]] = {}
+        for row in pending:
+            by_topic.setdefault(row.topic, []).append(row)
+        lag = [
+            TopicLag(
+                topic,
+                len(waiting),
+                max((_age(r.created_at, now) for r in waiting if r.deliver_at <= now), default=0.0),
+            )
+            for topic, waiting in by_topic.items()
+        ]
+        return sorted(lag, key=lambda t: (-t.oldest_pending_age_seconds, -t.pending, t.topic))
+
     async def gauges(self) -> Status:
-        """The exact counts: a memory store is always small."""
-        return await self.status()
+        """The exact counts: a memory store is always small (every retrying topic, as the other stores' gauges)."""
+        return await self.status(topics=len(self.rows))
 
     async def oldest_pending_age(self) -> float:
         """The same age ``status`` reports."""
@@ -386,10 +434,12 @@ class MemoryStore:
         """Fail while unavailable."""
         self._check()
 
-    async def dead(self, limit: int = 1000) -> list[DeadEvent]:
-        """Dead-lettered events, oldest first."""
+    async def dead(self, limit: int = 1000, *, topic: str | None = None) -> list[DeadEvent]:
+        """Dead-lettered events, oldest first; with ``topic``, of that topic only."""
         self._check()
-        rows = sorted((r for r in self.rows.values() if r.state == "failed"), key=lambda r: r.id)[:limit]
+        rows = sorted((r for r in self.rows.values() if r.state == "failed" and topic in (None, r.topic)), key=_by_id)[
+            :limit
+        ]
         return [
             DeadEvent(**{name: getattr(r, name) for name in _DEAD_COLUMNS}, blocked_events=self._behind(r))
             for r in rows
@@ -417,6 +467,20 @@ class MemoryStore:
             if selection.key is not None and row.key != selection.key:
                 continue
             row.state, row.attempts, row.failed_at, row.deliver_at = "pending", 0, None, self.now()
+            ids.append(row.id)
+        return ids
+
+    async def retry_now(self, selection: RetryFilter) -> list[int]:
+        """Make matching retrying events due now, attempts kept."""
+        self._check()
+        now, ids = self.now(), []
+        for row in sorted(self.rows.values(), key=_by_id):
+            live = row.lease_expires_at is not None and row.lease_expires_at >= now
+            if row.state != "pending" or row.attempts <= 0 or live:
+                continue
+            if selection.id not in (None, row.id) or selection.topic not in (None, row.topic):
+                continue
+            row.deliver_at = now
             ids.append(row.id)
         return ids
 
@@ -475,6 +539,11 @@ class MemoryStore:
 
 def _by_id(row: Row) -> int:
     return row.id
+
+
+def _age(created_at: datetime, now: datetime) -> float:
+    """Seconds since ``created_at``, never below 0 (a time ahead of the clock)."""
+    return max(0.0, (now - created_at).total_seconds())
 
 
 def _headers_bytes(headers: dict[str, str]) -> int:

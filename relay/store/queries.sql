@@ -246,11 +246,12 @@ WITH counts AS (
         count(*) FILTER (WHERE o.state = 'pending' AND o.deliver_at > now()
                            AND NOT coalesce(o.lease_expires_at >= now(), false)) AS scheduled,
         array_agg(DISTINCT o.key) FILTER (WHERE o.state = 'pending' AND o.deliver_at > now()
-                                            AND o.key IS NOT NULL) AS scheduled_keys
+                                            AND o.key IS NOT NULL) AS scheduled_keys,
+        count(*) FILTER (WHERE /* include retrying */) AS retrying
     FROM {table} AS o
     WHERE o.state IN ('pending', 'failed')
 )
-SELECT c.pending, c.in_flight, c.failed, c.parked_keys, c.scheduled,
+SELECT c.pending, c.in_flight, c.failed, c.parked_keys, c.scheduled, c.retrying,
        /* include keys_waiting_on_schedule */ AS keys_waiting_on_schedule
 FROM counts AS c;
 
@@ -343,6 +344,7 @@ SELECT o.id, o.topic, o.key, o.idempotency_key, o.attempts, o.last_error,
            AND later.state = 'pending') AS blocked_events
 FROM {table} AS o
 WHERE o.state = 'failed'
+  AND (%(topic)s::text IS NULL OR o.topic = %(topic)s::text)
 ORDER BY o.id
 LIMIT %(limit)s;
 
@@ -357,6 +359,72 @@ WHERE state = 'failed'
   AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(key)s::text IS NULL OR key = %(key)s::text)
 RETURNING id;
+
+-- name: retry_now
+-- Make retrying events due now: a failing event whose cause was fixed (a
+-- queue bound, a topic created) need not wait out its backoff. Attempts stay
+-- as they are. An event in flight is not touched: a relay is trying it.
+UPDATE {table} AS o
+SET deliver_at = now()
+WHERE o.state = 'pending' AND o.attempts > 0 AND NOT coalesce(o.lease_expires_at >= now(), false)
+  AND (%(all)s OR num_nonnulls(%(id)s::bigint, %(topic)s::text) > 0)
+  AND (%(id)s::bigint IS NULL OR o.id = %(id)s::bigint)
+  AND (%(topic)s::text IS NULL OR o.topic = %(topic)s::text)
+RETURNING o.id;
+
+-- name: retrying_topics
+-- The topics with retrying events, oldest first, at most %(limit)s: how many,
+-- the age of the oldest (clamped as in oldest_pending_age), and the first
+-- one's attempts, last error and next attempt. One pass over the unsent rows,
+-- as status; the gauges read only the head (gauges_retrying).
+WITH t AS (
+    SELECT o.topic, count(*) AS retrying, min(o.id) AS event_id,
+           coalesce(extract(epoch FROM now() - min(least(greatest(o.created_at, '0001-01-02 00:00:00+00'::timestamptz),
+                                                         now()))), 0)::float8 AS oldest_age_seconds
+    FROM {table} AS o
+    WHERE /* include retrying */
+    GROUP BY o.topic
+    ORDER BY oldest_age_seconds DESC, o.topic
+    LIMIT %(limit)s
+)
+SELECT t.topic, t.retrying, t.oldest_age_seconds, t.event_id, f.attempts, f.last_error,
+       greatest(extract(epoch FROM least(f.deliver_at, now() + interval '100 years') - now()), 0)::float8
+           AS next_attempt_in_seconds
+FROM t
+JOIN {table} AS f ON f.id = t.event_id
+ORDER BY t.oldest_age_seconds DESC, t.topic;
+
+-- name: gauges_retrying
+-- The retrying events of each topic among the first %(exact_up_to)s unsent
+-- events in claim order (as gauges reads them): failing events are old, at
+-- the front of that order. Their count, and the age of the oldest.
+SELECT o.topic, count(*) AS retrying,
+       coalesce(extract(epoch FROM now() - min(least(greatest(o.created_at, '0001-01-02 00:00:00+00'::timestamptz),
+                                                     now()))), 0)::float8 AS oldest_age_seconds
+FROM (SELECT topic, state, attempts, lease_expires_at, created_at FROM {table}
+      WHERE state = 'pending' ORDER BY priority DESC, id LIMIT %(exact_up_to)s) AS o
+WHERE /* include retrying */
+GROUP BY o.topic;
+
+-- name: topic_lag
+-- Each topic's pending events (not in flight, due or not) and the age of its
+-- oldest due one, the topics with the oldest first, at most %(limit)s; and how
+-- many topics have pending events. One pass over the unsent rows, as status.
+SELECT o.topic, count(*) AS pending,
+       coalesce(extract(epoch FROM now() - min(least(greatest(o.created_at, '0001-01-02 00:00:00+00'::timestamptz),
+                                                     now())) FILTER (WHERE o.deliver_at <= now())), 0)::float8
+           AS oldest_pending_age_seconds,
+       count(*) OVER () AS topic_count
+FROM {table} AS o
+WHERE o.state = 'pending' AND NOT coalesce(o.lease_expires_at >= now(), false)
+GROUP BY o.topic
+ORDER BY oldest_pending_age_seconds DESC, pending DESC, o.topic
+LIMIT %(limit)s;
+
+-- name: retrying
+-- Not a statement: the condition for a retrying event of o (relay/store/base.py,
+-- RETRYING): pending with a failed attempt behind it, and not in its first try.
+(o.state = 'pending' AND o.attempts > CASE WHEN o.lease_expires_at >= now() THEN 1 ELSE 0 END)
 
 -- name: skip
 -- Give up on one dead-lettered (or waiting, not in flight) event so the

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName, redact_url
-from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, Skipped, Status, undecodable
+from relay.store.base import (
+    DeadEvent,
+    ReplayFilter,
+    RequeueFilter,
+    RetryFilter,
+    RetryingTopic,
+    Skipped,
+    Status,
+    TopicLag,
+    undecodable,
+)
 from relay.store.mysql.connection import Database, rows_of, transaction
 
 PURGE_BATCH_SIZE = 1000
@@ -96,11 +107,11 @@ class MySQLAdmin:
         """Close every connection. Safe to call twice."""
         await self._db.close()
 
-    async def status(self) -> Status:
-        """Exact counts of pending, in-flight and dead-lettered events."""
+    async def status(self, *, topics: int = 0) -> Status:
+        """Exact counts of pending, in-flight, retrying and dead-lettered events; with ``topics``, per topic."""
         row = (await self._db.fetch("status", lane="stats"))[0]
         waiting = (await self._db.fetch("keys_waiting_on_schedule", lane="stats"))[0]
-        return Status(
+        found = Status(
             pending=int(row["pending"]),
             in_flight=int(row["in_flight"]),
             failed=int(row["failed"]),
@@ -108,6 +119,41 @@ class MySQLAdmin:
             parked_keys=int(row["parked_keys"]),
             scheduled=int(row["scheduled"]),
             keys_waiting_on_schedule=int(waiting["waiting"]),
+            retrying=int(row["retrying"]),
+        )
+        if not topics:
+            return found
+        lag = await self._db.fetch("topic_lag", {"limit": topics}, lane="stats")
+        return replace(
+            found,
+            retrying_topics=await self._retrying_topics(topics),
+            topics=tuple(
+                TopicLag(text(r["topic"]), int(r["pending"]), float(r["oldest_pending_age_seconds"])) for r in lag
+            ),
+            topic_count=int(lag[0]["topic_count"]) if lag else 0,
+        )
+
+    async def _retrying_topics(self, limit: int) -> tuple[RetryingTopic, ...]:
+        """The topics with retrying events, oldest first, each with its first one's attempts and error."""
+        found = await self._db.fetch("retrying_topics", {"limit": limit}, lane="stats")
+        if not found:
+            return ()
+        firsts = await self._db.fetch("retrying_firsts", {"ids": tuple(r["event_id"] for r in found)}, lane="stats")
+        by_id = {r["id"]: r for r in firsts}
+        # An event settled between the two reads has no first any more: shown without one.
+        gone = {"attempts": 0, "last_error": None, "next_attempt_in_seconds": 0}
+        return tuple(
+            RetryingTopic(
+                topic=text(r["topic"]),
+                retrying=int(r["retrying"]),
+                oldest_age_seconds=float(r["oldest_age_seconds"]),
+                event_id=int(r["event_id"]),
+                attempts=int(first["attempts"]),
+                last_error=first["last_error"],
+                next_attempt_in_seconds=float(first["next_attempt_in_seconds"]),
+            )
+            for r in found
+            for first in [by_id.get(r["event_id"], gone)]
         )
 
     async def oldest_pending_age(self) -> float:
@@ -136,9 +182,11 @@ class MySQLAdmin:
 
         return await self._db.call("stats", work)
 
-    async def dead(self, limit: int = 1000) -> list[DeadEvent]:
-        """Dead-lettered events, oldest first."""
-        rows = await self._db.fetch("dead", {"limit": limit})
+    async def dead(self, limit: int = 1000, *, topic: str | None = None) -> list[DeadEvent]:
+        """Dead-lettered events, oldest first; with ``topic``, of that topic only."""
+        if undecodable(topic):
+            return []  # bytes that are not UTF-8 (a command-line argument): no topic holds them
+        rows = await self._db.fetch("dead", {"limit": limit, "topic": topic})
         return [
             DeadEvent(
                 id=r["id"],
@@ -173,6 +221,13 @@ class MySQLAdmin:
         """Put matching dead-lettered events back to pending with their attempts reset."""
         params = {"id": selection.id, "topic": selection.topic, "key": selection.key}
         return await self._select_then_update("requeue_select", "requeue", params)
+
+    async def retry_now(self, selection: RetryFilter) -> list[int]:
+        """Make matching retrying events due now, attempts kept; their ids."""
+        if undecodable(selection.topic):
+            return []  # as in dead
+        params = {"id": selection.id, "topic": selection.topic}
+        return await self._select_then_update("retry_now_select", "retry_now", params)
 
     async def replay(self, selection: ReplayFilter) -> list[int]:
         """Put kept, already-sent events back to pending; returns their ids."""

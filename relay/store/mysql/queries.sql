@@ -178,9 +178,62 @@ SELECT
     COALESCE(SUM(state = 'failed'), 0) AS failed,
     COUNT(DISTINCT CASE WHEN state = 'failed' THEN `key` END) AS parked_keys,
     COALESCE(SUM(state = 'pending' AND deliver_at > UTC_TIMESTAMP(6)
-                 AND NOT COALESCE(lease_expires_at >= UTC_TIMESTAMP(6), FALSE)), 0) AS scheduled
+                 AND NOT COALESCE(lease_expires_at >= UTC_TIMESTAMP(6), FALSE)), 0) AS scheduled,
+    -- Retrying (relay/store/base.py, RETRYING): pending with a failed attempt behind it, not in its first try.
+    COALESCE(SUM(state = 'pending'
+                 AND attempts > CASE WHEN lease_expires_at >= UTC_TIMESTAMP(6) THEN 1 ELSE 0 END), 0) AS retrying
 FROM {table}
 WHERE state IN ('pending', 'failed');
+
+-- name: retrying_topics
+-- The topics with retrying events (as status counts them), oldest first, at
+-- most %(limit)s: how many, the age of the oldest, and the first one's id.
+-- Topics compare byte for byte (MariaDB's utf8mb4_bin pads).
+SELECT CAST(topic AS BINARY) AS topic, COUNT(*) AS retrying, MIN(id) AS event_id,
+       COALESCE(GREATEST(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN created_at >= '0001-01-01' THEN created_at END),
+                                       UTC_TIMESTAMP(6)), 0) / 1e6, 0) AS oldest_age_seconds
+FROM {table}
+WHERE state = 'pending' AND attempts > CASE WHEN lease_expires_at >= UTC_TIMESTAMP(6) THEN 1 ELSE 0 END
+GROUP BY CAST(topic AS BINARY)
+ORDER BY oldest_age_seconds DESC, CAST(topic AS BINARY)
+LIMIT %(limit)s;
+
+-- name: retrying_firsts
+-- The first retrying event of each topic retrying_topics found: its attempts,
+-- last error and when it is due again.
+SELECT id, attempts, last_error,
+       GREATEST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), deliver_at), 0) / 1e6 AS next_attempt_in_seconds
+FROM {table}
+WHERE id IN %(ids)s;
+
+-- name: gauges_retrying
+-- The retrying events of each topic among the first %(limit)s unsent events
+-- in claim order (as gauges_head reads them): their count and the oldest's age.
+SELECT CAST(h.topic AS BINARY) AS topic, COUNT(*) AS retrying,
+       COALESCE(GREATEST(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN h.created_at >= '0001-01-01' THEN h.created_at END),
+                                       UTC_TIMESTAMP(6)), 0) / 1e6, 0) AS oldest_age_seconds
+FROM (SELECT topic, attempts, lease_expires_at, created_at FROM {table}
+      WHERE state = 'pending'
+      ORDER BY priority DESC, id
+      LIMIT %(limit)s) AS h
+WHERE h.attempts > CASE WHEN h.lease_expires_at >= UTC_TIMESTAMP(6) THEN 1 ELSE 0 END
+GROUP BY CAST(h.topic AS BINARY);
+
+-- name: topic_lag
+-- Each topic's pending events (not in flight, due or not) and the age of its
+-- oldest due one, the topics with the oldest first, at most %(limit)s; and how
+-- many topics have pending events.
+SELECT CAST(topic AS BINARY) AS topic, COUNT(*) AS pending,
+       COALESCE(GREATEST(TIMESTAMPDIFF(MICROSECOND,
+                                       MIN(CASE WHEN deliver_at <= UTC_TIMESTAMP(6) AND created_at >= '0001-01-01'
+                                                THEN created_at END),
+                                       UTC_TIMESTAMP(6)), 0) / 1e6, 0) AS oldest_pending_age_seconds,
+       COUNT(*) OVER () AS topic_count
+FROM {table}
+WHERE state = 'pending' AND NOT COALESCE(lease_expires_at >= UTC_TIMESTAMP(6), FALSE)
+GROUP BY CAST(topic AS BINARY)
+ORDER BY oldest_pending_age_seconds DESC, pending DESC, CAST(topic AS BINARY)
+LIMIT %(limit)s;
 
 -- name: keys_waiting_on_schedule
 -- Among the keys with an event not due yet, those whose oldest unsent event
@@ -236,6 +289,7 @@ SELECT o.id, o.topic, o.`key`, o.idempotency_key, o.attempts, o.last_error, o.cr
            AND later.state = 'pending') AS blocked_events
 FROM {table} AS o
 WHERE o.state = 'failed'
+  AND (%(topic)s IS NULL OR CAST(o.topic AS BINARY) = CAST(%(topic)s AS BINARY))
 ORDER BY o.id
 LIMIT %(limit)s;
 
@@ -255,6 +309,23 @@ UPDATE {table}
 SET state = 'pending', attempts = 0, failed_at = NULL, deliver_at = UTC_TIMESTAMP(6),
     lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
 WHERE id IN %(ids)s AND state = 'failed';
+
+-- name: retry_now_select
+-- The retrying events a retry now takes (the filter refuses an empty
+-- selection before this runs): pending, with an attempt behind them, and not
+-- in flight (a relay is trying it).
+SELECT id FROM {table}
+WHERE state = 'pending' AND attempts > 0 AND NOT COALESCE(lease_expires_at >= UTC_TIMESTAMP(6), FALSE)
+  AND (%(id)s IS NULL OR id = %(id)s)
+  AND (%(topic)s IS NULL OR CAST(topic AS BINARY) = CAST(%(topic)s AS BINARY))
+ORDER BY id
+FOR UPDATE;
+
+-- name: retry_now
+-- Due now; attempts stay as they are.
+UPDATE {table}
+SET deliver_at = UTC_TIMESTAMP(6)
+WHERE id IN %(ids)s AND state = 'pending' AND NOT COALESCE(lease_expires_at >= UTC_TIMESTAMP(6), FALSE);
 
 -- name: skip_select
 -- Give up on one dead-lettered (or waiting, not in flight) event so the later

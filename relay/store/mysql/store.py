@@ -25,6 +25,7 @@ from relay.store.base import (
     Claim,
     Dead,
     Retry,
+    RetryingTopic,
     Settlement,
     Started,
     Status,
@@ -353,6 +354,10 @@ class MySQLStore(MySQLAdmin):
         if unsent > exact_up_to:
             names = {"schema": db.table.schema, "name": db.table.name}
             unsent = max(unsent, int((await db.fetch("gauges_estimate", names, lane="stats"))[0]["estimate"]))
+        retrying = tuple(
+            RetryingTopic.counted(text(r["topic"]), r["retrying"], r["oldest_age_seconds"])
+            for r in await db.fetch("gauges_retrying", {"limit": exact_up_to}, lane="stats")
+        )
         return Status(
             pending=unsent - in_flight,
             in_flight=in_flight,
@@ -361,6 +366,8 @@ class MySQLStore(MySQLAdmin):
             parked_keys=int(failed["parked_keys"]),
             scheduled=int(head["scheduled"]),
             keys_waiting_on_schedule=int(waiting["waiting"]),
+            retrying=sum(r.retrying for r in retrying),
+            retrying_topics=retrying,
         )
 
     async def check(self) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 from psycopg.rows import class_row, dict_row
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName, redact_url
-from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, Skipped, Status, undecodable
+from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, RetryFilter, Skipped, Status, undecodable
 from relay.store.postgres import monitoring
 from relay.store.postgres.connection import Database, column_of
 
@@ -52,13 +52,16 @@ class PostgresAdmin:
         """Close every connection. Safe to call twice."""
         await self._db.close()
 
-    async def status(self) -> Status:
-        """Counts of pending, in-flight and dead-lettered events."""
-        return await monitoring.status(self._db)
+    async def status(self, *, topics: int = 0) -> Status:
+        """Counts of pending, in-flight, retrying and dead-lettered events; with ``topics``, per topic."""
+        return await monitoring.status(self._db, topics=topics)
 
-    async def dead(self, limit: int = 1000) -> list[DeadEvent]:
-        """Dead-lettered events, oldest first."""
-        return await self._db.fetch("dead", {"limit": limit}, class_row(DeadEvent), any_time=True)
+    async def dead(self, limit: int = 1000, *, topic: str | None = None) -> list[DeadEvent]:
+        """Dead-lettered events, oldest first; with ``topic``, of that topic only."""
+        if undecodable(topic):
+            return []  # as in requeue
+        params = {"limit": limit, "topic": topic}
+        return await self._db.fetch("dead", params, class_row(DeadEvent), any_time=True)
 
     async def requeue(self, selection: RequeueFilter) -> list[int]:
         """Put matching dead-lettered events back to pending with their attempts reset."""
@@ -66,6 +69,13 @@ class PostgresAdmin:
             return []  # bytes that are not UTF-8 (a command-line argument): no text column holds them
         params = {"id": selection.id, "topic": selection.topic, "key": selection.key, "all": selection.all}
         return sorted(await self._db.fetch("requeue", params, column_of("id", int)))
+
+    async def retry_now(self, selection: RetryFilter) -> list[int]:
+        """Make matching retrying events due now, attempts kept; their ids."""
+        if undecodable(selection.topic):
+            return []  # as in requeue
+        params = {"id": selection.id, "topic": selection.topic, "all": selection.all}
+        return sorted(await self._db.fetch("retry_now", params, column_of("id", int)))
 
     async def inspect(self, event_id: int) -> dict[str, Any] | None:
         """Every column of one event, or None."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from psycopg.rows import dict_row
 
-from relay.store.base import Status
+from relay.store.base import RetryingTopic, Status, TopicLag
 from relay.store.postgres.connection import Database, column_of
 
 # The gauges count exactly up to this many unsent events (a bounded read of
@@ -14,10 +15,21 @@ from relay.store.postgres.connection import Database, column_of
 GAUGES_EXACT_UP_TO = 20_000
 
 
-async def status(db: Database) -> Status:
-    """Exact counts: one pass over the unsent rows."""
+async def status(db: Database, *, topics: int = 0) -> Status:
+    """Exact counts: one pass over the unsent rows; with ``topics``, two more for that many topics' lag
+    and retrying events."""
     row = (await db.fetch("status", {}, dict_row, lane="stats"))[0]
-    return await _status(db, row, pending=row["pending"])
+    found = await _status(db, row, pending=row["pending"], retrying=row["retrying"])
+    if not topics:
+        return found
+    retrying = await db.fetch("retrying_topics", {"limit": topics}, dict_row, lane="stats")
+    lag = await db.fetch("topic_lag", {"limit": topics}, dict_row, lane="stats")
+    return replace(
+        found,
+        retrying_topics=tuple(RetryingTopic(**r) for r in retrying),
+        topics=tuple(TopicLag(r["topic"], r["pending"], r["oldest_pending_age_seconds"]) for r in lag),
+        topic_count=lag[0]["topic_count"] if lag else 0,
+    )
 
 
 async def gauges(db: Database, *, exact_up_to: int = GAUGES_EXACT_UP_TO) -> Status:
@@ -32,12 +44,20 @@ async def gauges(db: Database, *, exact_up_to: int = GAUGES_EXACT_UP_TO) -> Stat
     unsent = row["unsent"]
     if unsent > exact_up_to:
         unsent = max(unsent, row["unsent_estimate"])
-    return await _status(db, row, pending=unsent - row["in_flight"])
+    retrying = await db.fetch("gauges_retrying", {"exact_up_to": exact_up_to}, dict_row, lane="stats")
+    found = await _status(db, row, pending=unsent - row["in_flight"], retrying=sum(r["retrying"] for r in retrying))
+    return replace(
+        found,
+        retrying_topics=tuple(
+            RetryingTopic.counted(r["topic"], r["retrying"], r["oldest_age_seconds"]) for r in retrying
+        ),
+    )
 
 
-async def _status(db: Database, row: dict[str, Any], *, pending: int) -> Status:
+async def _status(db: Database, row: dict[str, Any], *, pending: int, retrying: int) -> Status:
     """A ``Status`` from a status or gauges row, with the oldest pending age read now."""
     return Status(
+        retrying=retrying,
         pending=pending,
         in_flight=row["in_flight"],
         failed=row["failed"],
