@@ -30,6 +30,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "status": admin.cmd_status,
     "dead": admin.cmd_dead,
     "requeue": admin.cmd_requeue,
+    "retry": admin.cmd_retry,
     "skip": admin.cmd_skip,
     "inspect": admin.cmd_inspect,
     "purge": admin.cmd_purge,

@@ -1,4 +1,4 @@
-"""The operator's commands: ``status``, ``dead``, ``requeue``, ``skip``, ``inspect``, ``purge``, ``replay``.
+"""The operator's commands: ``status``, ``dead``, ``requeue``, ``retry``, ``skip``, ``inspect``, ``purge``, ``replay``.
 
 Each opens the store through the ``Admin`` port, runs one call, and closes it.
 """
@@ -11,14 +11,14 @@ import base64
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TypeVar
 
 from relay.cli.commands import database, table_layout
 from relay.cli.flags import MAX_INT, PROG
 from relay.config import MIN_PUBLISH_TIMEOUT_SECONDS
 from relay.errors import ConfigError
-from relay.store.base import Admin, ReplayFilter, RequeueFilter, Skipped
+from relay.store.base import Admin, ReplayFilter, RequeueFilter, RetryFilter, Skipped, Status, is_retrying
 
 T = TypeVar("T")
 #: How long past ``--publish-timeout`` a relay's publish may still run: the sinks
@@ -51,18 +51,43 @@ def _on_admin(args: argparse.Namespace, call: Callable[[Admin], Awaitable[T]]) -
 def cmd_status(args: argparse.Namespace) -> int:
     """``outbox-relay status``."""
 
-    status = _on_admin(args, lambda admin: admin.status())
+    status = _on_admin(args, lambda admin: admin.status(topics=args.topics))
     if args.json:
         print(json.dumps(status.as_dict()))
-    else:
+        return 0
+    print(
+        f"pending: {status.pending}\nin flight: {status.in_flight}\nfailed: {status.failed}\n"
+        f"retrying: {status.retrying}\n"
+        f"parked keys: {status.parked_keys}\n"
+        f"scheduled: {status.scheduled}\n"
+        f"keys waiting on schedule: {status.keys_waiting_on_schedule}\n"
+        f"oldest pending age: {status.oldest_pending_age_seconds:.1f}s"
+    )
+    if status.retrying_topics:
+        shown = len(status.retrying_topics)
+        more = f" (the {shown} with the oldest)" if shown < _retrying_topic_count(status) else ""
+        print(f"\nretrying, not dead-lettered yet{more}: topic, events, oldest, first event and its last error")
+        for t in status.retrying_topics:
+            error = "(no error recorded)" if t.last_error is None else _printable(t.last_error)
+            print(
+                f"  {_printable(t.topic)}\t{t.retrying}\t{t.oldest_age_seconds:.1f}s\tevent {t.event_id}, "
+                f"attempts={t.attempts}, next in {t.next_attempt_in_seconds:.1f}s\t{error}"
+            )
+        print(f"  ({PROG} inspect ID shows one; {PROG} retry --id ID or --topic T tries again now)")
+    if status.topics:
         print(
-            f"pending: {status.pending}\nin flight: {status.in_flight}\nfailed: {status.failed}\n"
-            f"parked keys: {status.parked_keys}\n"
-            f"scheduled: {status.scheduled}\n"
-            f"keys waiting on schedule: {status.keys_waiting_on_schedule}\n"
-            f"oldest pending age: {status.oldest_pending_age_seconds:.1f}s"
+            f"\npending by topic ({len(status.topics)} of {status.topic_count}, oldest first): "
+            "topic, pending, oldest pending age"
         )
+        for lag in status.topics:
+            print(f"  {_printable(lag.topic)}\t{lag.pending}\t{lag.oldest_pending_age_seconds:.1f}s")
     return 0
+
+
+def _retrying_topic_count(status: Status) -> int:
+    """At least how many topics have retrying events: more than shown when their events add up to less."""
+    shown = len(status.retrying_topics)
+    return shown + (1 if sum(t.retrying for t in status.retrying_topics) < status.retrying else 0)
 
 
 def _printable(text: str | None) -> str:
@@ -94,7 +119,7 @@ def cmd_dead(args: argparse.Namespace) -> int:
     """``outbox-relay dead``."""
 
     # One more than asked for tells whether there are more.
-    events = _on_admin(args, lambda admin: admin.dead(min(args.limit + 1, MAX_INT)))
+    events = _on_admin(args, lambda admin: admin.dead(min(args.limit + 1, MAX_INT), topic=args.topic))
     if len(events) > args.limit:
         events = events[: args.limit]
         # stderr, so that --json stays one parsable document.
@@ -103,7 +128,7 @@ def cmd_dead(args: argparse.Namespace) -> int:
         print(json.dumps([e.as_dict() for e in events]))
         return 0
     if not events:
-        print("no dead-lettered events")
+        print("no dead-lettered events" if args.topic is None else f"no dead-lettered events of topic {args.topic!r}")
     for e in events:
         blocks = f" blocks key {e.key!r} ({e.blocked_events} waiting)" if e.blocked_events else ""
         # One line per event: a newline or tab in an error, topic or key is shown escaped. An event
@@ -123,6 +148,26 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     print(json.dumps({"requeued": ids}) if args.json else f"requeued {len(ids)} events")
     if args.id is not None and not ids:  # one event named, as skip: an operator's typo is no success
         print(f"{PROG}: error: event {args.id} is not dead-lettered (or does not exist)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    """``outbox-relay retry``."""
+    selection = RetryFilter(id=args.id, topic=args.topic, all=args.all)
+
+    ids = _on_admin(args, lambda admin: admin.retry_now(selection))
+    missed = args.id is not None and not ids  # one event named, as requeue: an operator's typo is no success
+    if args.json:  # as skip --json: the ids it changed (none when refused, with the reason on stderr)
+        print(json.dumps({"retried": ids}))
+    elif not missed:  # as skip: a refusal is said once, on stderr, not also as "0 events" on stdout
+        print(f"made {len(ids)} retrying events due now")
+    if missed:
+        print(
+            f"{PROG}: error: event {args.id} is not retrying: no such event, or not pending with a failed attempt, "
+            f"or in flight now (a dead-lettered one goes back with {PROG} requeue --id {args.id})",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -158,11 +203,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if row is None:
         print(f"{PROG}: error: no event {args.id}", file=sys.stderr)
         return 1
+    retrying = is_retrying(row, datetime.now(UTC))
     if args.json:
-        print(json.dumps(row, default=_json_value))
+        print(json.dumps({**row, "retrying": retrying}, default=_json_value))
+        return 0
+    for name, value in row.items():
+        print(f"{name}: {_inspected(value)}")
+    if retrying:
+        due = row["deliver_at"]
+        when = f"next attempt at {due.isoformat()}" if isinstance(due, datetime) else "next attempt when due"
+        print(
+            f"retrying: yes, {row['attempts']} attempts so far, {when} "
+            f"({PROG} retry --id {args.id} tries it now); last_error says why"
+        )
     else:
-        for name, value in row.items():
-            print(f"{name}: {_inspected(value)}")
+        print("retrying: no")
     return 0
 
 

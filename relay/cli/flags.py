@@ -82,6 +82,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+#: The most topics ``status --topics`` shows: its output stays a screenful or two, and its query's sort small.
+MAX_STATUS_TOPICS = 1000
+
+
+def shown_topics(text: str) -> int:
+    """How many topics ``status`` shows: a whole number from 0 (none) to :data:`MAX_STATUS_TOPICS`."""
+    value = _parsed(text, int, "a whole number")
+    if not 0 <= value <= MAX_STATUS_TOPICS:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} must be from 0 to {MAX_STATUS_TOPICS}")
+    return value
+
+
 #: The longest any duration flag may be: a hundred years. Past that, "now" plus it leaves the
 #: databases' timestamp ranges (a retry's deliver_at, a lease's end) and the relay stops on it.
 MAX_SECONDS = 100 * 365.25 * 24 * 3600

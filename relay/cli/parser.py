@@ -20,6 +20,7 @@ from relay.cli.flags import (
     positive_int,
     role_name,
     seconds,
+    shown_topics,
     switch_default,
     timestamp,
     topic,
@@ -41,8 +42,9 @@ ABOUT: dict[str, tuple[str, str]] = {
         "Relay events until SIGTERM or SIGINT, then settle the batch in hand.",
     ),
     "status": (
-        "counts of pending, in-flight and dead-lettered events",
-        "Counts of pending, in-flight and dead-lettered events.",
+        "counts of pending, in-flight, retrying and dead-lettered events",
+        "Counts of pending, in-flight, retrying and dead-lettered events; then the topics with retrying "
+        "(failing, not yet dead-lettered) events, and the topics with the oldest pending events.",
     ),
     "dead": (
         "list dead-lettered events",
@@ -51,6 +53,12 @@ ABOUT: dict[str, tuple[str, str]] = {
     "requeue": (
         "put dead-lettered events back, attempts reset",
         "Put dead-lettered events back to pending with attempts reset.",
+    ),
+    "retry": (
+        "try retrying events again now",
+        "Make retrying events (failing, not dead-lettered: pending, an attempt behind them, not in flight) due "
+        "now, instead of after their backoff: for an event whose cause was fixed (a queue bound, a topic "
+        "created). Their attempts stay as they are. A dead-lettered event is put back with requeue.",
     ),
     "skip": (
         "give up on one event and release its key",
@@ -271,10 +279,20 @@ def _add_run(commands: Commands) -> None:
 def _add_admin_commands(commands: Commands) -> None:
     status = _command(commands, "status")
     env_switch(status, "--json", default=False, help="print one JSON object")
+    env_flag(
+        status,
+        "--topics",
+        type=shown_topics,
+        default=10,
+        metavar="N",
+        help="show this many topics with retrying events, and this many with the oldest pending events "
+        "(0: none, and no per-topic pass over the table)",
+    )
 
     dead = _command(commands, "dead")
     env_switch(dead, "--json", default=False, help="print a JSON array")
     env_flag(dead, "--limit", type=positive_int, default=1000, help="most events listed")
+    dead.add_argument("--topic", type=topic, action=Once, help="only the dead letters of this topic")
 
     requeue = _command(commands, "requeue")
     which = requeue.add_mutually_exclusive_group(required=True)
@@ -283,6 +301,13 @@ def _add_admin_commands(commands: Commands) -> None:
     which.add_argument("--key", action=Once, help="every dead-lettered event of a key ('' is a key)")
     which.add_argument("--all", action="store_true", help="every dead-lettered event")
     env_switch(requeue, "--json", default=False, help="print the requeued ids as JSON")
+
+    retry = _command(commands, "retry")
+    which = retry.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", type=event_id, action=Once, help="one retrying event by id")
+    which.add_argument("--topic", type=topic, action=Once, help="every retrying event of a topic")
+    which.add_argument("--all", action="store_true", help="every retrying event")
+    env_switch(retry, "--json", default=False, help="print the ids made due as JSON")
 
     skip = _command(commands, "skip")
     skip.add_argument("--id", type=event_id, action=Once, required=True, help="the event to skip")

@@ -428,3 +428,61 @@ def test_requeue_of_one_event_that_is_not_dead_lettered_fails_and_changes_nothin
     # The dead letter beside it is still requeued by its id, as before.
     requeued = cli("requeue", "--id", "7", "--database-url", database_url)
     assert requeued.returncode == 0 and "requeued 1 events" in requeued.stdout, requeued.stderr
+
+
+def test_status_shows_retrying_events_and_each_topic_s_lag_and_retry_takes_them_by_id_or_topic(
+    database_url: str,
+) -> None:
+    with psycopg.connect(database_url) as conn:
+        # What a relay leaves after failed attempts: pending, attempts counted, the error, a backoff ahead.
+        failing = (
+            "INSERT INTO outbox (topic, key, payload, attempts, last_error, deliver_at, created_at)"
+            " VALUES (%s, %s, '{}', %s, %s, now() + interval '5 minutes', now() - make_interval(secs => %s))"
+            " RETURNING id"
+        )
+        first = conn.execute(failing, ["orders", "k1", 3, "unroutable:\nNO_ROUTE", 120]).fetchone()[0]  # type: ignore[index]
+        conn.execute(failing, ["orders", "k2", 1, "later", 60])
+        other = conn.execute(failing, ["mail", None, 2, "refused", 30]).fetchone()[0]  # type: ignore[index]
+        for n in range(3):  # due, and waiting 10, 20, 30 s
+            fine = (
+                "INSERT INTO outbox (topic, payload, created_at) VALUES (%s, '{}', now() - make_interval(secs => %s))"
+            )
+            conn.execute(fine, [f"fine-{n}", 10 * (n + 1)])
+        conn.execute("INSERT INTO outbox (topic, payload, state, failed_at) VALUES ('orders', '{}', 'failed', now())")
+        dead = conn.execute("INSERT INTO outbox (topic, payload, state) VALUES ('mail', '{}', 'failed') RETURNING id")
+        dead_id = dead.fetchone()[0]  # type: ignore[index]
+    url = ["--database-url", database_url]
+    text = cli("status", *url).stdout
+    assert "retrying: 3\n" in text and "failed: 2\n" in text
+    lines = text.splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("retrying, not dead-lettered yet")))
+    assert lines[at + 1].split("\t")[:3] == ["  orders", "2", lines[at + 1].split("\t")[2]]
+    assert f"event {first}, attempts=3" in lines[at + 1] and lines[at + 1].endswith("unroutable:\\nNO_ROUTE")
+    assert lines[at + 2].startswith("  mail\t1\t") and lines[at + 2].endswith("refused")
+    assert "pending by topic (5 of 5, oldest first)" in text
+    shown = json.loads(cli("status", "--json", "--topics", "2", *url).stdout)
+    # The lag is of due events: the retrying ones are not due, and have their own list.
+    assert [t["topic"] for t in shown["topics"]] == ["fine-2", "fine-1"] and shown["topic_count"] == 5
+    assert [t["pending"] for t in shown["topics"]] == [1, 1] and 29 < shown["topics"][0][
+        "oldest_pending_age_seconds"
+    ] < 90
+    assert 119 < shown["oldest_retrying_age_seconds"] < 200
+    assert {"pending", "in_flight", "failed", "oldest_pending_age_seconds"} <= set(shown)  # the contract's keys
+    bare = json.loads(cli("status", "--json", "--topics", "0", *url).stdout)
+    assert (bare["retrying"], bare["retrying_topics"], bare["topics"]) == (3, [], [])
+
+    assert [d["topic"] for d in json.loads(cli("dead", "--json", "--topic", "mail", *url).stdout)] == ["mail"]
+    assert cli("dead", "--topic", "fine-1", *url).stdout == "no dead-lettered events of topic 'fine-1'\n"
+
+    assert json.loads(cli("inspect", str(first), "--json", *url).stdout)["retrying"] is True
+    refused = cli("retry", "--id", str(dead_id), *url)
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert f"event {dead_id} is not retrying" in refused.stderr and f"requeue --id {dead_id}" in refused.stderr
+    assert json.loads(cli("retry", "--id", str(dead_id), "--json", *url).stdout) == {"retried": []}
+    done = cli("retry", "--id", str(other), *url)
+    assert (done.returncode, done.stdout) == (0, "made 1 retrying events due now\n")
+    assert json.loads(cli("retry", "--topic", "orders", "--json", *url).stdout)["retried"] == [first, first + 1]
+    with psycopg.connect(database_url) as conn:
+        due = conn.execute("SELECT count(*) FROM outbox WHERE attempts > 0 AND deliver_at <= now()").fetchone()
+        assert due == (3,)
+        assert conn.execute("SELECT sum(attempts) FROM outbox WHERE state = 'pending'").fetchone() == (6,)
