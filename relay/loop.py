@@ -31,6 +31,7 @@ from relay.events import Event, Outcome
 from relay.holds import KeyHolds, mark_chained
 from relay.metrics import Metrics
 from relay.outcomes import Verdict, judge
+from relay.progress import Progress
 from relay.settling import renewed, settle_within_lease
 from relay.sinks.base import Sink
 from relay.store.base import Claim, Started, Store
@@ -129,6 +130,8 @@ class Relay:
         # Set once the batch handed out last started publishing or was given back: the next batch
         # may go on with its keys, so it waits for that before publishing (see ``_deliver``).
         self._last_turn: asyncio.Event | None = None
+        # Set when a settle put events back to retry: the gauges task reads the counts at its next turn.
+        self._retried = False
 
     def alive(self) -> bool:
         """True unless the loop is wedged: it went round within a lease, or waits on purpose.
@@ -181,13 +184,18 @@ class Relay:
             await self._drain()
 
     async def _refresh_gauges(self, stop: asyncio.Event) -> None:
-        """Keep the table gauges fresh: the age often (an index probe), the counts less often (bounded reads)."""
+        """Keep the table gauges fresh: the age often (an index probe), the counts less often (bounded reads),
+        and sooner after this relay put an event back to retry (a misroute shows in seconds); log progress."""
         next_counts = 0.0
+        progress = Progress(self.metrics.sent_events, time.monotonic())
         while not stop.is_set():
             try:
-                if time.monotonic() >= next_counts:
-                    next_counts = time.monotonic() + COUNTS_INTERVAL_SECONDS
-                    self.metrics.observe_status(await self.store.gauges())
+                if time.monotonic() >= next_counts or self._retried:
+                    self._retried = False
+                    next_counts = max(next_counts, time.monotonic() + COUNTS_INTERVAL_SECONDS)
+                    status = await self.store.gauges()
+                    self.metrics.observe_status(status)
+                    progress.observe(status, sent=self.metrics.sent_events, now=time.monotonic())
                 else:
                     self.metrics.oldest_pending_age.set(await self.store.oldest_pending_age())
             except StoreUnavailable as exc:
@@ -552,6 +560,7 @@ class Relay:
             dead=verdict.dead,
             release=verdict.held,
         )
+        self._retried = self._retried or bool(verdict.retry)
         if settlement is not None and settlement.lost:
             self.metrics.lost_leases.inc(settlement.lost)
             logger.warning(

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from relay.store.base import Status
+from relay.store.base import RetryingTopic, Status
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,10 @@ class Metrics:
         self.oldest_pending_age = Gauge(
             "outbox_relay_oldest_pending_age_seconds", "Age of the oldest due, unpublished event.", registry=r
         )
+        self.retrying = RetryingTopics(max_topics)
+        r.register(self.retrying)
+        #: Events acknowledged, all topics: what the progress line counts (see relay/loop.py).
+        self.sent_events = 0
         self.publish_latency = Histogram(
             "outbox_relay_publish_latency_seconds",
             "From the event's insert to the broker's acknowledgement.",
@@ -90,6 +94,7 @@ class Metrics:
         self.scheduled.set(status.scheduled)
         self.keys_waiting_on_schedule.set(status.keys_waiting_on_schedule)
         self.oldest_pending_age.set(status.oldest_pending_age_seconds)
+        self.retrying.observe(status.retrying_topics)
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""
@@ -131,6 +136,60 @@ class TopicCounter:
     def collect(self) -> Iterable[Metric]:
         """The counter's samples, as ``Counter.collect`` gives them."""
         return self._counter.collect()
+
+
+class RetryingTopics(Collector):
+    """``outbox_relay_retrying{topic}`` and ``outbox_relay_oldest_retrying_age_seconds{topic}``: the
+    events failing and retrying, not dead-lettered yet, as the last gauges reading found them.
+
+    Only topics with retrying events have series, and at most ``max_topics``
+    of them (those with the oldest events): the rest share ``topic="(other)"``
+    (their sum, and the oldest age), as the per-topic counters do. A topic
+    whose events stopped retrying has no series from the next reading on.
+    """
+
+    def __init__(self, max_topics: int) -> None:
+        self._max_topics = max_topics
+        self._series: dict[str, tuple[int, float]] = {}
+
+    def observe(self, topics: Sequence[RetryingTopic]) -> None:
+        """Replace the series with ``topics``."""
+        ordered = sorted(topics, key=lambda t: (-t.oldest_age_seconds, t.topic))
+        series = {t.topic: (t.retrying, t.oldest_age_seconds) for t in ordered[: self._max_topics]}
+        rest = ordered[self._max_topics :]
+        if rest:
+            series[OTHER_TOPICS] = (sum(t.retrying for t in rest), max(t.oldest_age_seconds for t in rest))
+        self._series = series
+
+    def total(self) -> int:
+        """Retrying events in every topic."""
+        return sum(count for count, _ in self._series.values())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        count, age = self._families()
+        for topic, (events, oldest) in self._series.items():
+            count.add_metric([topic], float(events))
+            age.add_metric([topic], oldest)
+        yield count
+        yield age
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._families()
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "outbox_relay_retrying",
+                "Events failing and retrying, not dead-lettered yet (pending with a failed attempt), by topic.",
+                labels=["topic"],
+            ),
+            GaugeMetricFamily(
+                "outbox_relay_oldest_retrying_age_seconds",
+                "Age of the oldest retrying event of each topic, from its created_at.",
+                labels=["topic"],
+            ),
+        )
 
 
 class _SinkStates(Collector):

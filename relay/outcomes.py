@@ -80,6 +80,7 @@ def judge(
                 outcome.error,
                 extra={"action": "retry", "event_id": event.id, "attempts": event.attempts},
             )
+    metrics.sent_events += len(sent)
     observe_many(metrics.publish_latency, latencies)
     for topic, count in per_topic.items():
         metrics.published.labels(topic).inc(count)

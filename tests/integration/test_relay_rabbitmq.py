@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
+from typing import Any
 
 import psycopg
+import pytest
 
 import producers
+from relay import loop
 from tests.acceptance.cli import cli
 from tests.integration.rabbit_support import temp_exchange, temp_queue, unique_name
 from tests.relay_support import RelayThread, outbox_counts, wait_until
@@ -72,3 +76,39 @@ def test_skip_releases_a_parked_key(database_url: str, amqp_url: str) -> None:
         wait_until(lambda: outbox_counts(database_url) == {"skipped": 1}, timeout=30)
         assert [m.message_id for m in q.collect(1)] == ["next"]
     assert cli("skip", "--id", str(dead[0]["id"]), "--database-url", database_url).returncode == 1
+
+
+def test_a_misrouted_event_shows_as_retrying_within_seconds_and_retry_sends_it_at_once(
+    database_url: str, amqp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The relay reads its gauges at its usual pace, only faster: a retry shows at the next turn.
+    monkeypatch.setattr(loop, "AGE_INTERVAL_SECONDS", 0.2)
+    nowhere = unique_name("nowhere")
+    with psycopg.connect(database_url) as conn:
+        producers.publish(conn, nowhere, {"n": 1}, key="k", idempotency_key="misrouted")
+        event_id = conn.execute("SELECT id FROM outbox").fetchone()[0]  # type: ignore[index]
+    # Backoffs as long as the defaults' later ones: without "retry now", the event would wait a minute.
+    with RelayThread(database_url, amqp_url, max_attempts=10, backoff_initial_seconds=60, backoff_max_seconds=60) as r:
+        assert r.relay is not None
+        started = time.monotonic()
+
+        def shown() -> dict[str, Any]:
+            return json.loads(cli("status", "--json", "--database-url", database_url).stdout)
+
+        wait_until(lambda: shown()["retrying"] == 1, timeout=15)
+        status = shown()
+        [topic] = status["retrying_topics"]
+        assert (topic["topic"], topic["event_id"], topic["attempts"]) == (nowhere, event_id, 1)
+        assert "unroutable" in topic["last_error"] and topic["next_attempt_in_seconds"] > 30
+        assert status["failed"] == 0 and status["oldest_retrying_age_seconds"] > 0
+        inspected = cli("inspect", str(event_id), "--database-url", database_url).stdout
+        assert "retrying: yes, 1 attempts so far" in inspected and f"retry --id {event_id}" in inspected
+        gauge = f'outbox_relay_retrying{{topic="{nowhere}"}} 1.0'
+        wait_until(lambda: gauge in r.relay.metrics.render().decode(), timeout=10)  # type: ignore[union-attr]
+        assert time.monotonic() - started < 15  # seconds, where the dead letter took minutes
+
+        with temp_queue(amqp_url, name=nowhere) as fixed:
+            done = cli("retry", "--id", str(event_id), "--database-url", database_url)
+            assert (done.returncode, done.stdout, done.stderr) == (0, "made 1 retrying events due now\n", "")
+            assert [m.message_id for m in fixed.collect(1, timeout=15)] == ["misrouted"]
+        wait_until(lambda: not outbox_counts(database_url), timeout=10)
