@@ -76,6 +76,18 @@ def is_connection(conn: object) -> bool:
     return callable(getattr(conn, "cursor", None)) and callable(getattr(conn, "commit", None))
 
 
+#: MySQL's server status flags (the OK packet's): a transaction is open; autocommit is on.
+_IN_TRANSACTION = 0x0001
+_AUTOCOMMIT = 0x0002
+
+
+def commits_each_statement(conn: Any) -> bool:
+    """Whether ``conn`` (either driver) is in autocommit mode with no transaction open: an INSERT on it
+    would commit at once. Read from the server status the last reply carried (``begin()`` opens one)."""
+    status = getattr(conn, "server_status", None)
+    return isinstance(status, int) and bool(status & _AUTOCOMMIT) and not status & _IN_TRANSACTION
+
+
 @cache
 def _insert_for(table: str, *, as_bytes: bool = False) -> str:
     # The name is validated (letters, digits, underscores): backticks need no escaping.

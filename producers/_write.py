@@ -306,6 +306,29 @@ def _refuse_what_is_no_connection(conn: Any, function: str) -> None:
         raise TypeError(f"{function}() takes a connection, not {name}{hint}")
 
 
+def _refuse_autocommit(conn: Any, function: str, allow_autocommit: bool) -> None:
+    """``ValueError``, before any SQL, for a connection in autocommit mode outside a transaction: the
+    INSERT would commit at once, on its own, whatever becomes of the caller's business writes."""
+    if allow_autocommit:
+        return
+    if _mysql.is_pymysql(conn) or _mysql.is_asyncmy(conn):
+        alone = _mysql.commits_each_statement(conn)
+    else:
+        owner = getattr(conn, "connection", conn)  # a cursor writes on its connection
+        info = getattr(owner, "info", None)
+        alone = (
+            getattr(owner, "autocommit", False) is True
+            and isinstance(info, psycopg.ConnectionInfo)
+            and info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        )
+    if alone:
+        raise ValueError(
+            f"{function}() on a connection in autocommit mode outside a transaction would commit the event on its "
+            "own, apart from the writes it goes with: open a transaction first (psycopg: with conn.transaction(); "
+            "PyMySQL: conn.begin()), or pass allow_autocommit=True to publish it on its own on purpose"
+        )
+
+
 def publish(
     conn: psycopg.Connection[Any] | Any,
     topic: str,
@@ -319,6 +342,7 @@ def publish(
     table: str = DEFAULT_TABLE,
     max_deliver_ahead: timedelta = MAX_DELIVER_AHEAD,
     content_type: str | None = None,
+    allow_autocommit: bool = False,
 ) -> str:
     """Write one event in ``conn``'s current transaction and return its idempotency key.
 
@@ -335,7 +359,10 @@ def publish(
     by default) holds an event back until that time.
 
     ``conn`` is a psycopg ``Connection``, or a PyMySQL one for an outbox on
-    MySQL 8 or MariaDB (``pip install outbox-relay[mysql]``).
+    MySQL 8 or MariaDB (``pip install outbox-relay[mysql]``). A connection in
+    autocommit mode outside a transaction is refused (``ValueError``): the
+    event would be committed on its own, even if the writes it announces
+    roll back. ``allow_autocommit=True`` publishes it so on purpose.
     """
     if isinstance(conn, psycopg.AsyncConnection | psycopg.AsyncCursor) or _mysql.is_asyncmy(conn):
         # Its execute() would make a coroutine nobody awaits: nothing written, and a key returned.
@@ -346,6 +373,7 @@ def publish(
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
+    _refuse_autocommit(conn, "publish", allow_autocommit)  # after the arguments' checks, as close to the SQL
     if _mysql.is_pymysql(conn):
         _mysql.insert(conn, table, params)
     else:
@@ -367,6 +395,7 @@ async def apublish(
     table: str = DEFAULT_TABLE,
     max_deliver_ahead: timedelta = MAX_DELIVER_AHEAD,
     content_type: str | None = None,
+    allow_autocommit: bool = False,
 ) -> str:
     """The same as :func:`publish`, for a psycopg ``AsyncConnection`` or an asyncmy connection."""
     if isinstance(conn, psycopg.Connection | psycopg.Cursor) or _mysql.is_pymysql(conn):
@@ -376,6 +405,7 @@ async def apublish(
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
+    _refuse_autocommit(conn, "apublish", allow_autocommit)
     if _mysql.is_asyncmy(conn):
         await _mysql.ainsert(conn, table, params)
     else:

@@ -29,7 +29,7 @@ def test_the_profile_explains_the_shipped_claim_settle_and_l_db_and_leaves_the_t
 
 
 def test_the_gauges_scenario_explains_status_gauges_and_the_oldest_age(database_url: str) -> None:
-    with psycopg.connect(database_url, autocommit=True) as conn:
+    with psycopg.connect(database_url) as conn:
         for i in range(5):
             producers.publish(conn, "bench-explain", {"i": i})
     found = gauges_explain(database_url)

@@ -244,9 +244,10 @@ def test_publish_refuses_asyncmy_and_apublish_pymysql_before_any_sql(mysql_url: 
 
 @pytest.mark.parametrize("key", ["k" * 1024, "\u00e9" * 512, "\U0001f600" * 256, " ", "\u00a0"])
 def test_keys_up_to_the_limit_are_written(mysql_url: str, key: str) -> None:
-    conn = mysql_support.connect(mysql_url)
+    conn = mysql_support.connect(mysql_url, autocommit=False)
     try:
         written = producers.publish(conn, "t", {}, key=key)
+        conn.commit()
     finally:
         conn.close()
     [(stored,)] = mysql_support.execute(mysql_url, "SELECT `key` FROM outbox WHERE idempotency_key = %s", [written])
@@ -445,3 +446,46 @@ def test_a_json_payload_is_delivered_as_utf8_text_as_on_postgresql(mysql_url: st
     wanted = [json.dumps(p, ensure_ascii=False).encode() for p in NON_ASCII_PAYLOADS] * 2
     assert [m.body for m in messages] == wanted
     assert [m.message_id for m in messages] == [f"{w}-{i}" for w in ("sync", "async") for i in range(5)]
+
+
+AUTOCOMMIT_REFUSED = "autocommit mode outside a transaction would commit the event on its own"
+
+
+def test_publish_on_an_autocommit_pymysql_connection_outside_a_transaction_is_refused(mysql_url: str) -> None:
+    conn = mysql_support.connect(mysql_url, autocommit=True)
+    try:
+        with pytest.raises(ValueError, match=AUTOCOMMIT_REFUSED):
+            producers.publish(conn, "t", {"n": 1}, idempotency_key="alone")
+        conn.begin()  # a transaction on the same connection: the event goes with it
+        producers.publish(conn, "t", {"n": 2}, idempotency_key="begun")
+        conn.rollback()
+        conn.begin()
+        producers.publish(conn, "t", {"n": 3}, idempotency_key="committed")
+        conn.commit()
+        with pytest.raises(ValueError, match="allow_autocommit=True"):  # the transaction is over: alone again
+            producers.publish(conn, "t", b"raw", content_type="a/b")
+        producers.publish(conn, "t", {"n": 4}, idempotency_key="on-purpose", allow_autocommit=True)
+        conn.autocommit(False)
+        producers.publish(conn, "t", {"n": 5}, idempotency_key="implicit")
+        conn.rollback()
+    finally:
+        conn.close()
+    keys = mysql_support.execute(mysql_url, "SELECT idempotency_key FROM outbox ORDER BY id")
+    assert [k for (k,) in keys] == [b"committed", b"on-purpose"]
+
+
+def test_apublish_on_an_autocommit_asyncmy_connection_outside_a_transaction_is_refused(mysql_url: str) -> None:
+    async def scenario() -> None:
+        aconn = await _aconnect(mysql_url)
+        try:
+            await aconn.autocommit(True)
+            with pytest.raises(ValueError, match=AUTOCOMMIT_REFUSED):
+                await producers.apublish(aconn, "t", {"n": 1})
+            await aconn.begin()
+            await producers.apublish(aconn, "t", {"n": 2}, idempotency_key="begun")
+            await aconn.commit()
+        finally:
+            aconn.close()
+
+    asyncio.run(scenario())
+    assert [k for (k,) in mysql_support.execute(mysql_url, "SELECT idempotency_key FROM outbox")] == [b"begun"]

@@ -111,7 +111,7 @@ def test_a_relay_without_listen_polls_at_its_interval_and_still_delivers(
         # Poll interval 0.05 s doubling to 0.2 s: about 6 claims in a second. A spin makes
         # hundreds, and a fixed 0.05 s without the backoff 20.
         assert idle_claims <= 12, f"{idle_claims:.0f} claims in one idle second"
-        with psycopg.connect(database_url, autocommit=True) as conn:
+        with psycopg.connect(database_url) as conn:
             producers.publish(conn, topic, {"n": 1}, idempotency_key="polled")
         wait_until(lambda: not outbox_counts(database_url), timeout=10)
     received = consume(kafka_bootstrap, topic, count=1)

@@ -27,7 +27,8 @@ async def bounded_claim(store: PostgresStore) -> Claim:
 def test_a_claim_skips_a_row_locked_by_another_transaction(database_url: str) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
         for name in ("oldest", "second", "third"):
-            producers.publish(conn, "t", {}, idempotency_key=name)
+            with conn.transaction():
+                producers.publish(conn, "t", {}, idempotency_key=name)
 
     async def scenario() -> tuple[Claim, Claim]:
         async with opened_store(database_url) as store:
