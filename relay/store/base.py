@@ -72,19 +72,15 @@ class Status:
     parked_keys: int = 0
     scheduled: int = 0
     keys_waiting_on_schedule: int = 0
-    #: Events failing and retrying (see :data:`RETRYING`), in all topics.
+    #: Events failing and retrying (see :data:`RETRYING`), in all topics, and the age of the oldest.
     retrying: int = 0
+    oldest_retrying_age_seconds: float = 0.0
     #: The topics with retrying events, oldest first; the gauges read every topic, ``status`` at most its ``topics``.
     retrying_topics: tuple[RetryingTopic, ...] = ()
     #: Per-topic lag, oldest first (``status`` only; at most its ``topics``).
     topics: tuple[TopicLag, ...] = ()
     #: How many topics have pending events: ``topics`` may show fewer.
     topic_count: int = 0
-
-    @property
-    def oldest_retrying_age_seconds(self) -> float:
-        """Seconds since the oldest retrying event was written (0 when none is)."""
-        return max((t.oldest_age_seconds for t in self.retrying_topics), default=0.0)
 
     def as_dict(self) -> dict[str, object]:
         """The ``status --json`` object."""
@@ -152,6 +148,11 @@ class RetryingTopic:
             "last_error": self.last_error,
             "next_attempt_in_seconds": round(self.next_attempt_in_seconds, 3),
         }
+
+
+def oldest_of(topics: Iterable[RetryingTopic]) -> float:
+    """The age of the oldest retrying event among ``topics`` (0 when there is none)."""
+    return max((t.oldest_age_seconds for t in topics), default=0.0)
 
 
 @dataclass(frozen=True, slots=True)

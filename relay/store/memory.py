@@ -368,6 +368,7 @@ class MemoryStore:
             and any(o.key == r.key and o.id > r.id and o.state == "pending" and o.deliver_at <= now for o in rows)
         }
         lag = self._lag(pending, now)
+        retrying = [r for r in rows if self._retrying(r, now)]
         return Status(
             pending=len(pending),
             in_flight=len(live),
@@ -376,7 +377,8 @@ class MemoryStore:
             parked_keys=len({r.key for r in failed if r.key is not None}),
             scheduled=len(scheduled),
             keys_waiting_on_schedule=len(waiting),
-            retrying=sum(1 for r in rows if self._retrying(r, now)),
+            retrying=len(retrying),
+            oldest_retrying_age_seconds=max((_age(r.created_at, now) for r in retrying), default=0.0),
             retrying_topics=self._retrying_topics(rows, now, topics),
             topics=tuple(lag[:topics]),
             topic_count=len(lag),

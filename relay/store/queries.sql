@@ -247,11 +247,15 @@ WITH counts AS (
                            AND NOT coalesce(o.lease_expires_at >= now(), false)) AS scheduled,
         array_agg(DISTINCT o.key) FILTER (WHERE o.state = 'pending' AND o.deliver_at > now()
                                             AND o.key IS NOT NULL) AS scheduled_keys,
-        count(*) FILTER (WHERE /* include retrying */) AS retrying
+        count(*) FILTER (WHERE /* include retrying */) AS retrying,
+        -- Clamped as in oldest_pending_age.
+        min(least(greatest(o.created_at, '0001-01-02 00:00:00+00'::timestamptz), now()))
+            FILTER (WHERE /* include retrying */) AS oldest_retrying
     FROM {table} AS o
     WHERE o.state IN ('pending', 'failed')
 )
 SELECT c.pending, c.in_flight, c.failed, c.parked_keys, c.scheduled, c.retrying,
+       coalesce(extract(epoch FROM now() - c.oldest_retrying), 0)::float8 AS oldest_retrying_age_seconds,
        /* include keys_waiting_on_schedule */ AS keys_waiting_on_schedule
 FROM counts AS c;
 

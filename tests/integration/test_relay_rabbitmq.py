@@ -89,11 +89,13 @@ def test_a_misrouted_event_shows_as_retrying_within_seconds_and_retry_sends_it_a
         event_id = conn.execute("SELECT id FROM outbox").fetchone()[0]  # type: ignore[index]
     # Backoffs as long as the defaults' later ones: without "retry now", the event would wait a minute.
     with RelayThread(database_url, amqp_url, max_attempts=10, backoff_initial_seconds=60, backoff_max_seconds=60) as r:
-        assert r.relay is not None
+        metrics = r.relay.metrics if r.relay is not None else None
+        assert metrics is not None
         started = time.monotonic()
 
         def shown() -> dict[str, Any]:
-            return json.loads(cli("status", "--json", "--database-url", database_url).stdout)
+            status: dict[str, Any] = json.loads(cli("status", "--json", "--database-url", database_url).stdout)
+            return status
 
         wait_until(lambda: shown()["retrying"] == 1, timeout=15)
         status = shown()
@@ -104,7 +106,7 @@ def test_a_misrouted_event_shows_as_retrying_within_seconds_and_retry_sends_it_a
         inspected = cli("inspect", str(event_id), "--database-url", database_url).stdout
         assert "retrying: yes, 1 attempts so far" in inspected and f"retry --id {event_id}" in inspected
         gauge = f'outbox_relay_retrying{{topic="{nowhere}"}} 1.0'
-        wait_until(lambda: gauge in r.relay.metrics.render().decode(), timeout=10)  # type: ignore[union-attr]
+        wait_until(lambda: gauge in metrics.render().decode(), timeout=10)
         assert time.monotonic() - started < 15  # seconds, where the dead letter took minutes
 
         with temp_queue(amqp_url, name=nowhere) as fixed:

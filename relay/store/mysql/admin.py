@@ -120,6 +120,7 @@ class MySQLAdmin:
             scheduled=int(row["scheduled"]),
             keys_waiting_on_schedule=int(waiting["waiting"]),
             retrying=int(row["retrying"]),
+            oldest_retrying_age_seconds=float(row["oldest_retrying_age_seconds"]),
         )
         if not topics:
             return found

@@ -181,7 +181,13 @@ SELECT
                  AND NOT COALESCE(lease_expires_at >= UTC_TIMESTAMP(6), FALSE)), 0) AS scheduled,
     -- Retrying (relay/store/base.py, RETRYING): pending with a failed attempt behind it, not in its first try.
     COALESCE(SUM(state = 'pending'
-                 AND attempts > CASE WHEN lease_expires_at >= UTC_TIMESTAMP(6) THEN 1 ELSE 0 END), 0) AS retrying
+                 AND attempts > CASE WHEN lease_expires_at >= UTC_TIMESTAMP(6) THEN 1 ELSE 0 END), 0) AS retrying,
+    COALESCE(GREATEST(TIMESTAMPDIFF(MICROSECOND,
+                                    MIN(CASE WHEN state = 'pending' AND created_at >= '0001-01-01'
+                                              AND attempts > CASE WHEN lease_expires_at >= UTC_TIMESTAMP(6)
+                                                                  THEN 1 ELSE 0 END
+                                             THEN created_at END),
+                                    UTC_TIMESTAMP(6)), 0) / 1e6, 0) AS oldest_retrying_age_seconds
 FROM {table}
 WHERE state IN ('pending', 'failed');
 

@@ -32,6 +32,7 @@ from relay.store.base import (
     chained_keys,
     in_key_order,
     next_attempt,
+    oldest_of,
     undecodable,
 )
 from relay.store.mysql import runs as planner
@@ -367,6 +368,7 @@ class MySQLStore(MySQLAdmin):
             scheduled=int(head["scheduled"]),
             keys_waiting_on_schedule=int(waiting["waiting"]),
             retrying=sum(r.retrying for r in retrying),
+            oldest_retrying_age_seconds=oldest_of(retrying),
             retrying_topics=retrying,
         )
 

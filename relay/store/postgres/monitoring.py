@@ -7,7 +7,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from relay.store.base import RetryingTopic, Status, TopicLag
+from relay.store.base import RetryingTopic, Status, TopicLag, oldest_of
 from relay.store.postgres.connection import Database, column_of
 
 # The gauges count exactly up to this many unsent events (a bounded read of
@@ -20,6 +20,7 @@ async def status(db: Database, *, topics: int = 0) -> Status:
     and retrying events."""
     row = (await db.fetch("status", {}, dict_row, lane="stats"))[0]
     found = await _status(db, row, pending=row["pending"], retrying=row["retrying"])
+    found = replace(found, oldest_retrying_age_seconds=row["oldest_retrying_age_seconds"])
     if not topics:
         return found
     retrying = await db.fetch("retrying_topics", {"limit": topics}, dict_row, lane="stats")
@@ -46,12 +47,8 @@ async def gauges(db: Database, *, exact_up_to: int = GAUGES_EXACT_UP_TO) -> Stat
         unsent = max(unsent, row["unsent_estimate"])
     retrying = await db.fetch("gauges_retrying", {"exact_up_to": exact_up_to}, dict_row, lane="stats")
     found = await _status(db, row, pending=unsent - row["in_flight"], retrying=sum(r["retrying"] for r in retrying))
-    return replace(
-        found,
-        retrying_topics=tuple(
-            RetryingTopic.counted(r["topic"], r["retrying"], r["oldest_age_seconds"]) for r in retrying
-        ),
-    )
+    topics = tuple(RetryingTopic.counted(r["topic"], r["retrying"], r["oldest_age_seconds"]) for r in retrying)
+    return replace(found, retrying_topics=topics, oldest_retrying_age_seconds=oldest_of(topics))
 
 
 async def _status(db: Database, row: dict[str, Any], *, pending: int, retrying: int) -> Status:
