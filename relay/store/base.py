@@ -72,7 +72,7 @@ class Status:
     parked_keys: int = 0
     scheduled: int = 0
     keys_waiting_on_schedule: int = 0
-    #: Events failing and retrying (see :data:`RETRYING`), in all topics, and the age of the oldest.
+    #: Events failing and retrying (see :func:`is_retrying`), in all topics, and the age of the oldest.
     retrying: int = 0
     oldest_retrying_age_seconds: float = 0.0
     #: The topics with retrying events, oldest first; the gauges read every topic, ``status`` at most its ``topics``.
@@ -100,14 +100,15 @@ class Status:
         }
 
 
-#: What "retrying" means, in words (the status queries of every store say it in SQL): a pending event with
-#: an attempt behind it that did not deliver it. Not in flight with one attempt or more, or in flight again
-#: with two or more (its first attempt failed). A dead letter is not retrying: it waits for an operator.
-RETRYING = "pending, and attempts > 0 with no live lease, or attempts > 1 with one"
-
-
 def is_retrying(row: Mapping[str, Any], now: datetime) -> bool:
-    """Whether an event, as ``inspect`` gives its columns, is retrying (:data:`RETRYING`) at ``now``."""
+    """Whether an event, as ``inspect`` gives its columns, is retrying at ``now``.
+
+    Retrying is failing, not dead-lettered yet: pending, with an attempt
+    behind it that did not deliver it. That is attempts > 0 and no live lease,
+    or attempts > 1 in flight again (a claim counts the attempt it starts). A
+    dead letter is not retrying: it waits for an operator. The status queries
+    of every store say the same in SQL.
+    """
     lease = row.get("lease_expires_at")
     # A lease end no datetime holds (plain SQL's 'infinity', as text) is live if it is not '-infinity'.
     leased = lease >= now if isinstance(lease, datetime) else lease is not None and not str(lease).startswith("-")

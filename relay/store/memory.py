@@ -386,7 +386,7 @@ class MemoryStore:
 
     @staticmethod
     def _retrying(row: Row, now: datetime) -> bool:
-        """Failing and retrying (relay/store/base.py, ``RETRYING``)."""
+        """Failing and retrying (:func:`relay.store.base.is_retrying`)."""
         leased = row.lease_expires_at is not None and row.lease_expires_at >= now
         return row.state == "pending" and row.attempts > (1 if leased else 0)
 

@@ -427,7 +427,7 @@ LIMIT %(limit)s;
 
 -- name: retrying
 -- Not a statement: the condition for a retrying event of o (relay/store/base.py,
--- RETRYING): pending with a failed attempt behind it, and not in its first try.
+-- is_retrying): pending with a failed attempt behind it, and not in its first try.
 (o.state = 'pending' AND o.attempts > CASE WHEN o.lease_expires_at >= now() THEN 1 ELSE 0 END)
 
 -- name: skip

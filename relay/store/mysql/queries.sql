@@ -179,7 +179,7 @@ SELECT
     COUNT(DISTINCT CASE WHEN state = 'failed' THEN `key` END) AS parked_keys,
     COALESCE(SUM(state = 'pending' AND deliver_at > UTC_TIMESTAMP(6)
                  AND NOT COALESCE(lease_expires_at >= UTC_TIMESTAMP(6), FALSE)), 0) AS scheduled,
-    -- Retrying (relay/store/base.py, RETRYING): pending with a failed attempt behind it, not in its first try.
+    -- Retrying (relay/store/base.py, is_retrying): pending with a failed attempt behind it, not in its first try.
     COALESCE(SUM(state = 'pending'
                  AND attempts > CASE WHEN lease_expires_at >= UTC_TIMESTAMP(6) THEN 1 ELSE 0 END), 0) AS retrying,
     COALESCE(GREATEST(TIMESTAMPDIFF(MICROSECOND,
