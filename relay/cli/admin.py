@@ -213,12 +213,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         due = row["deliver_at"]
         when = f"next attempt at {due.isoformat()}" if isinstance(due, datetime) else "next attempt when due"
         print(
-            f"retrying: yes, {row['attempts']} attempts so far, {when} "
+            f"retrying: yes, {_attempts(row['attempts'])} so far, {when} "
             f"({PROG} retry --id {args.id} tries it now); last_error says why"
         )
     else:
         print("retrying: no")
     return 0
+
+
+def _attempts(count: int) -> str:
+    return "1 attempt" if count == 1 else f"{count} attempts"
 
 
 def cmd_purge(args: argparse.Namespace) -> int:

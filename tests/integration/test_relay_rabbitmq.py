@@ -104,7 +104,7 @@ def test_a_misrouted_event_shows_as_retrying_within_seconds_and_retry_sends_it_a
         assert "unroutable" in topic["last_error"] and topic["next_attempt_in_seconds"] > 30
         assert status["failed"] == 0 and status["oldest_retrying_age_seconds"] > 0
         inspected = cli("inspect", str(event_id), "--database-url", database_url).stdout
-        assert "retrying: yes, 1 attempts so far" in inspected and f"retry --id {event_id}" in inspected
+        assert "retrying: yes, 1 attempt so far" in inspected and f"retry --id {event_id}" in inspected
         gauge = f'outbox_relay_retrying{{topic="{nowhere}"}} 1.0'
         wait_until(lambda: gauge in metrics.render().decode(), timeout=10)
         assert time.monotonic() - started < 15  # seconds, where the dead letter took minutes
