@@ -67,6 +67,11 @@ def test_migrate_twice_then_run_delivers_and_sigterm_exits_0(mysql_empty_url: st
         "parked_keys": 0,
         "scheduled": 0,
         "keys_waiting_on_schedule": 0,
+        "retrying": 0,
+        "oldest_retrying_age_seconds": 0,
+        "retrying_topics": [],
+        "topics": [],
+        "topic_count": 0,
     }
 
 
