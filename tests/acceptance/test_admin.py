@@ -468,18 +468,13 @@ def test_status_shows_retrying_events_and_each_topic_s_lag_and_retry_takes_them_
     ] < 90
     assert 119 < shown["oldest_retrying_age_seconds"] < 200
     assert {"pending", "in_flight", "failed", "oldest_pending_age_seconds"} <= set(shown)  # the contract's keys
-    bare = json.loads(cli("status", "--json", "--topics", "0", *url).stdout)
-    assert (bare["retrying"], bare["retrying_topics"], bare["topics"]) == (3, [], [])
-    assert 119 < bare["oldest_retrying_age_seconds"] < 200
 
     assert [d["topic"] for d in json.loads(cli("dead", "--json", "--topic", "mail", *url).stdout)] == ["mail"]
-    assert cli("dead", "--topic", "fine-1", *url).stdout == "no dead-lettered events of topic 'fine-1'\n"
 
     assert json.loads(cli("inspect", str(first), "--json", *url).stdout)["retrying"] is True
     refused = cli("retry", "--id", str(dead_id), *url)
     assert (refused.returncode, refused.stdout) == (1, "")
     assert f"event {dead_id} is not retrying" in refused.stderr and f"requeue --id {dead_id}" in refused.stderr
-    assert json.loads(cli("retry", "--id", str(dead_id), "--json", *url).stdout) == {"retried": []}
     done = cli("retry", "--id", str(other), *url)
     assert (done.returncode, done.stdout) == (0, "made 1 retrying events due now\n")
     assert json.loads(cli("retry", "--topic", "orders", "--json", *url).stdout)["retried"] == [first, first + 1]
