@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+import warnings
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -306,9 +307,17 @@ def _refuse_what_is_no_connection(conn: Any, function: str) -> None:
         raise TypeError(f"{function}() takes a connection, not {name}{hint}")
 
 
-def _refuse_autocommit(conn: Any, function: str, allow_autocommit: bool) -> None:
-    """``ValueError``, before any SQL, for a connection in autocommit mode outside a transaction: the
-    INSERT would commit at once, on its own, whatever becomes of the caller's business writes."""
+class AutocommitWarning(UserWarning):
+    """An event published on a connection in autocommit mode outside a transaction: it commits on its own."""
+
+
+def _warn_autocommit(conn: Any, function: str, allow_autocommit: bool) -> None:
+    """Warn (:class:`AutocommitWarning`), before any SQL, for a connection in autocommit mode outside a
+    transaction: the INSERT commits at once, on its own, whatever becomes of the caller's business writes.
+
+    A warning and not an error: code that publishes so on purpose (a script, a backfill, tests of
+    earlier releases) keeps working; ``allow_autocommit=True`` says it is on purpose and silences it.
+    """
     if allow_autocommit:
         return
     if _mysql.is_pymysql(conn) or _mysql.is_asyncmy(conn):
@@ -322,10 +331,12 @@ def _refuse_autocommit(conn: Any, function: str, allow_autocommit: bool) -> None
             and info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         )
     if alone:
-        raise ValueError(
-            f"{function}() on a connection in autocommit mode outside a transaction would commit the event on its "
+        warnings.warn(
+            f"{function}() on a connection in autocommit mode outside a transaction commits the event on its "
             "own, apart from the writes it goes with: open a transaction first (psycopg: with conn.transaction(); "
-            "PyMySQL: conn.begin()), or pass allow_autocommit=True to publish it on its own on purpose"
+            "PyMySQL: conn.begin()), or pass allow_autocommit=True to publish it on its own on purpose",
+            AutocommitWarning,
+            stacklevel=3,
         )
 
 
@@ -360,9 +371,9 @@ def publish(
 
     ``conn`` is a psycopg ``Connection``, or a PyMySQL one for an outbox on
     MySQL 8 or MariaDB (``pip install outbox-relay[mysql]``). A connection in
-    autocommit mode outside a transaction is refused (``ValueError``): the
-    event would be committed on its own, even if the writes it announces
-    roll back. ``allow_autocommit=True`` publishes it so on purpose.
+    autocommit mode outside a transaction gets an :class:`AutocommitWarning`:
+    the event is committed on its own, even if the writes it announces roll
+    back. ``allow_autocommit=True`` publishes it so on purpose, silently.
     """
     if isinstance(conn, psycopg.AsyncConnection | psycopg.AsyncCursor) or _mysql.is_asyncmy(conn):
         # Its execute() would make a coroutine nobody awaits: nothing written, and a key returned.
@@ -373,7 +384,7 @@ def publish(
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
-    _refuse_autocommit(conn, "publish", allow_autocommit)  # after the arguments' checks, as close to the SQL
+    _warn_autocommit(conn, "publish", allow_autocommit)  # after the arguments' checks, as close to the SQL
     if _mysql.is_pymysql(conn):
         _mysql.insert(conn, table, params)
     else:
@@ -405,7 +416,7 @@ async def apublish(
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
-    _refuse_autocommit(conn, "apublish", allow_autocommit)
+    _warn_autocommit(conn, "apublish", allow_autocommit)
     if _mysql.is_asyncmy(conn):
         await _mysql.ainsert(conn, table, params)
     else:

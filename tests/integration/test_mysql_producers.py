@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import warnings
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -448,39 +449,43 @@ def test_a_json_payload_is_delivered_as_utf8_text_as_on_postgresql(mysql_url: st
     assert [m.message_id for m in messages] == [f"{w}-{i}" for w in ("sync", "async") for i in range(5)]
 
 
-AUTOCOMMIT_REFUSED = "autocommit mode outside a transaction would commit the event on its own"
+AUTOCOMMIT_WARNED = "autocommit mode outside a transaction commits the event on its own"
 
 
-def test_publish_on_an_autocommit_pymysql_connection_outside_a_transaction_is_refused(mysql_url: str) -> None:
+def test_publish_on_an_autocommit_pymysql_connection_outside_a_transaction_warns(mysql_url: str) -> None:
     conn = mysql_support.connect(mysql_url, autocommit=True)
     try:
-        with pytest.raises(ValueError, match=AUTOCOMMIT_REFUSED):
+        with pytest.warns(producers.AutocommitWarning, match=AUTOCOMMIT_WARNED):
             producers.publish(conn, "t", {"n": 1}, idempotency_key="alone")
-        conn.begin()  # a transaction on the same connection: the event goes with it
-        producers.publish(conn, "t", {"n": 2}, idempotency_key="begun")
-        conn.rollback()
-        conn.begin()
-        producers.publish(conn, "t", {"n": 3}, idempotency_key="committed")
-        conn.commit()
-        with pytest.raises(ValueError, match="allow_autocommit=True"):  # the transaction is over: alone again
-            producers.publish(conn, "t", b"raw", content_type="a/b")
-        producers.publish(conn, "t", {"n": 4}, idempotency_key="on-purpose", allow_autocommit=True)
-        conn.autocommit(False)
-        producers.publish(conn, "t", {"n": 5}, idempotency_key="implicit")
-        conn.rollback()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            conn.begin()  # a transaction on the same connection: the event goes with it
+            producers.publish(conn, "t", {"n": 2}, idempotency_key="begun")
+            conn.rollback()
+            conn.begin()
+            producers.publish(conn, "t", {"n": 3}, idempotency_key="committed")
+            conn.commit()
+        with pytest.warns(producers.AutocommitWarning, match="allow_autocommit=True"):  # the transaction is over
+            producers.publish(conn, "t", b"raw", content_type="a/b", idempotency_key="raw")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            producers.publish(conn, "t", {"n": 4}, idempotency_key="on-purpose", allow_autocommit=True)
+            conn.autocommit(False)
+            producers.publish(conn, "t", {"n": 5}, idempotency_key="implicit")
+            conn.rollback()
     finally:
         conn.close()
     keys = mysql_support.execute(mysql_url, "SELECT idempotency_key FROM outbox ORDER BY id")
-    assert [k for (k,) in keys] == [b"committed", b"on-purpose"]
+    assert [k for (k,) in keys] == [b"alone", b"committed", b"raw", b"on-purpose"]
 
 
-def test_apublish_on_an_autocommit_asyncmy_connection_outside_a_transaction_is_refused(mysql_url: str) -> None:
+def test_apublish_on_an_autocommit_asyncmy_connection_outside_a_transaction_warns(mysql_url: str) -> None:
     async def scenario() -> None:
         aconn = await _aconnect(mysql_url)
         try:
             await aconn.autocommit(True)
-            with pytest.raises(ValueError, match=AUTOCOMMIT_REFUSED):
-                await producers.apublish(aconn, "t", {"n": 1})
+            with pytest.warns(producers.AutocommitWarning, match=AUTOCOMMIT_WARNED):
+                await producers.apublish(aconn, "t", {"n": 1}, idempotency_key="alone")
             await aconn.begin()
             await producers.apublish(aconn, "t", {"n": 2}, idempotency_key="begun")
             await aconn.commit()
@@ -488,4 +493,5 @@ def test_apublish_on_an_autocommit_asyncmy_connection_outside_a_transaction_is_r
             aconn.close()
 
     asyncio.run(scenario())
-    assert [k for (k,) in mysql_support.execute(mysql_url, "SELECT idempotency_key FROM outbox")] == [b"begun"]
+    keys = mysql_support.execute(mysql_url, "SELECT idempotency_key FROM outbox ORDER BY id")
+    assert [k for (k,) in keys] == [b"alone", b"begun"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
@@ -530,42 +531,48 @@ def test_a_lone_surrogate_in_a_text_argument_is_refused_naming_the_argument_on_e
     assert outcome == (ValueError, f"{what} holds a lone surrogate (\\ud800-\\udfff), which is not text")
 
 
-AUTOCOMMIT_REFUSED = "autocommit mode outside a transaction would commit the event on its own"
+AUTOCOMMIT_WARNED = "autocommit mode outside a transaction commits the event on its own"
 
 
-def test_publish_on_an_autocommit_connection_outside_a_transaction_is_refused_before_any_sql(database_url: str) -> None:
+def test_publish_on_an_autocommit_connection_outside_a_transaction_warns_and_writes_the_event_alone(
+    database_url: str,
+) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        for target in (conn, conn.cursor()):
-            with pytest.raises(ValueError, match=AUTOCOMMIT_REFUSED):
-                producers.publish(target, "t", {"n": 1}, idempotency_key="alone")
-            with pytest.raises(ValueError, match="allow_autocommit=True"):
-                producers.publish(target, "t", b"raw", content_type="a/b")
-        assert count(database_url) == 0
-        with conn.transaction():  # a transaction block on the same connection: the event goes with it
-            producers.publish(conn, "t", {"n": 2}, idempotency_key="in-a-block")
-        with conn.transaction(force_rollback=True):
-            producers.publish(conn.cursor(), "t", {"n": 3}, idempotency_key="rolled-back")
-        producers.publish(conn, "t", {"n": 4}, idempotency_key="on-purpose", allow_autocommit=True)
-    with psycopg.connect(database_url) as conn:  # not in autocommit mode: publish opens no transaction of its own
+        for n, target in enumerate((conn, conn.cursor())):
+            with pytest.warns(producers.AutocommitWarning, match=AUTOCOMMIT_WARNED):
+                producers.publish(target, "t", {"n": 1}, idempotency_key=f"alone-{n}")
+            with pytest.warns(producers.AutocommitWarning, match="allow_autocommit=True"):
+                producers.publish(target, "t", b"raw", content_type="a/b", idempotency_key=f"raw-{n}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # none of these warns
+            with conn.transaction():  # a transaction block on the same connection: the event goes with it
+                producers.publish(conn, "t", {"n": 2}, idempotency_key="in-a-block")
+            with conn.transaction(force_rollback=True):
+                producers.publish(conn.cursor(), "t", {"n": 3}, idempotency_key="rolled-back")
+            producers.publish(conn, "t", {"n": 4}, idempotency_key="on-purpose", allow_autocommit=True)
+    with psycopg.connect(database_url) as conn, warnings.catch_warnings():
+        warnings.simplefilter("error")  # not in autocommit mode: publish opens no transaction of its own
         producers.publish(conn, "t", {"n": 5}, idempotency_key="implicit")
         conn.commit()
         producers.publish(conn, "t", {"n": 6}, idempotency_key="after-a-commit")
         conn.rollback()
         keys = conn.execute("SELECT idempotency_key FROM outbox ORDER BY id").fetchall()
-    assert keys == [("in-a-block",), ("on-purpose",), ("implicit",)]
+    assert keys == [("alone-0",), ("raw-0",), ("alone-1",), ("raw-1",), ("in-a-block",), ("on-purpose",), ("implicit",)]
 
 
-def test_apublish_on_an_autocommit_connection_outside_a_transaction_is_refused(database_url: str) -> None:
+def test_apublish_on_an_autocommit_connection_outside_a_transaction_warns(database_url: str) -> None:
     async def scenario() -> None:
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as aconn:
-            for target in (aconn, aconn.cursor()):
-                with pytest.raises(ValueError, match=AUTOCOMMIT_REFUSED):
-                    await producers.apublish(target, "t", {"n": 1})
-            async with aconn.transaction():
-                await producers.apublish(aconn, "t", {"n": 2}, idempotency_key="in-a-block")
-            await producers.apublish(aconn, "t", {}, idempotency_key="on-purpose", allow_autocommit=True)
+            for n, target in enumerate((aconn, aconn.cursor())):
+                with pytest.warns(producers.AutocommitWarning, match=AUTOCOMMIT_WARNED):
+                    await producers.apublish(target, "t", {"n": 1}, idempotency_key=f"alone-{n}")
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                async with aconn.transaction():
+                    await producers.apublish(aconn, "t", {"n": 2}, idempotency_key="in-a-block")
+                await producers.apublish(aconn, "t", {}, idempotency_key="on-purpose", allow_autocommit=True)
 
     asyncio.run(scenario())
     with psycopg.connect(database_url) as conn:
         keys = conn.execute("SELECT idempotency_key FROM outbox ORDER BY id").fetchall()
-    assert keys == [("in-a-block",), ("on-purpose",)]
+    assert keys == [("alone-0",), ("alone-1",), ("in-a-block",), ("on-purpose",)]
