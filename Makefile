@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lint typecheck test unit integration acceptance demo bench faults clean
+.PHONY: venv lint typecheck test unit integration acceptance install-test demo bench faults clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ integration: $(STAMP)
 acceptance: $(STAMP)
 	$(ENSURE_SERVICES)
 	$(BIN)/pytest tests/acceptance
+
+# The package built (sdist, then wheel), installed into fresh venvs, and run from there (CI, after make test).
+install-test: $(STAMP)
+	$(ENSURE_SERVICES)
+	$(BIN)/pytest tests/install
 
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo
