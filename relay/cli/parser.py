@@ -205,7 +205,8 @@ def _add_run(commands: Commands) -> None:
         run,
         "--sink",
         help="where events go (with --route: the catch-all route, tried last): "
-        "kafka://host:port[,host:port][?option=value] or amqp://user:pass@host:port/vhost[?exchange=NAME] "
+        "kafka://host:port[,host:port][?option=value] or "
+        "amqp://user:pass@host:port/vhost[?exchange=NAME[&declare=topic]] "
         "(either takes the option format=native, the default, cloudevents or cloudevents-structured)",
         metavar="URL",
     )

@@ -135,3 +135,53 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
     # The custom fence turns the state diagram into a Mermaid block, not a code listing.
     assert '<pre class="mermaid">' in (site / "how-it-works" / "index.html").read_text("utf-8")
+
+
+def _nav_pages(entries: object) -> Iterator[str]:
+    """Every page file in an mkdocs ``nav`` (nested sections included)."""
+    if isinstance(entries, str):
+        yield entries
+    elif isinstance(entries, list):
+        for entry in entries:
+            yield from _nav_pages(entry)
+    elif isinstance(entries, dict):
+        for value in entries.values():
+            yield from _nav_pages(value)
+
+
+def _site_pages() -> set[str]:
+    return {str(page.relative_to(DOCS)) for page in DOCS.rglob("*.md")}
+
+
+def _mkdocs_nav() -> object:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """mkdocs.yml's ``!!python/name:`` tags read as plain text: only the nav matters here."""
+
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+    config = yaml.load((ROOT / "mkdocs.yml").read_text("utf-8"), Loader=Loader)
+    return config["nav"]
+
+
+def test_every_page_is_linked_from_the_index() -> None:
+    linked = {_relative(target) for target in link_targets((DOCS / "index.md").read_text("utf-8"))}
+    missing = sorted(_site_pages() - {"index.md"} - linked)
+    assert not missing, f"docs/index.md links no page {missing}: a reader of the site cannot find them"
+
+
+def test_every_page_is_in_the_mkdocs_nav_and_every_nav_entry_exists() -> None:
+    nav = list(_nav_pages(_mkdocs_nav()))
+    assert len(nav) == len(set(nav)), f"a page is twice in the nav: {nav}"
+    assert set(nav) == _site_pages(), {
+        "not in the nav": sorted(_site_pages() - set(nav)),
+        "no such page": sorted(set(nav) - _site_pages()),
+    }
+
+
+@pytest.mark.parametrize(
+    "task", ["getting-started.md", "publishing.md", "running.md", "consuming.md", "operations.md", "upgrading.md"]
+)
+def test_each_task_has_a_page_the_index_leads_to(task: str) -> None:
+    index = (DOCS / "index.md").read_text("utf-8")
+    assert f"]({task})" in index
