@@ -33,43 +33,49 @@ UNENCODABLE = [
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
-@pytest.mark.parametrize(("payload", "where", "type_name"), UNENCODABLE)
 def test_a_value_json_cannot_encode_is_refused_naming_its_type_place_and_remedy_on_every_driver(
-    request: pytest.FixtureRequest, driver: str, payload: object, where: str, type_name: str
+    request: pytest.FixtureRequest, driver: str
 ) -> None:
-    outcome = _in_a_business_transaction(request, driver, {"payload": payload})
-    assert isinstance(outcome, tuple), f"published: {outcome}"
-    error, message = outcome
-    assert error is TypeError
-    assert message.startswith(f"{where} is a {type_name}, which JSON cannot encode:"), message
-    assert "json_default=str" in message and "isoformat()" in message
-    assert "\n" not in message
+    # One database per driver, each payload in a transaction of its own. MySQL's drivers share one path
+    # (json.dumps), psycopg's asks the connection's dumper: every type there, the three on MySQL.
+    cases = UNENCODABLE if driver.startswith("psycopg") else UNENCODABLE[:3]
+    for payload, where, type_name in cases:
+        outcome = _in_a_business_transaction(request, driver, {"payload": payload})
+        assert isinstance(outcome, tuple), f"published {payload!r}: {outcome}"
+        error, message = outcome
+        assert error is TypeError
+        assert message.startswith(f"{where} is a {type_name}, which JSON cannot encode:"), message
+        assert "json_default=str" in message and "isoformat()" in message
+        assert "\n" not in message
 
 
-@pytest.mark.parametrize(("payload", "where", "type_name"), UNENCODABLE[:4])
 @pytest.mark.parametrize("driver", ["psycopg", "pymysql"])
-def test_json_default_encodes_them_on_every_database(
-    request: pytest.FixtureRequest, driver: str, payload: Any, where: str, type_name: str
-) -> None:
-    expected = json.loads(json.dumps(payload, default=str))
+def test_json_default_encodes_them_on_every_database(request: pytest.FixtureRequest, driver: str) -> None:
+    payloads: list[Any] = [payload for payload, _, _ in UNENCODABLE[:5]]
+    expected = [json.loads(json.dumps(payload, default=str)) for payload in payloads]
     if driver == "psycopg":
         url = request.getfixturevalue("database_url")
         with psycopg.connect(url) as conn:
-            key = producers.publish(conn, "t", payload, json_default=str)
-            row = conn.execute("SELECT payload FROM outbox WHERE idempotency_key = %s", [key]).fetchone()
-        assert row == (expected,)
+            keys = [producers.publish(conn, "t", payload, json_default=str) for payload in payloads]
+            written = [
+                conn.execute("SELECT payload FROM outbox WHERE idempotency_key = %s", [key]).fetchone() for key in keys
+            ]
+        assert written == [(value,) for value in expected]
         return
     from tests import mysql_support
 
     url = request.getfixturevalue("mysql_url")
     my_conn = mysql_support.connect(url, autocommit=False)
     try:
-        key = producers.publish(my_conn, "t", payload, json_default=str)
+        keys = [producers.publish(my_conn, "t", payload, json_default=str) for payload in payloads]
         my_conn.commit()
     finally:
         my_conn.close()
-    rows = mysql_support.execute(url, f"SELECT payload FROM outbox WHERE idempotency_key = '{key}'")
-    assert json.loads(rows[0][0]) == expected
+    stored = []
+    for key in keys:
+        rows = mysql_support.execute(url, "SELECT payload FROM outbox WHERE idempotency_key = %s", [key])
+        stored.append(json.loads(rows[0][0]))
+    assert stored == expected
 
 
 def test_apublish_takes_json_default_and_a_default_that_gives_up_is_the_same_clear_error(database_url: str) -> None:
