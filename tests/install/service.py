@@ -7,6 +7,7 @@ object for the test to read.
 
 - ``publish URL TOPIC N``: N events in N business transactions (one with a
   ``Decimal`` through ``json_default``); prints their idempotency keys.
+- ``publish-mysql HOST PORT USER DATABASE TOPIC N``: the same on MySQL or MariaDB, through PyMySQL.
 - ``inbox URL``: ``consumers.process_once`` records a key once, and skips it the second time.
 - ``bind-rabbitmq AMQP_URL EXCHANGE QUEUE PATTERN``: the consumer's own queue, bound to the exchange.
 - ``consume-kafka URL BOOTSTRAP TOPIC N`` / ``consume-rabbitmq URL AMQP_URL EXCHANGE QUEUE N``: N messages
@@ -48,6 +49,21 @@ def publish(url: str, topic: str, count: str) -> dict[str, Any]:
                 conn.execute("INSERT INTO orders VALUES (%s, %s) ON CONFLICT (id) DO NOTHING", (n, total))
                 payload = {"order_id": n, "total": total}
                 keys.append(producers.publish(conn, topic, payload, key=f"order-{n}", json_default=str))
+    return {"keys": keys, **_where()}
+
+
+def publish_mysql(host: str, port: str, user: str, database: str, topic: str, count: str) -> dict[str, Any]:
+    import pymysql
+
+    conn = pymysql.connect(host=host, port=int(port), user=user, database=database, autocommit=False)
+    try:
+        keys = []
+        for n in range(int(count)):
+            payload = {"order_id": n, "total": Decimal("9.90") + n}
+            keys.append(producers.publish(conn, topic, payload, key=f"order-{n}", json_default=str))
+            conn.commit()
+    finally:
+        conn.close()
     return {"keys": keys, **_where()}
 
 
@@ -151,6 +167,7 @@ def consume_rabbitmq(url: str, amqp_url: str, exchange: str, queue: str, count: 
 
 COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
     "publish": publish,
+    "publish-mysql": publish_mysql,
     "inbox": inbox,
     "bind-rabbitmq": bind_rabbitmq,
     "consume-kafka": consume_kafka,

@@ -6,7 +6,9 @@ virtual environments, and used from there, never from the repository.
   to install);
 - ``pip install outbox-relay`` (the wheel) gives the relay: ``migrate``, then ``run`` to Tansu and
   to RabbitMQ (the exchange declared by ``declare=topic``), each consumed by a small consumer
-  through the ``consumers`` inbox.
+  through the ``consumers`` inbox;
+- with the ``mysql`` extra, the relay on MariaDB, fed by a service that installed PyMySQL and the
+  package without its dependencies.
 
 ``make install-test`` runs it (CI, after ``make test``); ``make test`` leaves it out (pyproject's
 ``--ignore=tests/install``): building and installing takes about a minute.
@@ -208,3 +210,36 @@ def test_the_installed_relay_delivers_to_kafka_and_rabbitmq_and_consumers_take_e
     relay.stop()
     got = relay_env.service("consume-rabbitmq", empty_database, amqp_url, exchange, queue, str(EVENTS))
     assert (got["processed"], got["skipped"]) == (keys, keys[:1])
+
+
+def test_the_mysql_extra_relays_from_mariadb_what_a_pymysql_service_published(
+    wheel: Path,
+    relay_env: Environment,
+    tmp_path_factory: pytest.TempPathFactory,
+    mysql_empty_url: str,
+    kafka_bootstrap: str,
+) -> None:
+    from relay.store.mysql import Target
+    from tests import mysql_support
+
+    relay_env.pip(f"{wheel}[mysql]")
+    assert {"pymysql", "asyncmy"} <= relay_env.distributions()
+    service = Environment(tmp_path_factory.mktemp("mysql-publisher") / "venv")
+    service.pip("PyMySQL>=1.1,<2", "psycopg[binary]>=3.2,<4")
+    service.pip("--no-deps", str(wheel))
+    assert not service.distributions() & BROKER_CLIENTS
+
+    outbox_relay = str(relay_env.bin / "outbox-relay")
+    _run([outbox_relay, "migrate", "--database-url", mysql_empty_url], cwd=relay_env.where)
+    target = Target.parse(mysql_empty_url)
+    topic = f"install.mysql.{uuid.uuid4().hex[:8]}"
+    where = [target.host, str(target.port), target.user, target.database]
+    keys = service.service("publish-mysql", *where, topic, str(EVENTS))["keys"]
+    assert len(set(keys)) == EVENTS
+
+    relay = RelayProcess(relay_env, mysql_empty_url, f"kafka://{kafka_bootstrap}")
+    deadline = time.monotonic() + DRAIN_TIMEOUT_SECONDS
+    while mysql_support.execute(mysql_empty_url, "SELECT COUNT(*) FROM outbox")[0][0] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    relay.stop()
+    assert mysql_support.execute(mysql_empty_url, "SELECT COUNT(*) FROM outbox")[0][0] == 0
