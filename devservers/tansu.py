@@ -123,3 +123,22 @@ def _binary() -> str:
     shutil.copyfile(bundled, copy)
     copy.chmod(0o755)
     return str(copy)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m devservers [--port N]``: a development Kafka broker until Ctrl-C or SIGTERM."""
+    import argparse
+    import signal
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="python -m devservers", description="Run Tansu, a memory-only Kafka-protocol broker."
+    )
+    parser.add_argument("--port", type=int, default=9092, help="the port on 127.0.0.1 (default 9092)")
+    args = parser.parse_args(argv)
+    with Tansu(args.port) as broker:
+        print(f"Tansu on {broker.bootstrap}: --sink kafka://{broker.bootstrap}; Ctrl-C stops it", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+    print("Tansu stopped; its messages are gone", file=sys.stderr)
+    return 0

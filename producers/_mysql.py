@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
+from producers._encoding import unencodable_error
 from relay.config import TableName
 
 # Text and bytes other than the headers' JSON travel as hexadecimal digits, UNHEX()ed by the server: ASCII that
@@ -106,7 +107,7 @@ def _values(params: dict[str, Any]) -> dict[str, Any]:
     return {
         **params,
         # Both drivers send bytes as a _binary literal: stored exactly, whatever the connection's charset.
-        # A value json cannot write (None from _json_text) fails here, before any SQL, as it always did.
+        # A value json cannot write (None from _json_text) fails here, before any SQL, naming its type.
         # JSON text as UTF-8, not escaped (see _INSERT); it was checked as payload_json (NaN, surrogates).
         "payload": params["payload"] if as_bytes else _utf8_json(params["payload"]),
         "headers": params["headers_json"],
@@ -124,7 +125,10 @@ def _values(params: dict[str, Any]) -> dict[str, Any]:
 
 def _utf8_json(payload: Any) -> bytes:
     """``payload`` as JSON text in UTF-8, non-ASCII characters as themselves, as PostgreSQL's jsonb gives them."""
-    return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    try:
+        return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except TypeError:  # MySQL's drivers have no JSON dumper of their own: json_default is the hook
+        raise unencodable_error(payload, "payload") from None
 
 
 def _hexed(values: dict[str, Any]) -> dict[str, Any]:

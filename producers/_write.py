@@ -6,7 +6,7 @@ import json
 import re
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
@@ -15,7 +15,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from producers import _mysql
+from producers import _encoding, _mysql
 from producers._tracing import with_trace_context
 from relay.attribute_values import media_type_problem, shown
 from relay.config import DEFAULT_TABLE, TableName
@@ -262,6 +262,19 @@ def _jsonb(text: str | None, value: Any) -> Jsonb:
     return Jsonb(text, dumps=_as_is)  # NUL characters: refused by _params
 
 
+def _with_default(payload: Any, json_default: Callable[[Any], Any] | None) -> Any:
+    """``payload`` with what JSON cannot encode replaced through ``json_default``, if given."""
+    if json_default is None or isinstance(payload, bytes | bytearray | memoryview):
+        return payload
+    return _encoding.encoded(payload, json_default, "payload")
+
+
+def _check_encodes(conn: Any, params: dict[str, Any]) -> None:
+    """A JSON payload that ``json`` could not encode must be one the connection's own dumper can."""
+    if "content_type" not in params and params["payload_json"] is None:
+        _encoding.check_connection_encodes(conn, params["payload"], "payload")
+
+
 def _for_postgres(params: dict[str, Any]) -> dict[str, Any]:
     headers = _jsonb(params["headers_json"], params["headers"])
     if "content_type" in params:  # bytes, sent as they are
@@ -354,6 +367,7 @@ def publish(
     max_deliver_ahead: timedelta = MAX_DELIVER_AHEAD,
     content_type: str | None = None,
     allow_autocommit: bool = False,
+    json_default: Callable[[Any], Any] | None = None,
 ) -> str:
     """Write one event in ``conn``'s current transaction and return its idempotency key.
 
@@ -369,6 +383,13 @@ def publish(
     ``deliver_at`` (timezone-aware, at most ``max_deliver_ahead`` ahead, a year
     by default) holds an event back until that time.
 
+    A JSON payload holding what ``json`` cannot encode (``Decimal``,
+    ``datetime``, ``UUID``, ...) is refused with a ``TypeError`` naming the
+    value's type and place, unless ``json_default`` encodes it (as
+    ``json.dumps``'s ``default``: ``json_default=str`` writes
+    ``Decimal("9.90")`` as ``"9.90"``) or the psycopg connection has its own
+    JSON dumper (``psycopg.types.json.set_json_dumps``).
+
     ``conn`` is a psycopg ``Connection``, or a PyMySQL one for an outbox on
     MySQL 8 or MariaDB (``pip install outbox-relay[mysql]``). A connection in
     autocommit mode outside a transaction gets an :class:`AutocommitWarning`:
@@ -381,6 +402,7 @@ def publish(
         raise TypeError(f"publish() takes a connection that writes at once, not {name}: await apublish(...) with it")
     _refuse_what_is_no_connection(conn, "publish")
     _check_options(table, max_deliver_ahead)
+    payload = _with_default(payload, json_default)
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
@@ -389,6 +411,7 @@ def publish(
         _mysql.insert(conn, table, params)
     else:
         writer = psycopg.Cursor(conn) if _unfit_for_insert(conn) else conn
+        _check_encodes(writer, params)
         writer.execute(_statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params))
     return str(params["idempotency_key"])
 
@@ -407,12 +430,14 @@ async def apublish(
     max_deliver_ahead: timedelta = MAX_DELIVER_AHEAD,
     content_type: str | None = None,
     allow_autocommit: bool = False,
+    json_default: Callable[[Any], Any] | None = None,
 ) -> str:
     """The same as :func:`publish`, for a psycopg ``AsyncConnection`` or an asyncmy connection."""
     if isinstance(conn, psycopg.Connection | psycopg.Cursor) or _mysql.is_pymysql(conn):
         raise TypeError(f"apublish() takes an async connection, not {type(conn).__name__}: call publish(...) with it")
     _refuse_what_is_no_connection(conn, "apublish")
     _check_options(table, max_deliver_ahead)
+    payload = _with_default(payload, json_default)
     params = _params(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
@@ -421,6 +446,7 @@ async def apublish(
         await _mysql.ainsert(conn, table, params)
     else:
         awriter = psycopg.AsyncCursor(conn) if _unfit_for_insert(conn) else conn
+        _check_encodes(awriter, params)
         await awriter.execute(
             _statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params)
         )

@@ -2,6 +2,6 @@
 
 import sys
 
-from relay.cli import main
+from relay.launch import main
 
 sys.exit(main())

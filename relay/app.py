@@ -27,7 +27,7 @@ from relay.health import HealthServer
 from relay.loop import Relay
 from relay.retention import purge_forever
 from relay.signals import stop_on_signals
-from relay.sinks import build_router, build_sink, header_refusal, kafka, rabbitmq
+from relay.sinks import build_router, build_sink, header_refusal
 from relay.sinks.base import Sink
 from relay.store.adapters import build_store
 from relay.store.base import Admin
@@ -131,9 +131,14 @@ def publish_grace_seconds(config: SinkConfig) -> float:
     connection that confirmed nothing: up to a close timeout for the broker's
     Close-Ok, then as long again for the aborted stream.
     """
+    # Imported here: a relay loads only the broker clients of the sinks it is configured with.
     if isinstance(config, KafkaSinkConfig):
-        return kafka.WAIT_MARGIN_SECONDS
-    return 2 * rabbitmq.CLOSE_TIMEOUT_SECONDS
+        from relay.sinks.kafka import WAIT_MARGIN_SECONDS
+
+        return WAIT_MARGIN_SECONDS
+    from relay.sinks.rabbitmq import CLOSE_TIMEOUT_SECONDS
+
+    return 2 * CLOSE_TIMEOUT_SECONDS
 
 
 def build_relay(config: RunConfig) -> Relay:

@@ -216,6 +216,9 @@ class Format(StrEnum):
 
 #: The sink URL option that picks a :class:`Format`; the relay's own, never passed to a broker client.
 FORMAT_OPTION = "format"
+#: The sink URL option that has the relay declare its RabbitMQ exchange, and the types it may declare.
+DECLARE_OPTION = "declare"
+EXCHANGE_TYPES = ("topic", "direct", "fanout", "headers")
 
 
 def parse_format(text: str) -> Format:
@@ -250,9 +253,15 @@ class AmqpSinkConfig:
     url: str = field(repr=False)
     exchange: str = ""
     format: Format = Format.NATIVE
+    #: ``declare=TYPE``: the relay declares ``exchange`` (durable, of this type) on every connect,
+    #: instead of only checking that it exists. None: it must exist already.
+    declare: str | None = None
 
     def __repr__(self) -> str:
-        return f"AmqpSinkConfig(url={redact_url(self.url)!r}, exchange={self.exchange!r}, format={self.format.value!r})"
+        return (
+            f"AmqpSinkConfig(url={redact_url(self.url)!r}, exchange={self.exchange!r}, "
+            f"format={self.format.value!r}, declare={self.declare!r})"
+        )
 
 
 SinkConfig = KafkaSinkConfig | AmqpSinkConfig
@@ -419,6 +428,7 @@ def _parse_amqp(url: str) -> AmqpSinkConfig:
     query = parse_qsl(parts.query, keep_blank_values=True)
     exchange = ""
     chosen = Format.NATIVE
+    declare: str | None = None
     kept = []
     given: set[str] = set()
     for key, value in query:
@@ -427,13 +437,28 @@ def _parse_amqp(url: str) -> AmqpSinkConfig:
             exchange = value
         elif key == FORMAT_OPTION:
             chosen = parse_format(value)
+        elif key == DECLARE_OPTION:
+            declare = _exchange_type(url, value)
         else:
             kept.append(f"{key}={value}")
     _check_short_string(url, "exchange", exchange)
+    if declare is not None and not exchange:
+        raise ConfigError(
+            f"sink option declare={declare} in {redact_url(url)!r} needs a named exchange (&exchange=NAME):"
+            " the default exchange always exists and cannot be declared"
+        )
     # As pika reads it: the path after its first "/", unquoted; none (or "/") is the default vhost.
     _check_short_string(url, "vhost", unquote(parts.path[1:]))
     pika_url = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(kept), ""))
-    return AmqpSinkConfig(url=pika_url, exchange=exchange, format=chosen)
+    return AmqpSinkConfig(url=pika_url, exchange=exchange, format=chosen, declare=declare)
+
+
+def _exchange_type(url: str, value: str) -> str:
+    """The exchange type of a ``declare=`` option; ``ConfigError`` for any other value."""
+    if value not in EXCHANGE_TYPES:
+        shown = Scrubber.of(url)(value[:40])
+        raise ConfigError(f"invalid sink option declare={shown!r}: use one of {', '.join(EXCHANGE_TYPES)}")
+    return value
 
 
 def _check_short_string(url: str, what: str, name: str) -> None:

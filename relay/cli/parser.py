@@ -214,7 +214,8 @@ def _add_run(commands: Commands) -> None:
         run,
         "--sink",
         help="where events go (with --route: the catch-all route, tried last): "
-        "kafka://host:port[,host:port][?option=value] or amqp://user:pass@host:port/vhost[?exchange=NAME] "
+        "kafka://host:port[,host:port][?option=value] or "
+        "amqp://user:pass@host:port/vhost[?exchange=NAME[&declare=topic]] "
         "(either takes the option format=native, the default, cloudevents or cloudevents-structured; "
         "a password goes in the variable: in a flag, ps shows it for a moment)",
         metavar="URL",

@@ -135,3 +135,102 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
     # The custom fence turns the state diagram into a Mermaid block, not a code listing.
     assert '<pre class="mermaid">' in (site / "how-it-works" / "index.html").read_text("utf-8")
+
+
+def _nav_pages(entries: object) -> Iterator[str]:
+    """Every page file in an mkdocs ``nav`` (nested sections included)."""
+    if isinstance(entries, str):
+        yield entries
+    elif isinstance(entries, list):
+        for entry in entries:
+            yield from _nav_pages(entry)
+    elif isinstance(entries, dict):
+        for value in entries.values():
+            yield from _nav_pages(value)
+
+
+def _site_pages() -> set[str]:
+    return {str(page.relative_to(DOCS)) for page in DOCS.rglob("*.md")}
+
+
+def _mkdocs_nav() -> object:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """mkdocs.yml's ``!!python/name:`` tags read as plain text: only the nav matters here."""
+
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+    config = yaml.load((ROOT / "mkdocs.yml").read_text("utf-8"), Loader=Loader)
+    return config["nav"]
+
+
+def test_every_page_is_linked_from_the_index() -> None:
+    linked = {_relative(target) for target in link_targets((DOCS / "index.md").read_text("utf-8"))}
+    missing = sorted(_site_pages() - {"index.md"} - linked)
+    assert not missing, f"docs/index.md links no page {missing}: a reader of the site cannot find them"
+
+
+def test_every_page_is_in_the_mkdocs_nav_and_every_nav_entry_exists() -> None:
+    nav = list(_nav_pages(_mkdocs_nav()))
+    assert len(nav) == len(set(nav)), f"a page is twice in the nav: {nav}"
+    assert set(nav) == _site_pages(), {
+        "not in the nav": sorted(_site_pages() - set(nav)),
+        "no such page": sorted(set(nav) - _site_pages()),
+    }
+
+
+@pytest.mark.parametrize(
+    "task", ["getting-started.md", "publishing.md", "running.md", "consuming.md", "operations.md", "upgrading.md"]
+)
+def test_each_task_has_a_page_the_index_leads_to(task: str) -> None:
+    index = (DOCS / "index.md").read_text("utf-8")
+    assert f"]({task})" in index
+
+
+#: The pages a team adopts from: short paragraphs (the longest in docs/ordering.md once ran to 420 words).
+TASK_PAGES = [
+    "index.md",
+    "getting-started.md",
+    "publishing.md",
+    "running.md",
+    "consuming.md",
+    "upgrading.md",
+    "kafka.md",
+    "rabbitmq.md",
+]
+PARAGRAPH_MAX_WORDS = 170
+_BLOCK_START_RE = re.compile(r"^\s*([-*+]|\d+\.)\s|^\s*(#|\||!!!)")
+
+
+def paragraphs(markdown: str) -> Iterator[str]:
+    """The prose paragraphs of ``markdown``: list items and their paragraphs count one by one; code, tables
+    and headings are left out."""
+    lines: list[str] = []
+    fence: str | None = None
+    for line in [*markdown.splitlines(), ""]:
+        opening = _FENCE_RE.match(line)
+        if fence is not None:
+            if opening and opening.group(1) == fence:
+                fence = None
+            continue
+        if opening or not line.strip() or _BLOCK_START_RE.match(line):
+            if lines:
+                yield " ".join(" ".join(lines).split())
+            lines = []
+            if opening:
+                fence = opening.group(1)
+            elif _BLOCK_START_RE.match(line) and not line.lstrip().startswith(("#", "|", "!!!")):
+                lines = [line]
+            continue
+        lines.append(line)
+
+
+def test_paragraphs_splits_items_and_skips_code_and_tables() -> None:
+    text = "One two.\nThree.\n\n- item a\n  more\n- item b\n\n```\ncode here\n```\n| a | b |\n# Head\nlast"
+    assert list(paragraphs(text)) == ["One two. Three.", "- item a more", "- item b", "last"]
+
+
+@pytest.mark.parametrize("page", TASK_PAGES)
+def test_task_pages_have_short_paragraphs(page: str) -> None:
+    long = [p[:60] for p in paragraphs((DOCS / page).read_text("utf-8")) if len(p.split()) > PARAGRAPH_MAX_WORDS]
+    assert not long, f"docs/{page} has paragraphs over {PARAGRAPH_MAX_WORDS} words: {long}"

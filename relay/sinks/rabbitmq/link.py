@@ -18,6 +18,7 @@ import pika.exceptions
 from pika import spec
 from pika.channel import Channel
 from pika.connection import Connection
+from pika.exchange_type import ExchangeType
 from pika.frame import Method
 
 from relay.events import Event, Failure, Outcome
@@ -39,6 +40,7 @@ REFUSAL_CODES = frozenset({403, 406, 501, 502, 503, 505, 530, 540, 541})
 _OVERSIZE_RE = re.compile(r"message size (\d+) is larger than configured max size (\d+)")
 _ACCESS_REFUSED = 403
 _NOT_FOUND = 404
+_PRECONDITION_FAILED = 406
 
 
 class LinkError(Exception):
@@ -59,9 +61,12 @@ class Link:
         url: str,
         learn_max_size: Callable[[int], None],
         encode: AmqpEncoder = amqp_native,
+        *,
+        declare: str | None = None,
     ) -> None:
         self._loop = loop
         self._exchange = exchange
+        self._declare = declare
         self._encode = encode
         self._url = url
         self._learn_max_size = learn_max_size
@@ -229,7 +234,15 @@ class Link:
         self._next_tag = self._lowest_tag = 1
         channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_return_callback(self._on_return)
-        if self._exchange:
+        if self._exchange and self._declare:
+            # declare=TYPE: created if missing; 406 if it exists with another type or durability.
+            channel.exchange_declare(
+                self._exchange,
+                exchange_type=ExchangeType(self._declare),
+                durable=True,
+                callback=lambda _: self._confirm(channel),
+            )
+        elif self._exchange:
             # Passive: fails (404) unless the exchange exists, creates nothing.
             channel.exchange_declare(self._exchange, passive=True, callback=lambda _: self._confirm(channel))
         else:
@@ -259,9 +272,17 @@ class Link:
             self.refusal = self.last_error
         self._fail_pending(self.last_error, refused=refusing)
         if self._waiter is not None:
-            refused = code in (_ACCESS_REFUSED, _NOT_FOUND)
+            refused = code in (_ACCESS_REFUSED, _NOT_FOUND) or (code == _PRECONDITION_FAILED and bool(self._declare))
             if code == _NOT_FOUND and self._exchange:
-                message = f"exchange {self._exchange!r} does not exist at {self._url} ({text})"
+                message = (
+                    f"exchange {self._exchange!r} does not exist at {self._url} ({text}): declare it, or add"
+                    " declare=topic (or direct, fanout, headers) to the sink URL to have the relay declare it"
+                )
+            elif code == _PRECONDITION_FAILED and self._declare:
+                message = (
+                    f"exchange {self._exchange!r} at {self._url} exists, but not as a durable {self._declare}"
+                    f" exchange as declare={self._declare} asks ({text})"
+                )
             else:
                 message = f"RabbitMQ at {self._url} refused the channel: {code} {text}"
             self._settle(LinkError(message, refused=refused))

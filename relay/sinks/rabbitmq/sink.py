@@ -72,6 +72,7 @@ class RabbitMQSink:
         if publish_timeout_seconds <= 0 or connect_timeout_seconds <= 0 or max_message_bytes < 1:
             raise ConfigError("RabbitMQ sink timeouts and max message size must be positive")
         self._exchange = config.exchange
+        self._declare = config.declare
         # The message shape (config.format), chosen once: called per event as it is sent.
         self._encode = amqp_encoder(config.format, event_source)
         self._native = config.format is Format.NATIVE
@@ -311,7 +312,7 @@ class RabbitMQSink:
                 delay = min(delay * 2, RECONNECT_BACKOFF_MAX_SECONDS)
             if loop.time() >= deadline:
                 break
-            link = Link(loop, self._exchange, self._url, self._learn_max_size, self._encode)
+            link = Link(loop, self._exchange, self._url, self._learn_max_size, self._encode, declare=self._declare)
             try:
                 async with asyncio.timeout_at(min(deadline, loop.time() + self._connect_timeout)):
                     await link.open(self._params)
