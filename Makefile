@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_VENV ?= .venv-demo
 DEMO_STAMP := $(DEMO_VENV)/.installed
 
-.PHONY: venv lint typecheck test unit integration acceptance install-test demo bench faults clean
+.PHONY: venv lint typecheck test unit integration acceptance install-test container-test demo bench faults clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,13 @@ acceptance: $(STAMP)
 install-test: $(STAMP)
 	$(ENSURE_SERVICES)
 	$(BIN)/pytest tests/install
+
+# The image built from the Dockerfile and run against the local servers (tests/container, which
+# `make test` leaves out): Podman by default, CONTAINER_ENGINE=docker for Docker.
+container-test: $(STAMP)
+	$(ENSURE_SERVICES)
+	$(BIN)/python -m tests.container.engine
+	$(BIN)/pytest tests/container -p no:cacheprovider
 
 demo: $(DEMO_STAMP)
 	$(DEMO_VENV)/bin/python -m examples.demo
