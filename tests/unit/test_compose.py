@@ -1,25 +1,35 @@
 """The compose stack and the Dockerfile, checked without a Docker engine.
 
-Nothing here starts a container. The files are parsed and held against the
-command line (every ``RELAY_*`` variable must be a flag of the command its
-service runs, with a value the CLI accepts; the same for the example shop and
-consumer and their ``SHOP_*`` and ``CONSUMER_*`` variables) and against each
-other (images and the Dockerfile stages they build, dependencies, health
-checks, ports, the Kafka listeners).
+Nothing here starts a container (``make container-test`` builds and runs the
+image). The files are parsed, held against the Compose Specification's keys and
+values, and held against the command line: every ``RELAY_*`` variable must be
+one that the command its service runs reads (as the parser's help names them),
+and the command line with its environment must be accepted by the real parser;
+a relay that runs must restart after an error, get a stop grace period longer
+than its publish timeout, and have a health check the image can run on the port
+it serves. The same for the example shop and consumer and their ``SHOP_*`` and
+``CONSUMER_*`` variables. And the files are held against each other (images and
+the Dockerfile stages they build, dependencies, health checks, ports, the Kafka
+listeners). Each kind of mistake in a relay service is made once on a copy of
+the file, to show that the checks catch it.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import copy
 import fnmatch
+import functools
 import importlib
 import importlib.util
+import io
 import json
 import os
 import re
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,6 +41,7 @@ from examples import services as examples
 from examples.shop import TOPIC
 from relay.cli import build_parser, reject_bad_env
 from relay.config import AmqpSinkConfig, KafkaSinkConfig, TableName, check_database_url, parse_sink_url
+from relay.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "compose"
@@ -40,8 +51,37 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 PYPROJECT = ROOT / "pyproject.toml"
 
 PROG = "outbox-relay"
-#: Read by every command (or by the relay as a whole), whatever its flags.
-ALWAYS_ALLOWED = frozenset({"RELAY_DATABASE_URL", "RELAY_SINK"})
+#: How a flag's help names the variable it falls back to.
+ENV_IN_HELP = re.compile(r"\[env (RELAY_[A-Z0-9_]+)\]")
+
+# What the Compose Specification (compose-spec's spec.md) knows:
+# a key outside these is refused by `docker compose config`, or ignored by older tools.
+TOP_LEVEL_KEYS = frozenset({"version", "name", "include", "services", "networks", "volumes", "configs", "secrets"})
+SERVICE_KEYS = frozenset({
+    "annotations", "attach", "blkio_config", "build", "cap_add", "cap_drop", "cgroup", "cgroup_parent", "command",
+    "configs", "container_name", "cpu_count", "cpu_percent", "cpu_period", "cpu_quota", "cpu_rt_period",
+    "cpu_rt_runtime", "cpu_shares", "cpus", "cpuset", "credential_spec", "depends_on", "deploy", "develop",
+    "device_cgroup_rules", "devices", "dns", "dns_opt", "dns_search", "domainname", "driver_opts", "entrypoint",
+    "env_file", "environment", "expose", "extends", "external_links", "extra_hosts", "gpus", "group_add",
+    "healthcheck", "hostname", "image", "init", "ipc", "isolation", "label_file", "labels", "links", "logging",
+    "mac_address", "mem_limit", "mem_reservation", "mem_swappiness", "memswap_limit", "models", "network_mode",
+    "networks", "oom_kill_disable", "oom_score_adj", "pid", "pids_limit", "platform", "ports", "post_start",
+    "pre_stop", "privileged", "profiles", "provider", "pull_policy", "read_only", "restart", "runtime", "scale",
+    "secrets", "security_opt", "shm_size", "stdin_open", "stop_grace_period", "stop_signal", "storage_opt",
+    "sysctls", "tmpfs", "tty", "ulimits", "use_api_socket", "user", "userns_mode", "uts", "volumes",
+    "volumes_from", "working_dir",
+})  # fmt: skip
+HEALTHCHECK_KEYS = frozenset({"test", "interval", "timeout", "retries", "start_period", "start_interval", "disable"})
+RESTART_POLICIES = frozenset({"no", "always", "on-failure", "unless-stopped"})
+DEPENDENCY_CONDITIONS = frozenset({"service_started", "service_healthy", "service_completed_successfully"})
+DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
+DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|us|m|s)")
+DURATION = re.compile(rf"(?:{DURATION_PART.pattern})+")
+#: Compose's defaults where a service sets none.
+DEFAULT_STOP_GRACE = "10s"
+DEFAULT_HEALTHCHECK_TIMEOUT = "30s"
+#: The restart policies that bring back a relay that exited on an error (a lost database).
+RELAY_RESTARTS = frozenset({"always", "unless-stopped", "on-failure"})
 EXPECTED_SERVICES = frozenset(
     {"postgres", "kafka", "rabbitmq", "migrate", "relay", "relay-rabbitmq", "shop", "consumer"}
 )
@@ -59,7 +99,12 @@ HEARTBEAT_MAX_AGE_SECONDS = 60
 
 
 def load_compose() -> dict[str, Any]:
-    """The compose file as plain data."""
+    """The compose file as plain data (a copy of its own for each caller to change)."""
+    return copy.deepcopy(_compose_data())
+
+
+@functools.cache
+def _compose_data() -> dict[str, Any]:
     data = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
     assert isinstance(data, dict), f"{COMPOSE_FILE} is not a YAML mapping"
     return data
@@ -203,17 +248,20 @@ def subcommand_flags(parser: argparse.ArgumentParser | None = None) -> dict[str,
     return flags
 
 
-def env_name(flag: str) -> str:
-    """``--foo-bar`` -> ``RELAY_FOO_BAR``, as ``relay.cli`` reads it."""
-    return "RELAY_" + flag.removeprefix("--").replace("-", "_").upper()
+@functools.cache
+def env_names_for(command: str) -> frozenset[str]:
+    """The ``RELAY_*`` variables ``outbox-relay COMMAND`` reads, from the real parser: each flag with
+    an environment fallback names it in its help (``[env RELAY_ROUTES]`` for ``--route``), and a flag
+    without one (``requeue --id``, ``--no-listen``) names none."""
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            subparser = action.choices[command]
+            return frozenset(name for sub in subparser._actions for name in ENV_IN_HELP.findall(sub.help or ""))
+    raise AssertionError("build_parser() has no subcommands")
 
 
-def env_names_for(command: str) -> set[str]:
-    """The ``RELAY_*`` variables ``outbox-relay COMMAND`` reads."""
-    return {env_name(flag) for flag in subcommand_flags()[command]}
-
-
-def _dockerfile_lines() -> list[tuple[str, str]]:
+@functools.cache
+def _dockerfile_lines() -> tuple[tuple[str, str], ...]:
     """(INSTRUCTION, arguments) pairs of the whole file, with continuation lines joined and comments dropped."""
     instructions: list[tuple[str, str]] = []
     pending = ""
@@ -231,7 +279,7 @@ def _dockerfile_lines() -> list[tuple[str, str]]:
         keyword, _, rest = text.partition(" ")
         instructions.append((keyword.upper(), rest.strip()))
     assert not pending, "Dockerfile ends in a line continuation"
-    return instructions
+    return tuple(instructions)
 
 
 def dockerfile_stages() -> dict[str, list[tuple[str, str]]]:
@@ -337,6 +385,10 @@ def test_flag_mapping_knows_real_flags_and_rejects_made_up_ones() -> None:
     assert "RELAY_NO_SUCH_SETTING" not in run
     assert "RELAY_METRICS_PORT" not in env_names_for("migrate")
     assert "RELAY_TABLE" in env_names_for("migrate")
+    assert "RELAY_DATABASE_URL" in env_names_for("migrate") and "RELAY_SINK" not in env_names_for("migrate")
+    # Variables named otherwise than their flags, and flags that read no variable.
+    assert {"RELAY_ROUTES", "RELAY_FIELD_HEADERS"} <= run and not {"RELAY_ROUTE", "RELAY_NO_LISTEN"} & run
+    assert "RELAY_ID" not in env_names_for("requeue") and "RELAY_JSON" in env_names_for("requeue")
 
 
 # -- compose -------------------------------------------------------------------
@@ -413,49 +465,295 @@ def test_relays_run_the_relay_stage_and_examples_the_examples_stage(services: di
             assert dockerfile_exec_form("ENTRYPOINT", EXAMPLES_STAGE) == EXAMPLES_ENTRYPOINT
 
 
-def test_relay_env_vars_are_flags_of_the_command_run(services: dict[str, dict[str, Any]]) -> None:
-    flags = subcommand_flags()
+def relay_command_line(service: dict[str, Any]) -> list[str]:
+    """The words a relay service gives ``outbox-relay``: its ``command``, else the image's CMD."""
+    command = service.get("command")
+    return words(command) if command is not None else dockerfile_exec_form("CMD", build_target(service))
+
+
+@contextlib.contextmanager
+def relay_environment(variables: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``variables`` as the only ``RELAY_*`` settings (and no ``DATABASE_URL``)."""
+    saved = dict(os.environ)
+    for name in list(os.environ):
+        if name.startswith("RELAY_") or name == "DATABASE_URL":
+            del os.environ[name]
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def parsed_relay(name: str, service: dict[str, Any]) -> tuple[argparse.Namespace | None, list[str]]:
+    """A relay service's command line as ``outbox-relay`` parses it in the service's environment (the
+    image's ``ENV`` under the service's own): the arguments, or the CLI's one-line refusal."""
+    line = tuple(relay_command_line(service))
+    env = {**dockerfile_env(build_target(service)), **environment(service)}
+    args, refusal = _parse_relay(line, tuple(sorted(env.items())))
+    return args, [f"{name}: `{PROG} {' '.join(line)}` refuses it: {refusal}"] if refusal else []
+
+
+@functools.cache
+def _parse_relay(line: tuple[str, ...], env: tuple[tuple[str, str], ...]) -> tuple[argparse.Namespace | None, str]:
+    said = io.StringIO()
+    with relay_environment(dict(env)):
+        try:
+            with contextlib.redirect_stderr(said):
+                args = build_parser().parse_args(line)
+                reject_bad_env(args)
+        except SystemExit as exc:
+            return None, f"(exit {exc.code}) {said.getvalue().strip()}"
+    return args, ""
+
+
+def compose_duration(value: object) -> float | None:
+    """Seconds in a compose duration (``45s``, ``1m30s``, ``500ms``), or None if it is not one."""
+    text = str(value)
+    if not DURATION.fullmatch(text):
+        return None
+    return sum(float(number) * DURATION_UNITS[unit] for number, unit in DURATION_PART.findall(text))
+
+
+def compose_key_problems(data: dict[str, Any]) -> list[str]:
+    """Keys and values the Compose Specification does not know (what ``docker compose config`` refuses
+    or silently ignores): top-level and service keys, health check settings, restart policies,
+    durations, dependency conditions."""
+    problems = [
+        f"unknown top-level key {key!r}" for key in data if key not in TOP_LEVEL_KEYS and not key.startswith("x-")
+    ]
+    for name, service in (data.get("services") or {}).items():
+        problems += [
+            f"{name}: unknown key {key!r}" for key in service if key not in SERVICE_KEYS and not key.startswith("x-")
+        ]
+        check = service.get("healthcheck") or {}
+        problems += [f"{name}: unknown health check key {key!r}" for key in check if key not in HEALTHCHECK_KEYS]
+        for key in ("interval", "timeout", "start_period", "start_interval"):
+            if key in check and compose_duration(check[key]) is None:
+                problems.append(f"{name}: health check {key} {check[key]!r} is not a duration")
+        if "retries" in check and not isinstance(check["retries"], int):
+            problems.append(f"{name}: health check retries {check['retries']!r} is not a number")
+        restart = str(service.get("restart", "no"))
+        if restart not in RESTART_POLICIES and not re.fullmatch(r"on-failure:\d+", restart):
+            problems.append(f"{name}: restart {restart!r} is none of {sorted(RESTART_POLICIES)}")
+        if "stop_grace_period" in service and compose_duration(service["stop_grace_period"]) is None:
+            problems.append(f"{name}: stop_grace_period {service['stop_grace_period']!r} is not a duration")
+        for target, condition in dependencies(service).items():
+            if condition not in DEPENDENCY_CONDITIONS:
+                problems.append(f"{name}: unknown condition {condition!r} on {target!r}")
+    return problems
+
+
+def relay_env_problems(services: dict[str, dict[str, Any]]) -> list[str]:
+    """``RELAY_*`` variables that the command a relay service runs does not read."""
+    commands = subcommand_flags()
     problems = []
     for name, service in services.items():
         if not is_relay(service):
             continue
         command = relay_command(service)
-        if command not in flags:
-            problems.append(f"{name}: {command!r} is not an {PROG} command ({sorted(flags)})")
+        if command not in commands:
+            problems.append(f"{name}: {command!r} is not an {PROG} command ({sorted(commands)})")
             continue
-        known = env_names_for(command) | ALWAYS_ALLOWED
+        known = env_names_for(command)
         for variable in environment(service):
             if variable.startswith("RELAY_") and variable not in known:
-                problems.append(f"{name}: {variable} is not a flag of `{PROG} {command}`")
+                problems.append(f"{name}: {variable} is not read by `{PROG} {command}`")
         if "RELAY_DATABASE_URL" not in environment(service):
             problems.append(f"{name}: no RELAY_DATABASE_URL")
-    assert not problems, "\n".join(problems)
+    return problems
 
 
-def test_relay_env_values_are_accepted_by_the_cli(
-    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def relay_cli_problems(services: dict[str, dict[str, Any]]) -> list[str]:
+    """Relay services whose command line and environment the CLI refuses (an unknown flag, a bad
+    value), or whose URLs and table it would refuse when it starts."""
+    problems = []
     for name, service in services.items():
         if not is_relay(service):
             continue
-        with monkeypatch.context() as patch:
-            for variable in list(os.environ):
-                if variable.startswith("RELAY_") or variable == "DATABASE_URL":
-                    patch.delenv(variable)
-            for variable, value in {**dockerfile_env(build_target(service)), **environment(service)}.items():
-                patch.setenv(variable, value)
-            command = relay_command(service)
-            try:
-                args = build_parser().parse_args([command])
-                reject_bad_env(args)
-            except SystemExit as exc:
-                pytest.fail(f"{name}: `{PROG} {command}` rejects its environment (exit {exc.code})")
+        args, refused = parsed_relay(name, service)
+        problems += refused
+        if args is None:
+            continue
+        try:
             check_database_url(args.database_url or "")
             TableName.parse(args.table)
-            if command == "run":
+            if args.command == "run":
                 parse_sink_url(args.sink or "")
-                assert args.metrics_port is not None, f"{name}: no metrics port, so no health check"
-                assert args.metrics_host == "0.0.0.0", f"{name}: metrics only on loopback in a container"
+        except ConfigError as exc:
+            problems.append(f"{name}: {exc}")
+        if args.command == "run" and args.metrics_port is None:
+            problems.append(f"{name}: no metrics port, so nothing answers the health check")
+        elif args.command == "run" and args.metrics_host != "0.0.0.0":
+            problems.append(f"{name}: metrics only on loopback in a container")
+    return problems
+
+
+def relay_run_problems(services: dict[str, dict[str, Any]]) -> list[str]:
+    """Relays that run, against what the image and the CLI need: a restart policy that brings back a
+    relay that stopped on an error, a stop grace period longer than the publish timeout (SIGTERM
+    lets the batches in hand settle), and a health check the image can run, on the port the relay
+    serves, with time to answer."""
+    problems = []
+    for name, service in services.items():
+        if not is_relay(service) or relay_command(service) != "run":
+            continue
+        args, _ = parsed_relay(name, service)
+        if args is None:
+            continue  # relay_cli_problems says why
+        restart = str(service.get("restart", "no"))
+        if restart not in RELAY_RESTARTS and not restart.startswith("on-failure:"):
+            problems.append(f"{name}: restart {restart!r}: a relay that exits on an error would stay down")
+        grace = compose_duration(service.get("stop_grace_period", DEFAULT_STOP_GRACE))
+        if grace is not None and grace <= args.publish_timeout:
+            problems.append(
+                f"{name}: stop_grace_period {grace:g} s is not longer than --publish-timeout {args.publish_timeout:g} s"
+            )
+        problems += relay_health_check_problems(name, service, args.metrics_port)
+    return problems
+
+
+def relay_health_check_problems(name: str, service: dict[str, Any], port: int | None) -> list[str]:
+    """A relay's health check: run by a program the image has, probing its own /healthz, in time."""
+    test = healthcheck_test(service)
+    if not test:
+        return [f"{name}: no health check"]
+    problems = []
+    program = (test[1:] if test[0] == "CMD" else " ".join(test[1:]).split())[:1]
+    if program not in (["python"], ["python3"]):
+        problems.append(f"{name}: the health check runs {program}, but the image has python, not curl or wget")
+    if f"127.0.0.1:{port}/healthz" not in " ".join(test):
+        problems.append(f"{name}: the health check does not probe /healthz on the metrics port {port}")
+    probe = re.search(r"timeout=(\d+(?:\.\d+)?)", " ".join(test))
+    allowed = compose_duration((service.get("healthcheck") or {}).get("timeout", DEFAULT_HEALTHCHECK_TIMEOUT))
+    if probe is None:
+        problems.append(f"{name}: the health check's request has no timeout of its own")
+    elif allowed is not None and float(probe.group(1)) >= allowed:
+        problems.append(f"{name}: the health check timeout {allowed:g} s cuts its request's {probe.group(1)} s")
+    return problems
+
+
+def test_compose_file_holds_only_what_compose_knows() -> None:
+    assert compose_key_problems(load_compose()) == []
+
+
+def test_relay_env_vars_are_read_by_the_command_run(services: dict[str, dict[str, Any]]) -> None:
+    assert relay_env_problems(services) == []
+
+
+def test_relay_command_lines_and_env_values_are_accepted_by_the_cli(services: dict[str, dict[str, Any]]) -> None:
+    assert relay_cli_problems(services) == []
+
+
+def test_relays_restart_drain_and_are_checked_as_the_image_allows(services: dict[str, dict[str, Any]]) -> None:
+    assert relay_run_problems(services) == []
+
+
+def _set(service: str, *path: str, value: object) -> Callable[[dict[str, Any]], None]:
+    def change(data: dict[str, Any]) -> None:
+        node = data["services"][service]
+        for key in path[:-1]:
+            node = node[key]
+        if value is None:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+
+    return change
+
+
+def _rename(service: str, old: str, new: str) -> Callable[[dict[str, Any]], None]:
+    def change(data: dict[str, Any]) -> None:
+        data["services"][service][new] = data["services"][service].pop(old)
+
+    return change
+
+
+def _failure(test: Callable[[dict[str, dict[str, Any]]], None], services: dict[str, dict[str, Any]]) -> list[str]:
+    try:
+        test(services)
+    except (AssertionError, ConfigError, pytest.fail.Exception) as exc:
+        return [str(exc)]
+    return []
+
+
+#: Mistakes in the relay services, each with what the checks must say about it.
+MISTAKES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "unknown variable": (_set("relay", "environment", "RELAY_NO_SUCH_SETTING", value="1"), "RELAY_NO_SUCH_SETTING"),
+    "variable of another command": (_set("migrate", "environment", "RELAY_BATCH_SIZE", value="10"), "RELAY_BATCH_SIZE"),
+    "variable named after its flag": (
+        _set("relay", "environment", "RELAY_ROUTE", value="orders.*=kafka://kafka:9092"),
+        "RELAY_ROUTE is not read",
+    ),
+    "variable of a flag without one": (_set("relay", "environment", "RELAY_NO_LISTEN", value="1"), "RELAY_NO_LISTEN"),
+    "unknown variable on the RabbitMQ relay": (
+        _set("relay-rabbitmq", "environment", "RELAY_EXCHANGE", value="orders"),
+        "RELAY_EXCHANGE",
+    ),
+    "unknown flag": (_set("relay", "command", value=["run", "--no-such-flag"]), "--no-such-flag"),
+    "flag of another command": (_set("migrate", "command", value=["migrate", "--batch-size", "10"]), "--batch-size"),
+    "refused flag value": (_set("relay", "command", value=["run", "--batch-size", "0"]), "--batch-size"),
+    "refused variable value": (
+        _set("relay", "environment", "RELAY_METRICS_PORT", value="ninety"),
+        "RELAY_METRICS_PORT",
+    ),
+    "unknown sink scheme": (_set("relay", "environment", "RELAY_SINK", value="kafak://kafka:9092"), "kafak"),
+    "metrics on loopback only": (_set("relay", "environment", "RELAY_METRICS_HOST", value="127.0.0.1"), "loopback"),
+    "relay not restarted": (_set("relay", "restart", value="no"), "would stay down"),
+    "misspelt restart policy": (_set("relay", "restart", value="unless_stopped"), "'unless_stopped'"),
+    "grace shorter than the publish timeout": (_set("relay", "stop_grace_period", value="20s"), "stop_grace_period"),
+    "compose's default grace": (_set("relay", "stop_grace_period", value=None), "stop_grace_period 10 s"),
+    "publish timeout past the grace": (
+        _set("relay", "environment", "RELAY_PUBLISH_TIMEOUT", value="60"),
+        "--publish-timeout 60",
+    ),
+    "grace not a duration": (_set("relay", "stop_grace_period", value="45 seconds"), "not a duration"),
+    "health check on another port": (
+        _set(
+            "relay",
+            "healthcheck",
+            "test",
+            value=[
+                "CMD",
+                "python",
+                "-c",
+                "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9200/healthz', timeout=4)",
+            ],
+        ),
+        "/healthz on the metrics port 9100",
+    ),
+    "health check with curl": (
+        _set("relay", "healthcheck", "test", value=["CMD", "curl", "-f", "http://127.0.0.1:9100/healthz"]),
+        "curl",
+    ),
+    "health check timeout shorter than its request": (_set("relay", "healthcheck", "timeout", value="3s"), "cuts"),
+    "misspelt key": (_rename("relay", "healthcheck", "healthchek"), "'healthchek'"),
+    "misspelt key of the other relay": (_rename("relay-rabbitmq", "stop_grace_period", "stop_grace"), "'stop_grace'"),
+    "misspelt health check key": (_set("relay", "healthcheck", "start_perod", value="60s"), "'start_perod'"),
+    "does not wait for the migration": (
+        _set("relay", "depends_on", "migrate", "condition", value="service_started"),
+        "migrate",
+    ),
+    "does not wait for Kafka": (_set("relay", "depends_on", "kafka", value=None), "'kafka'"),
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_the_relay_checks_catch_each_kind_of_mistake(mistake: str) -> None:
+    change, expected = MISTAKES[mistake]
+    data = load_compose()
+    change(data)
+    services = data["services"]
+    said = [
+        *compose_key_problems(data),
+        *relay_env_problems(services),
+        *relay_cli_problems(services),
+        *relay_run_problems(services),
+        *_failure(test_relays_reach_servers_they_wait_for, services),
+        *_failure(test_runs_wait_for_their_migration, services),
+    ]
+    assert any(expected in problem for problem in said), said
 
 
 def test_relays_publish_and_probe_their_metrics_port(services: dict[str, dict[str, Any]]) -> None:
@@ -466,8 +764,6 @@ def test_relays_publish_and_probe_their_metrics_port(services: dict[str, dict[st
         assert port is not None, f"{name}: RELAY_METRICS_PORT is not a port"
         targets = [as_port(target) for _, target in port_pairs(service)]
         assert port in targets, f"{name}: metrics port {port} is not published ({targets})"
-        test = " ".join(healthcheck_test(service))
-        assert f":{port}/healthz" in test, f"{name}: health check does not probe /healthz on {port}"
 
 
 def test_relays_reach_servers_they_wait_for(services: dict[str, dict[str, Any]]) -> None:
