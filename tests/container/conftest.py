@@ -119,7 +119,7 @@ class Containers:
     def remove_all(self) -> None:
         """Remove every container this test started, running or not."""
         for name in self._started:
-            self.engine("rm", "-f", name, check=False)
+            self.engine.remove(name)
 
 
 @pytest.fixture

@@ -170,6 +170,11 @@ class Engine:
         command = ["/bin/sh", "-c", words[0]] if kind == "CMD-SHELL" else words
         return self("exec", container, *command, check=False)
 
+    def remove(self, container: str) -> None:
+        """Remove a container, killed at once if it still runs (a test's leftovers need no grace)."""
+        # Docker's rm -f kills at once; Podman's first waits 10 s for a process that ignores SIGTERM.
+        self("rm", "-f", *(["-t", "0"] if self.name == "podman" else []), container, check=False)
+
     def top(self, container: str) -> str:
         """The container's processes with their user and command line, as the engine shows them."""
         if self.name == "podman":
