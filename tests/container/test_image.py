@@ -51,17 +51,31 @@ def test_the_probe_finds_what_it_looks_for(containers: Containers) -> None:
     assert {"/usr/local/bin/gcc", "/usr/libexec/gcc/x86_64-linux-gnu/12/cc1"} <= set(found["compilers"])
 
 
-def test_image_runs_as_its_non_root_numeric_user(engine: Engine, image: str, containers: Containers) -> None:
+def test_image_runs_as_its_non_root_numeric_user(
+    engine: Engine, image: str, containers: Containers, relay_database: str, amqp_url: str
+) -> None:
     user = engine.inspect(image, image=True)["Config"]["User"]
     ids = numeric_user(user)
     assert ids is not None, f"USER {user!r} is not numeric: orchestrators cannot check runAsNonRoot"
     assert 0 not in ids, f"USER {user} is root"
     found = probe(containers)
     assert (found["uid"], found["gid"]) == ids
+    # The relay itself, as the image starts it: every user and group id of its process.
+    assert containers.run("migrate", env={"RELAY_DATABASE_URL": relay_database}).returncode == 0
+    port = free_port()
+    name = containers.start(
+        env={"RELAY_DATABASE_URL": relay_database, "RELAY_SINK": amqp_url,
+             "RELAY_METRICS_PORT": str(port)},
+    )  # fmt: skip
+    wait_for_healthz(port)
+    status = containers.exec(name, "cat", "/proc/1/status").stdout
+    process = {line.split(":")[0]: line.split()[1:] for line in status.splitlines() if line.startswith(("Uid", "Gid"))}
+    assert process == {"Uid": [str(ids[0])] * 4, "Gid": [str(ids[1])] * 4}, status
+    assert "outbox-relay run" in containers.exec(name, "cat", "/proc/1/cmdline").stdout.replace("\0", " ")
 
 
 def test_size_and_start_up_against_the_base(
-    engine: Engine, base: Base, image: str, containers: Containers, relay_database: str
+    engine: Engine, base: Base, image: str, containers: Containers, relay_database: str, amqp_url: str
 ) -> None:
     size, base_size = engine.size(image), engine.size(base.image)
     added = (size - base_size) / 1e6
@@ -73,7 +87,7 @@ def test_size_and_start_up_against_the_base(
     port = free_port()
     started = time.monotonic()
     containers.start(
-        env={"RELAY_DATABASE_URL": relay_database, "RELAY_SINK": "amqp://guest:guest@127.0.0.1:5672/%2F",
+        env={"RELAY_DATABASE_URL": relay_database, "RELAY_SINK": amqp_url,
              "RELAY_METRICS_PORT": str(port)},
     )  # fmt: skip
     # The health check's grace: a relay slower to start would be marked unhealthy, and restarted.
