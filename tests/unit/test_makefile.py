@@ -25,3 +25,18 @@ def test_make_suite_runs_pytest_on_that_suite(suite: str) -> None:
     assert shown.returncode == 0, shown.stderr
     commands = shown.stdout.splitlines()
     assert any(line.endswith(f"pytest tests/{suite}") for line in commands), shown.stdout
+
+
+def test_make_container_test_runs_the_container_tests() -> None:
+    make = shutil.which("make")
+    assert make is not None, "make is not installed: apt-get install make"
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    shown = subprocess.run(
+        [make, "-n", "container-test"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert shown.returncode == 0, shown.stderr
+    commands = shown.stdout.splitlines()
+    # The engine is checked first, so that a missing one is one message saying how to get it.
+    checks = [i for i, line in enumerate(commands) if line.endswith("python -m tests.container.engine")]
+    runs = [i for i, line in enumerate(commands) if "pytest tests/container" in line]
+    assert checks and runs and checks[0] < runs[0], shown.stdout
