@@ -45,8 +45,8 @@ cgroup_manager = "cgroupfs"
 """
 
 HOW_TO_GET = {
-    "podman": "apt-get install -y podman runc (as root; or CONTAINER_ENGINE=docker with a Docker engine running)",
-    "docker": "install Docker and start its engine, or use Podman (CONTAINER_ENGINE=podman)",
+    "podman": "apt-get install -y podman runc debootstrap (as root), or CONTAINER_ENGINE=docker with Docker running",
+    "docker": "start the Docker engine, or install Podman: apt-get install -y podman runc debootstrap (as root)",
 }
 
 
