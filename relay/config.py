@@ -613,6 +613,13 @@ def check_database_url(url: str) -> str:
     return url
 
 
+def _at_least(seconds: float) -> str:
+    """``seconds`` rounded up to the millisecond and written out whole: advice that, followed, passes
+    (``:g`` keeps six digits, and rounded 1234567.5 down)."""
+    text = f"{math.ceil(seconds * 1000 - 1e-6) / 1000:.3f}".rstrip("0").rstrip(".")
+    return f"{text} s"
+
+
 @dataclass(frozen=True, slots=True)
 class RelaySettings:
     """The tunables of the relay loop, each with its unit in the name."""
@@ -651,7 +658,8 @@ class RelaySettings:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
-        self.check_lease()
+        # The lease is checked where the sinks are known (RunConfig, check_lease): the grace of the
+        # slowest is part of what a lease must hold, and advice given without it asked for too little.
 
     def latest_publish_start_seconds(self, sink_grace_seconds: float = 0.0) -> float:
         """How long after its claim was sent a batch may still start publishing.
@@ -673,7 +681,7 @@ class RelaySettings:
             return
         grace = f" + {sink_grace_seconds:g} s {sink} sink may take past it" if sink_grace_seconds else ""
         raise ConfigError(
-            f"--lease-seconds {self.lease_seconds:g} is too short: a batch needs {needed:g} s of it "
-            f"({CLAIM_RESERVE_SECONDS:g} s to claim + --publish-timeout {self.publish_timeout_seconds:g} s{grace} "
+            f"--lease-seconds {self.lease_seconds:g} is too short: use at least {_at_least(needed)} (a batch needs "
+            f"{CLAIM_RESERVE_SECONDS:g} s to claim + --publish-timeout {self.publish_timeout_seconds:g} s{grace} "
             f"+ {SETTLE_RESERVE_SECONDS:g} s to settle)"
         )

@@ -10,21 +10,38 @@ import asyncio
 import base64
 import json
 import sys
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from relay.cli.commands import database, table_layout
 from relay.cli.flags import MAX_INT, PROG
 from relay.config import MIN_PUBLISH_TIMEOUT_SECONDS
-from relay.errors import ConfigError
-from relay.store.base import Admin, ReplayFilter, RequeueFilter, RetryFilter, Skipped, Status, is_retrying
+from relay.errors import ConfigError, RelayError
+from relay.store import batches
+from relay.store.base import (
+    Admin,
+    ReplayFilter,
+    RequeueFilter,
+    RetryFilter,
+    Skipped,
+    Status,
+    is_retrying,
+    key_bytes,
+    undecodable,
+)
 
 T = TypeVar("T")
 #: How long past ``--publish-timeout`` a relay's publish may still run: the sinks
 #: wait a margin past the timeout for the last acknowledgements (Kafka: 5 s), and
 #: a RabbitMQ channel takes a moment to close.
 PUBLISH_OVERRUN_SECONDS = 10.0
+#: How often a command that changes events in batches says on stderr how far it got.
+PROGRESS_SECONDS = 2.0
+#: The most ids a dry run's ``--json`` lists (the count is always whole).
+DRY_RUN_IDS = 1000
 
 
 def _admin(args: argparse.Namespace) -> Admin:
@@ -115,6 +132,58 @@ def _inspected(value: object) -> str:
     return _printable(None if value is None else str(value))
 
 
+def shown_key(key: str) -> tuple[str, str]:
+    """How ``dead`` and ``inspect`` show a key: ``("key", key)`` when it is printable text, which
+    ``--key`` selects as shown; otherwise ``("key_hex", the hex of its bytes)``, which ``--key-hex``
+    selects. Escaping it instead (``\\xe9``, ``\\n``) would show two keys the same way: bytes E9 and
+    the four characters of the text ``\\xe9``."""
+    if key.isprintable():  # (not a lone surrogate: bytes that are not UTF-8 never are)
+        return "key", key
+    return "key_hex", key_bytes(key).hex()
+
+
+class Progress:
+    """What a command changing events in batches has done so far, said on stderr every few seconds."""
+
+    def __init__(self, done: str) -> None:
+        self.done = done  # "requeued", "replayed", "purged", "would requeue"...
+        self.count = 0
+        self._said = time.monotonic()
+
+    def __call__(self, count: int) -> None:
+        """One more batch committed (or, in a dry run, looked at)."""
+        self.count += count
+        if time.monotonic() - self._said >= PROGRESS_SECONDS:
+            print(f"{PROG}: {self.done} {self.count} events so far", file=sys.stderr, flush=True)
+            self._said = time.monotonic()
+
+    @contextmanager
+    def reported(self) -> Iterator[None]:
+        """On an error or an interrupt, say what was done before it: whole batches, each committed."""
+        try:
+            yield
+        except (RelayError, KeyboardInterrupt) as exc:
+            if self.count and not self.done.startswith("would"):
+                stopped = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by the error below"
+                print(
+                    f"{PROG}: {stopped} after {self.done} {self.count} events (whole batches, each committed); "
+                    "the rest is unchanged: run the command again for it",
+                    file=sys.stderr,
+                )
+            raise
+
+
+def _dry_run_said(args: argparse.Namespace, verb: str, ids: list[int] | None, count: int) -> None:
+    """What a ``--dry-run`` prints: how many events it would change and, with ``--json``, their first ids."""
+    if args.json:
+        said: dict[str, Any] = {"dry_run": True, f"would_{verb}": count}
+        if ids is not None:
+            said["ids"] = ids[:DRY_RUN_IDS]  # the first ones, in id order: the count says whether there are more
+        print(json.dumps(said))
+    else:
+        print(f"would {verb} {count} events (dry run: nothing changed)")
+
+
 def cmd_dead(args: argparse.Namespace) -> int:
     """``outbox-relay dead``."""
 
@@ -130,10 +199,10 @@ def cmd_dead(args: argparse.Namespace) -> int:
     if not events:
         print("no dead-lettered events" if args.topic is None else f"no dead-lettered events of topic {args.topic!r}")
     for e in events:
-        blocks = f" blocks key {e.key!r} ({e.blocked_events} waiting)" if e.blocked_events else ""
-        # One line per event: a newline or tab in an error, topic or key is shown escaped. An event
-        # without a key says so (key=None would read as the key 'None').
-        key = "no key" if e.key is None else f"key={_printable(e.key)}"
+        blocks = f" blocks its key ({e.blocked_events} waiting)" if e.blocked_events else ""
+        # One line per event: a newline or tab in an error or topic is shown escaped, a key that is not
+        # printable in hex (shown_key). An event without a key says so (key=None would read as the key 'None').
+        key = "no key" if e.key is None else "=".join(shown_key(e.key))
         # A row dead-lettered by hand may have no error: say so rather than print None.
         error = "(no error recorded)" if e.last_error is None else _printable(e.last_error)
         print(f"{e.id}\t{_printable(e.topic)}\t{key}\tattempts={e.attempts}{blocks}\t{error}")
@@ -143,12 +212,23 @@ def cmd_dead(args: argparse.Namespace) -> int:
 def cmd_requeue(args: argparse.Namespace) -> int:
     """``outbox-relay requeue``."""
     selection = RequeueFilter(id=args.id, topic=args.topic, key=args.key, all=args.all)
-
-    ids = _on_admin(args, lambda admin: admin.requeue(selection))
-    print(json.dumps({"requeued": ids}) if args.json else f"requeued {len(ids)} events")
+    progress = Progress("would requeue" if args.dry_run else "requeued")
+    with progress.reported():
+        ids = _on_admin(
+            args,
+            lambda admin: admin.requeue(
+                selection, dry_run=args.dry_run, batch_size=batches.ADMIN_BATCH_SIZE, progress=progress
+            ),
+        )
     if args.id is not None and not ids:  # one event named, as skip: an operator's typo is no success
+        if args.json:  # as skip --json: the ids it changed (none), the reason on stderr
+            print(json.dumps({"dry_run": True, "would_requeue": 0, "ids": []} if args.dry_run else {"requeued": []}))
         print(f"{PROG}: error: event {args.id} is not dead-lettered (or does not exist)", file=sys.stderr)
         return 1
+    if args.dry_run:
+        _dry_run_said(args, "requeue", ids, len(ids))
+    else:
+        print(json.dumps({"requeued": ids}) if args.json else f"requeued {len(ids)} events")
     return 0
 
 
@@ -177,12 +257,15 @@ def cmd_skip(args: argparse.Namespace) -> int:
     if args.publish_timeout < MIN_PUBLISH_TIMEOUT_SECONDS:  # as run refuses it: the same variable
         raise ConfigError(f"--publish-timeout must be at least {MIN_PUBLISH_TIMEOUT_SECONDS:g} s")
     grace = args.publish_timeout + PUBLISH_OVERRUN_SECONDS
-    outcome = _on_admin(args, lambda admin: admin.skip(args.id, lease_grace_seconds=grace))
-    if args.json:  # as requeue --json: the ids it changed (none when refused, with the reason on stderr)
-        print(json.dumps({"skipped": [args.id] if outcome is Skipped.SKIPPED else []}))
-    if outcome is Skipped.SKIPPED:
-        if not args.json:
-            print(f"skipped event {args.id}")
+    outcome = _on_admin(args, lambda admin: admin.skip(args.id, lease_grace_seconds=grace, dry_run=args.dry_run))
+    skipped = [args.id] if outcome is Skipped.SKIPPED else []
+    if args.dry_run and (args.json or skipped):
+        _dry_run_said(args, "skip", skipped, len(skipped))
+    elif args.json:  # as requeue --json: the ids it changed (none when refused, with the reason on stderr)
+        print(json.dumps({"skipped": skipped}))
+    elif skipped:
+        print(f"skipped event {args.id}")
+    if skipped:
         return 0
     if outcome is Skipped.IN_FLIGHT:
         problem = (
@@ -204,11 +287,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: no event {args.id}", file=sys.stderr)
         return 1
     retrying = is_retrying(row, datetime.now(UTC))
+    key = row.get("key")
     if args.json:
-        print(json.dumps({**row, "retrying": retrying}, default=_json_value))
+        # The key as text only when it is UTF-8 (JSON has no bytes), and always as the hex of its bytes.
+        hex_ = None if key is None else key_bytes(key).hex()
+        shown = {**row, "key": None if undecodable(key) else key, "key_hex": hex_, "retrying": retrying}
+        print(json.dumps(shown, default=_json_value))
         return 0
     for name, value in row.items():
-        print(f"{name}: {_inspected(value)}")
+        if name == "key" and key is not None:
+            print("{}: {}".format(*shown_key(key)))
+        else:
+            print(f"{name}: {_inspected(value)}")
     if retrying:
         due = row["deliver_at"]
         when = f"next attempt at {due.isoformat()}" if isinstance(due, datetime) else "next attempt when due"
@@ -231,8 +321,18 @@ def cmd_purge(args: argparse.Namespace) -> int:
     if seconds is None:
         raise ConfigError("purge needs --older-than DURATION (or RELAY_OLDER_THAN)")
 
-    deleted = _on_admin(args, lambda admin: admin.purge(seconds))
-    print(json.dumps({"purged": deleted}) if args.json else f"purged {deleted} events")
+    progress = Progress("would purge" if args.dry_run else "purged")
+    with progress.reported():
+        deleted = _on_admin(
+            args,
+            lambda admin: admin.purge(
+                seconds, dry_run=args.dry_run, batch_size=batches.ADMIN_BATCH_SIZE, progress=progress
+            ),
+        )
+    if args.dry_run:
+        _dry_run_said(args, "purge", None, deleted)
+    else:
+        print(json.dumps({"purged": deleted}) if args.json else f"purged {deleted} events")
     return 0
 
 
@@ -248,6 +348,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
         )
 
     selection = ReplayFilter(since=args.since, until=args.until, key=args.key, topic=args.topic, all=args.all)
-    ids = _on_admin(args, lambda admin: admin.replay(selection))
-    print(json.dumps({"replayed": ids}) if args.json else f"replayed {len(ids)} events")
+    progress = Progress("would replay" if args.dry_run else "replayed")
+    with progress.reported():
+        ids = _on_admin(
+            args,
+            lambda admin: admin.replay(
+                selection, dry_run=args.dry_run, batch_size=batches.ADMIN_BATCH_SIZE, progress=progress
+            ),
+        )
+    if args.dry_run:
+        _dry_run_said(args, "replay", ids, len(ids))
+    else:
+        print(json.dumps({"replayed": ids}) if args.json else f"replayed {len(ids)} events")
     return 0

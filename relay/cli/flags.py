@@ -12,7 +12,7 @@ import difflib
 import math
 import os
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from relay.cli.streams import as_utf8
@@ -130,10 +130,64 @@ def port(text: str) -> int:
     return value
 
 
+#: How a time flag is written: both forms, the same for every flag that asks for a time.
+TIME_FORMS = "an ISO-8601 time (2026-01-31T12:00:00Z; UTC without a zone) or a duration ago (90s, 15m, 12h, 7d, 2w)"
+
+
+def time_or_duration(text: str) -> datetime | float:
+    """The one reading of every flag that asks for a time: an ISO-8601 time (without a zone, UTC)
+    as an aware datetime, else a duration (``90``, ``90s``, ``15m``, ``12h``, ``7d``, ``2w``) as seconds.
+    A bare number is seconds unless it reads as a date (``20260131``)."""
+    refused = argparse.ArgumentTypeError(f"invalid duration or time {text[:40]!r}: use {TIME_FORMS}, in ASCII digits")
+    if not text.isascii():  # fromisoformat and float() also take other scripts' digits
+        raise refused
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        pass
+    else:
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:
+        return parse_duration(text)
+    except ConfigError:
+        raise refused from None
+
+
 def timestamp(text: str) -> datetime:
-    """An ISO-8601 time; without a zone, UTC."""
-    value = _parsed(text, datetime.fromisoformat, "an ISO-8601 time")
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    """A time (``replay --since``, ``--until``): an ISO-8601 time, or a duration before now."""
+    value = time_or_duration(text)
+    if isinstance(value, datetime):
+        return value
+    return datetime.now(UTC) - timedelta(seconds=value)
+
+
+def age(text: str) -> float | None:
+    """How old (``purge --older-than``): a duration, or an ISO-8601 time, as the seconds since it; empty
+    (a template that filled in nothing) is unset (None). A time ahead of now is refused."""
+    if not text:
+        return None
+    value = time_or_duration(text)
+    if not isinstance(value, datetime):
+        return value
+    try:
+        seconds = (datetime.now(UTC) - value).total_seconds()
+    except OverflowError:  # year 1 minus the zone's offset
+        seconds = MAX_SECONDS
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is ahead of now: nothing was written after it yet")
+    return min(seconds, MAX_SECONDS)
+
+
+def key_hex(text: str) -> str:
+    """A key given as the hex of its bytes (``--key-hex``, as ``dead`` shows ``key_hex=``): the key as
+    the stores hold it, bytes that are not UTF-8 as lone surrogates (a MySQL ``VARBINARY`` key's)."""
+    try:
+        raw = bytes.fromhex(text) if text.isascii() else None
+    except ValueError:
+        raw = None
+    if raw is None:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not hex (two digits 0-9, a-f per byte, e.g. e9ff)")
+    return raw.decode("utf-8", "surrogateescape")
 
 
 class Once(argparse.Action):

@@ -9,13 +9,16 @@ from typing import TYPE_CHECKING, NoReturn
 from relay import __version__, config
 from relay.cli.flags import (
     PROG,
+    TIME_FORMS,
     Once,
     RouteList,
+    age,
     duration,
     env_flag,
     env_switch,
     env_value,
     event_id,
+    key_hex,
     port,
     positive_int,
     role_name,
@@ -300,8 +303,10 @@ def _add_admin_commands(commands: Commands) -> None:
     which.add_argument("--id", type=event_id, action=Once, help="one event by id")
     which.add_argument("--topic", type=topic, action=Once, help="every dead-lettered event of a topic")
     which.add_argument("--key", action=Once, help="every dead-lettered event of a key ('' is a key)")
+    which.add_argument("--key-hex", type=key_hex, action=Once, dest="key", metavar="HEX", help=_KEY_HEX_HELP)
     which.add_argument("--all", action="store_true", help="every dead-lettered event")
     env_switch(requeue, "--json", default=False, help="print the requeued ids as JSON")
+    _dry_run(requeue, "requeue")
 
     retry = _command(commands, "retry")
     which = retry.add_mutually_exclusive_group(required=True)
@@ -313,6 +318,7 @@ def _add_admin_commands(commands: Commands) -> None:
     skip = _command(commands, "skip")
     skip.add_argument("--id", type=event_id, action=Once, required=True, help="the event to skip")
     env_switch(skip, "--json", default=False, help="print the skipped id as JSON ([] when it was not skipped)")
+    _dry_run(skip, "skip")
     env_flag(
         skip,
         "--publish-timeout",
@@ -327,13 +333,41 @@ def _add_admin_commands(commands: Commands) -> None:
     env_switch(inspect, "--json", default=False, help="print one JSON object")
 
     purge = _command(commands, "purge")
-    env_flag(purge, "--older-than", type=duration, metavar="DURATION", help="e.g. 7d, 12h, 30m, 90s (required)")
+    env_flag(
+        purge,
+        "--older-than",
+        type=age,
+        metavar="DURATION",
+        help="e.g. 7d, 12h, 30m, 90s, or an ISO-8601 time (required). A sent event's age runs from its publish, "
+        "a skipped one's from its skip",
+    )
     env_switch(purge, "--json", default=False, help="print the count as JSON")
+    _dry_run(purge, "purge")
 
     replay = _command(commands, "replay")
-    replay.add_argument("--since", type=timestamp, action=Once, help="sent at or after this ISO-8601 time")
-    replay.add_argument("--until", type=timestamp, action=Once, help="sent before this ISO-8601 time")
-    replay.add_argument("--key", action=Once, help="only this key ('' is a key)")
+    replay.add_argument(
+        "--since", type=timestamp, action=Once, metavar="TIME", help=f"sent at or after this time: {TIME_FORMS}"
+    )
+    replay.add_argument("--until", type=timestamp, action=Once, metavar="TIME", help="sent before this time (as since)")
+    keys = replay.add_mutually_exclusive_group()
+    keys.add_argument("--key", action=Once, help="only this key ('' is a key)")
+    keys.add_argument("--key-hex", type=key_hex, action=Once, dest="key", metavar="HEX", help=_KEY_HEX_HELP)
     replay.add_argument("--topic", type=topic, action=Once, help="only this topic")
     replay.add_argument("--all", action="store_true", help="every kept event (required when no filter is given)")
     env_switch(replay, "--json", default=False, help="print the replayed ids as JSON")
+    _dry_run(replay, "replay")
+
+
+_KEY_HEX_HELP = (
+    "the key given as the hex of its bytes, as dead and inspect show a key that is not printable text "
+    "(bytes that are not UTF-8, a control character): key_hex=..."
+)
+
+
+def _dry_run(parser: argparse.ArgumentParser, command: str) -> None:
+    env_switch(
+        parser,
+        "--dry-run",
+        default=False,
+        help=f"say what {command} would change (how many events; with --json, their ids), and change nothing",
+    )

@@ -10,6 +10,7 @@ from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 from relay.events import Event
+from relay.store.batches import ADMIN_BATCH_SIZE, Progress
 
 T = TypeVar("T")
 
@@ -191,16 +192,20 @@ class DeadEvent:
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready mapping."""
+        shown = None if undecodable(self.key) else self.key
         return {
             "id": self.id,
             "topic": self.topic,
-            "key": self.key,
+            # JSON has no bytes: a key that is not UTF-8 is null here, and key_hex (every key's bytes in hex,
+            # what --key-hex takes) tells it from no key.
+            "key": shown,
+            "key_hex": None if self.key is None else key_bytes(self.key).hex(),
             "idempotency_key": self.idempotency_key,
             "attempts": self.attempts,
             "last_error": self.last_error,
             "created_at": _iso(self.created_at),
             "failed_at": _iso(self.failed_at),
-            "blocks_key": self.key if self.blocked_events else None,
+            "blocks_key": shown if self.blocked_events else None,
             "blocked_events": self.blocked_events,
         }
 
@@ -225,6 +230,11 @@ def undecodable(value: object) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def key_bytes(key: str) -> bytes:
+    """A key's bytes: its UTF-8, with the bytes that are not UTF-8 (held as lone surrogates) as they were."""
+    return key.encode("utf-8", "surrogateescape")
 
 
 def _iso(moment: datetime | str | None) -> str | None:
@@ -473,8 +483,20 @@ class Admin(Protocol):
     async def dead(self, limit: int = 1000, *, topic: str | None = None) -> list[DeadEvent]:
         """Dead-lettered events, oldest first, at most ``limit``; with ``topic``, of that topic only."""
 
-    async def requeue(self, selection: RequeueFilter) -> list[int]:
-        """Put matching dead-lettered events back to pending, attempts reset; their ids."""
+    async def requeue(
+        self,
+        selection: RequeueFilter,
+        *,
+        dry_run: bool = False,
+        batch_size: int = ADMIN_BATCH_SIZE,
+        progress: Progress | None = None,
+    ) -> list[int]:
+        """Put matching dead-lettered events back to pending, attempts reset; their ids.
+
+        In batches of ``batch_size`` in id order, each its own transaction
+        (``relay.store.batches``); ``progress`` hears of each one. With
+        ``dry_run``, nothing changes: the ids are those it would put back.
+        """
 
     async def retry_now(self, selection: RetryFilter) -> list[int]:
         """Make matching retrying events (pending, not in flight, attempts > 0) due now; their ids.
@@ -482,21 +504,40 @@ class Admin(Protocol):
         Their attempts stay as they are: ``--max-attempts`` still bounds them.
         """
 
-    async def skip(self, event_id: int, *, lease_grace_seconds: float) -> Skipped:
+    async def skip(self, event_id: int, *, lease_grace_seconds: float, dry_run: bool = False) -> Skipped:
         """Mark one dead-lettered or waiting event skipped, releasing its key.
 
         An event whose lease is live, or ended less than ``lease_grace_seconds``
         ago (a relay's publish may outlast its lease), is refused: ``IN_FLIGHT``.
+        The skip is its ``failed_at``: what ``purge`` ages a skipped event from.
+        With ``dry_run``, what it would do, changing nothing.
         """
 
     async def inspect(self, event_id: int) -> dict[str, Any] | None:
         """Every column of one event by name, or None when there is no such event."""
 
-    async def purge(self, older_than_seconds: float) -> int:
-        """Delete sent and skipped events older than the cut-off; how many. Unsent events are never touched."""
+    async def purge(
+        self,
+        older_than_seconds: float,
+        *,
+        dry_run: bool = False,
+        batch_size: int = ADMIN_BATCH_SIZE,
+        progress: Progress | None = None,
+    ) -> int:
+        """Delete sent and skipped events older than the cut-off, in batches; how many. Unsent events are
+        never touched. A sent event's age runs from its publish, a skipped one's from its skip."""
 
-    async def replay(self, selection: ReplayFilter) -> list[int]:
-        """Put matching kept (sent) events back to pending with their idempotency keys; their ids."""
+    async def replay(
+        self,
+        selection: ReplayFilter,
+        *,
+        dry_run: bool = False,
+        batch_size: int = ADMIN_BATCH_SIZE,
+        progress: Progress | None = None,
+    ) -> list[int]:
+        """Put matching kept (sent) events back to pending with their idempotency keys; their ids.
+
+        In batches, as :meth:`requeue`."""
 
 
 class _Keyed(Protocol):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,6 +16,7 @@ from uuid import UUID, uuid4
 
 from relay.errors import StoreUnavailable
 from relay.events import Event
+from relay.store import batches
 from relay.store.base import (
     Built,
     Claim,
@@ -455,22 +456,45 @@ class MemoryStore:
             if dead.key is not None and o.key == dead.key and o.id > dead.id and o.state == "pending"
         )
 
-    async def requeue(self, selection: RequeueFilter) -> list[int]:
-        """Put matching dead-lettered events back with attempts reset."""
-        self._check()
-        ids = []
-        for row in self.rows.values():
-            if row.state != "failed":
-                continue
-            if selection.id is not None and row.id != selection.id:
-                continue
-            if selection.topic is not None and row.topic != selection.topic:
-                continue
-            if selection.key is not None and row.key != selection.key:
-                continue
-            row.state, row.attempts, row.failed_at, row.deliver_at = "pending", 0, None, self.now()
-            ids.append(row.id)
-        return ids
+    def _batches(self, matches: Callable[[Row], bool]) -> batches.Select:
+        """The next batch of the rows ``matches`` takes, as the SQL stores select one."""
+
+        async def select(after: int | None, limit: int) -> list[int]:
+            self._check()
+            found = sorted(r.id for r in self.rows.values() if (after is None or r.id > after) and matches(r))
+            return found[:limit]
+
+        return select
+
+    async def requeue(
+        self,
+        selection: RequeueFilter,
+        *,
+        dry_run: bool = False,
+        batch_size: int = batches.ADMIN_BATCH_SIZE,
+        progress: batches.Progress | None = None,
+    ) -> list[int]:
+        """Put matching dead-lettered events back with attempts reset, a batch at a time."""
+
+        def matches(row: Row) -> bool:
+            return (
+                row.state == "failed"
+                and selection.id in (None, row.id)
+                and selection.topic in (None, row.topic)
+                and (selection.key is None or row.key == selection.key)
+            )
+
+        async def change(ids: list[int]) -> list[int]:
+            self._check()
+            done = [i for i in ids if i in self.rows and matches(self.rows[i])]
+            for event_id in done:
+                row = self.rows[event_id]
+                row.state, row.attempts, row.failed_at, row.deliver_at = "pending", 0, None, self.now()
+            return done
+
+        return await batches.walk(
+            self._batches(matches), None if dry_run else change, batch_size=batch_size, progress=progress
+        )
 
     async def retry_now(self, selection: RetryFilter) -> list[int]:
         """Make matching retrying events due now, attempts kept."""
@@ -492,40 +516,67 @@ class MemoryStore:
         row = self.rows.get(event_id)
         return row.as_dict() if row else None
 
-    async def purge(self, older_than_seconds: float) -> int:
-        """Delete sent and skipped events older than the cut-off."""
-        self._check()
+    async def purge(
+        self,
+        older_than_seconds: float,
+        *,
+        dry_run: bool = False,
+        batch_size: int = batches.ADMIN_BATCH_SIZE,
+        progress: batches.Progress | None = None,
+    ) -> int:
+        """Delete sent and skipped events older than the cut-off (a skipped one aged from its skip)."""
         cutoff = self.now() - timedelta(seconds=older_than_seconds)
-        old = [
-            r.id
-            for r in self.rows.values()
-            if r.state in ("sent", "skipped") and (r.published_at or r.failed_at or r.created_at) < cutoff
-        ]
-        for event_id in old:
-            del self.rows[event_id]
-        return len(old)
 
-    async def replay(self, selection: ReplayFilter) -> list[int]:
-        """Put matching sent events back to pending."""
-        self._check()
-        ids = []
-        for row in sorted(self.rows.values(), key=lambda r: r.id):
-            if row.state != "sent" or row.published_at is None:
-                continue
-            if selection.since is not None and row.published_at < selection.since:
-                continue
-            if selection.until is not None and row.published_at >= selection.until:
-                continue
-            if selection.key is not None and row.key != selection.key:
-                continue
-            if selection.topic is not None and row.topic != selection.topic:
-                continue
-            row.state, row.attempts, row.deliver_at, row.published_at = "pending", 0, self.now(), None
-            row.lease_expires_at = row.claim_token = row.lease_owner = None
-            ids.append(row.id)
-        return ids
+        def matches(row: Row) -> bool:
+            return row.state in ("sent", "skipped") and (row.published_at or row.failed_at or row.created_at) < cutoff
 
-    async def skip(self, event_id: int, *, lease_grace_seconds: float) -> Skipped:
+        async def change(ids: list[int]) -> list[int]:
+            self._check()
+            done = [i for i in ids if i in self.rows and matches(self.rows[i])]
+            for event_id in done:
+                del self.rows[event_id]
+            return done
+
+        found = await batches.walk(
+            self._batches(matches), None if dry_run else change, batch_size=batch_size, progress=progress
+        )
+        return len(found)
+
+    async def replay(
+        self,
+        selection: ReplayFilter,
+        *,
+        dry_run: bool = False,
+        batch_size: int = batches.ADMIN_BATCH_SIZE,
+        progress: batches.Progress | None = None,
+    ) -> list[int]:
+        """Put matching sent events back to pending, a batch at a time."""
+
+        def matches(row: Row) -> bool:
+            sent = row.published_at
+            return (
+                row.state == "sent"
+                and sent is not None
+                and (selection.since is None or sent >= selection.since)
+                and (selection.until is None or sent < selection.until)
+                and (selection.key is None or row.key == selection.key)
+                and selection.topic in (None, row.topic)
+            )
+
+        async def change(ids: list[int]) -> list[int]:
+            self._check()
+            done = [i for i in ids if i in self.rows and matches(self.rows[i])]
+            for event_id in done:
+                row = self.rows[event_id]
+                row.state, row.attempts, row.deliver_at, row.published_at = "pending", 0, self.now(), None
+                row.lease_expires_at = row.claim_token = row.lease_owner = None
+            return done
+
+        return await batches.walk(
+            self._batches(matches), None if dry_run else change, batch_size=batch_size, progress=progress
+        )
+
+    async def skip(self, event_id: int, *, lease_grace_seconds: float, dry_run: bool = False) -> Skipped:
         """Mark one dead-lettered or waiting event skipped; refuse one that may be in flight."""
         self._check()
         row = self.rows.get(event_id)
@@ -534,7 +585,10 @@ class MemoryStore:
         grace_ends = self.now() - timedelta(seconds=lease_grace_seconds)
         if row.lease_expires_at is not None and row.lease_expires_at >= grace_ends:
             return Skipped.IN_FLIGHT
-        row.state, row.claim_token, row.lease_expires_at = "skipped", None, None
+        if dry_run:
+            return Skipped.SKIPPED
+        # failed_at holds the skip: retention ages a skipped event from it (docs/operations.md).
+        row.state, row.claim_token, row.lease_expires_at, row.failed_at = "skipped", None, None, self.now()
         row.last_error = ("" if row.last_error is None else row.last_error + " ") + "[skipped by operator]"
         return Skipped.SKIPPED
 

@@ -352,16 +352,26 @@ WHERE o.state = 'failed'
 ORDER BY o.id
 LIMIT %(limit)s;
 
--- name: requeue
--- Every dead letter only with %(all)s: an empty filter matches nothing.
-UPDATE {table}
-SET state = 'pending', attempts = 0, failed_at = NULL, deliver_at = now(),
-    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+-- name: requeue_select
+-- The next batch of dead letters a requeue takes: at most %(limit)s, in id
+-- order after %(after)s (relay/store/batches.py). Every dead letter only with
+-- %(all)s: an empty filter matches nothing.
+SELECT id FROM {table}
 WHERE state = 'failed'
+  AND (%(after)s::bigint IS NULL OR id > %(after)s::bigint)
   AND (%(all)s OR num_nonnulls(%(id)s::bigint, %(topic)s::text, %(key)s::text) > 0)
   AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
   AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(key)s::text IS NULL OR key = %(key)s::text)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: requeue
+-- One batch from requeue_select; a row another operator changed meanwhile is no longer failed.
+UPDATE {table}
+SET state = 'pending', attempts = 0, failed_at = NULL, deliver_at = now(),
+    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'failed'
 RETURNING id;
 
 -- name: retry_now
@@ -447,7 +457,8 @@ WITH target AS (
     FOR UPDATE
 ), skipped AS (
     UPDATE {table} AS o
-    SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL,
+    -- failed_at holds the skip: retention ages a skipped event from it (purge_batch).
+    SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL, failed_at = now(),
         -- after the last error, if there was one
         last_error = coalesce(o.last_error || ' ', '') || '[skipped by operator]'
     FROM target AS t
@@ -491,6 +502,14 @@ WHERE r.ev_class = %(view_name)s::regclass AND d.refobjid = %(table_name)s::regc
 -- the same error as a claim, even when no row is locked. Admin reads skip it.
 SELECT 1 FROM {table} LIMIT 0 FOR UPDATE;
 
+-- name: skip_check
+-- What skip would do to one event, changing nothing (skip --dry-run).
+SELECT CASE WHEN NOT (state IN ('pending', 'failed')) THEN 'not_found'
+            WHEN coalesce(lease_expires_at >= now() - make_interval(secs => %(grace)s), false) THEN 'in_flight'
+            ELSE 'skipped' END AS outcome
+FROM {table}
+WHERE id = %(id)s;
+
 -- name: inspect
 SELECT id, topic, key, payload::text, payload_bytes, content_type, headers, idempotency_key, deliver_at, priority, state,
        attempts, last_error, lease_owner, claim_token, lease_expires_at, created_at,
@@ -502,7 +521,8 @@ WHERE id = %(id)s;
 -- Delete at most %(limit)s sent or skipped events older than the cut-off.
 -- Small batches, each its own short transaction: no long locks, and vacuum
 -- can keep up. Unsent events (pending, in flight, dead-lettered) are never
--- touched.
+-- touched. A sent event is aged from its publish, a skipped one from its skip
+-- (failed_at, set by skip), one from before that from its dead letter or write.
 DELETE FROM {table}
 WHERE id IN (
     SELECT id FROM {table}
@@ -513,20 +533,38 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED
 );
 
--- name: replay
--- Send kept (already sent) events again, with their idempotency keys, so
--- consumers that already have them drop the copies. Every kept event only
--- with %(all)s: an empty filter matches nothing.
-UPDATE {table}
-SET state = 'pending', attempts = 0, deliver_at = now(), published_at = NULL,
-    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+-- name: purge_select
+-- The next batch of events purge_batch would delete, in id order after %(after)s (purge --dry-run).
+SELECT id FROM {table}
+WHERE state IN ('sent', 'skipped')
+  AND coalesce(published_at, failed_at, created_at) < now() - make_interval(secs => %(older_than)s)
+  AND (%(after)s::bigint IS NULL OR id > %(after)s::bigint)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: replay_select
+-- The next batch of kept (already sent) events a replay sends again, with
+-- their idempotency keys, so consumers that already have them drop the
+-- copies: at most %(limit)s, in id order after %(after)s. Every kept event
+-- only with %(all)s: an empty filter matches nothing.
+SELECT id FROM {table}
 WHERE state = 'sent'
   AND id IS NOT NULL  -- Debezium's layout: rows from before its migrate have no place in the order
+  AND (%(after)s::bigint IS NULL OR id > %(after)s::bigint)
   AND (%(all)s OR num_nonnulls(%(since)s::timestamptz, %(until)s::timestamptz, %(key)s::text, %(topic)s::text) > 0)
   AND (%(since)s::timestamptz IS NULL OR published_at >= %(since)s::timestamptz)
   AND (%(until)s::timestamptz IS NULL OR published_at < %(until)s::timestamptz)
   AND (%(key)s::text IS NULL OR key = %(key)s::text)
   AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: replay
+-- One batch from replay_select; a row changed meanwhile is no longer sent.
+UPDATE {table}
+SET state = 'pending', attempts = 0, deliver_at = now(), published_at = NULL,
+    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'sent'
 RETURNING id;
 
 -- name: keys_waiting_on_schedule

@@ -318,3 +318,40 @@ def test_inspect_shows_a_claim_token_that_is_no_uuid_as_it_is(mysql_url: str, to
     shown = json.loads(ok("inspect", "7", "--json", "--database-url", mysql_url))
     assert (shown["idempotency_key"], shown["claim_token"]) == ("odd", token)
     assert f"claim_token: {token}\n" in ok("inspect", "7", "--database-url", mysql_url)
+
+
+#: Keys that are not UTF-8 (any bytes fit a VARBINARY), the first the one reported.
+NOT_UTF8_KEYS = [b"\xe9\xff", "caf\u00e9".encode("latin-1"), b"\xe2\x82", b"ok\xc0\xaf"]
+
+
+def test_a_key_that_is_not_utf8_and_the_text_of_its_escape_are_shown_and_selected_apart(mysql_url: str) -> None:
+    """The bytes E9 FF and the 8-character text key \\xe9\\xff were shown the same way by dead, dead
+    --json and inspect, and requeue --key with the key copied from that output requeued the other."""
+    escaped = [raw.decode("utf-8", "backslashreplace") for raw in NOT_UTF8_KEYS]  # how dead showed the bytes
+    rows = [(raw, f"bytes-{n}") for n, raw in enumerate(NOT_UTF8_KEYS)]
+    rows += [(text.encode(), f"text-{n}") for n, text in enumerate(escaped)]
+    mysql_support.insert_many(
+        mysql_url,
+        "INSERT INTO outbox (topic, `key`, payload, idempotency_key, state, last_error, failed_at)"
+        " VALUES ('t', %s, '{}', %s, 'failed', 'x', UTC_TIMESTAMP(6))",
+        rows,
+    )
+    by_idem = {d["idempotency_key"]: d for d in json.loads(ok("dead", "--json", "--database-url", mysql_url))}
+    lines = ok("dead", "--database-url", mysql_url).splitlines()
+    shown = {int(line.split("\t")[0]): line.split("\t")[2] for line in lines}
+    for n, raw in enumerate(NOT_UTF8_KEYS):
+        as_bytes, as_text = by_idem[f"bytes-{n}"], by_idem[f"text-{n}"]
+        assert (as_bytes["key"], as_bytes["key_hex"]) == (None, raw.hex())
+        assert (as_text["key"], as_text["key_hex"]) == (escaped[n], escaped[n].encode().hex())
+        assert shown[as_bytes["id"]] == f"key_hex={raw.hex()}" and shown[as_text["id"]] == f"key={escaped[n]}"
+    bytes_id, text_id = by_idem["bytes-0"]["id"], by_idem["text-0"]["id"]
+    assert "\nkey_hex: e9ff\n" in ok("inspect", str(bytes_id), "--database-url", mysql_url)
+    inspected = json.loads(ok("inspect", str(bytes_id), "--json", "--database-url", mysql_url))
+    assert (inspected["key"], inspected["key_hex"]) == (None, "e9ff")
+    # What each output shows, copied back, selects that event and no other.
+    text_key = shown[text_id].split("=", 1)[1]
+    assert json.loads(ok("requeue", "--key", text_key, "--json", "--database-url", mysql_url)) == {
+        "requeued": [text_id]
+    }
+    requeued = json.loads(ok("requeue", "--key-hex", "e9ff", "--json", "--database-url", mysql_url))
+    assert requeued == {"requeued": [bytes_id]}

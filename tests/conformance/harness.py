@@ -51,6 +51,8 @@ class Harness(Protocol):
     def snapshot(self, idem: str) -> tuple[Any, ...]: ...
     def created(self, idem: str, ago: float) -> None: ...
     def set_attempts(self, idem: str, attempts: int) -> None: ...
+    def fail(self, idem: str, ago: float = 0) -> None: ...
+    def states(self) -> dict[str, str]: ...
 
 
 class MemoryHarness:
@@ -92,6 +94,15 @@ class MemoryHarness:
 
     def set_attempts(self, idem: str, attempts: int) -> None:
         next(r for r in self.store.rows.values() if r.idempotency_key == idem).attempts = attempts
+
+    def states(self) -> dict[str, str]:
+        """Every event's state, by idempotency key."""
+        return {r.idempotency_key: r.state for r in self.store.rows.values()}
+
+    def fail(self, idem: str, ago: float = 0) -> None:
+        """Dead-letter the event ``ago`` seconds back, as plain SQL (or the reaper, behind a key's first) may."""
+        row = next(r for r in self.store.rows.values() if r.idempotency_key == idem)
+        row.state, row.failed_at, row.last_error = "failed", self.store.now() - timedelta(seconds=ago), "refused"
 
 
 class PostgresHarness:
@@ -150,6 +161,16 @@ class PostgresHarness:
 
     def set_attempts(self, idem: str, attempts: int) -> None:
         self._execute("UPDATE outbox SET attempts = %s WHERE idempotency_key = %s", [attempts, idem])
+
+    def states(self) -> dict[str, str]:
+        return {str(idem): str(state) for idem, state in self._execute("SELECT idempotency_key, state FROM outbox")}
+
+    def fail(self, idem: str, ago: float = 0) -> None:
+        self._execute(
+            "UPDATE outbox SET state = 'failed', last_error = 'refused', failed_at = now() - make_interval(secs => %s)"
+            " WHERE idempotency_key = %s",
+            [ago, idem],
+        )
 
 
 class MySQLHarness:
@@ -221,3 +242,14 @@ class MySQLHarness:
 
     def set_attempts(self, idem: str, attempts: int) -> None:
         self._execute("UPDATE outbox SET attempts = %s WHERE idempotency_key = %s", [attempts, idem])
+
+    def states(self) -> dict[str, str]:
+        rows = self._execute("SELECT idempotency_key, state FROM outbox")
+        return {idem.decode() if isinstance(idem, bytes) else idem: state for idem, state in rows}
+
+    def fail(self, idem: str, ago: float = 0) -> None:
+        self._execute(
+            "UPDATE outbox SET state = 'failed', last_error = 'refused',"
+            " failed_at = UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND WHERE idempotency_key = %s",
+            [round(ago * 1e6), idem],
+        )

@@ -286,3 +286,111 @@ def test_requeue_and_replay_give_their_ids_in_order(h: Harness) -> None:
     replayed = run(h.admin.replay(ReplayFilter(all=True)))
     assert requeued == sorted(h.id_of(f"dead-{idem}") for idem in idems)
     assert replayed == sorted(h.id_of(f"sent-{idem}") for idem in idems)
+
+
+def drain_in_order(h: Harness) -> list[str]:
+    """Claim and send everything due, one claim at a time: the idempotency keys in the order they went out."""
+    sent: list[str] = []
+    while claim := run(h.store.claim(100, max_attempts=MAX)):
+        if not claim.events:
+            break
+        sent += [e.idempotency_key for e in claim.events]
+        run(h.store.settle(claim, sent=[e.id for e in claim.events], retry=[], dead=[]))
+    return sent
+
+
+def test_requeue_goes_in_batches_by_every_selector_and_a_dry_run_changes_nothing(h: Harness) -> None:
+    """Two million dead letters in one statement outlasted the statement timeout and requeued none: a
+    selection goes in batches in id order, each its own transaction, each told to ``progress``."""
+    events = [
+        ("k1-a", "orders", "k1"), ("k1-b", "orders", "k1"), ("k2-a", "orders", "k2"), ("k1-c", "orders", "k1"),
+        ("billing-a", "billing", "k3"), ("k2-b", "orders", "k2"), ("nokey-a", "orders", None),
+        ("billing-b", "billing", None), ("alive", "orders", "k4"),
+    ]  # fmt: skip
+    for idem, topic, key in events:
+        h.insert(topic, {}, key=key, idempotency_key=idem)
+        if idem not in ("k1-b", "alive"):  # k1-b waits behind k1-a, parked, and k1-c is dead behind it
+            h.fail(idem)
+    pending = {"k1-b", "alive"}
+    for selection, expected in [
+        (RequeueFilter(id=h.id_of("k2-b")), {"k2-b"}),
+        (RequeueFilter(topic="orders", key="k2"), {"k2-a"}),
+        (RequeueFilter(key="k1"), {"k1-a", "k1-c"}),
+        (RequeueFilter(topic="billing"), {"billing-a", "billing-b"}),
+        (RequeueFilter(all=True), {"nokey-a"}),
+    ]:
+        before = h.states()
+        would = run(h.admin.requeue(selection, dry_run=True, batch_size=1))
+        assert would == sorted(h.id_of(i) for i in expected), selection
+        assert h.states() == before  # the dry run changed nothing
+        told: list[int] = []
+        assert run(h.admin.requeue(selection, batch_size=1, progress=told.append)) == would
+        assert told == [1] * len(expected), selection  # one batch each, each committed
+        pending |= expected
+        assert {i for i, state in h.states().items() if state == "pending"} == pending, selection
+        assert run(h.admin.requeue(selection, batch_size=1)) == []  # run again: nothing left to do
+    # A key's dead letters came back each in its place: k1-a, then k1-b that waited behind it, then k1-c.
+    assert [i for i in drain_in_order(h) if i.startswith("k1")] == ["k1-a", "k1-b", "k1-c"]
+
+
+def test_replay_goes_in_batches_by_every_selector_and_a_dry_run_changes_nothing(h: Harness) -> None:
+    h.insert_sent("s1", key="k1", sent_ago=7200)
+    h.insert_sent("s2", key="k1", sent_ago=60)
+    h.insert_sent("s3", key="k2", topic="billing", sent_ago=60)
+    h.insert_sent("s4", sent_ago=7200)
+    h.insert_sent("s5", key="k1", sent_ago=30)
+    h.insert_sent("s6", sent_ago=30)
+    shown = run(h.admin.inspect(h.id_of("s2")))
+    assert shown is not None
+    hour_ago = shown["published_at"] - timedelta(minutes=59)
+    replayed: set[str] = set()
+    for selection, expected in [
+        (ReplayFilter(until=hour_ago), {"s1", "s4"}),
+        (ReplayFilter(since=hour_ago, key="k1"), {"s2", "s5"}),
+        (ReplayFilter(topic="billing"), {"s3"}),
+        (ReplayFilter(all=True), {"s6"}),
+    ]:
+        before = h.states()
+        would = run(h.admin.replay(selection, dry_run=True, batch_size=1))
+        assert would == sorted(h.id_of(i) for i in expected), selection
+        assert h.states() == before
+        told: list[int] = []
+        assert run(h.admin.replay(selection, batch_size=1, progress=told.append)) == would
+        assert told == [1] * len(expected), selection
+        replayed |= expected
+        assert {i for i, state in h.states().items() if state == "pending"} == replayed, selection
+    assert [i for i in drain_in_order(h) if i in ("s1", "s2", "s5")] == ["s1", "s2", "s5"]
+
+
+def test_purge_and_skip_dry_runs_change_nothing(h: Harness) -> None:
+    h.insert_sent("old", sent_ago=7200)
+    h.insert_sent("older", sent_ago=9000)
+    h.insert_sent("recent", sent_ago=60)
+    h.insert("t", {}, key="k", idempotency_key="dead")
+    h.fail("dead")
+    told: list[int] = []
+    assert run(h.admin.purge(3600, dry_run=True, batch_size=1, progress=told.append)) == 2
+    assert told == [1, 1] and [h.state_of(i) for i in ("old", "older", "recent")] == ["sent"] * 3
+    before = h.snapshot("dead")
+    assert run(h.admin.skip(h.id_of("dead"), lease_grace_seconds=GRACE, dry_run=True)) is Skipped.SKIPPED
+    assert h.snapshot("dead") == before
+    assert run(h.admin.skip(h.id_of("old"), lease_grace_seconds=GRACE, dry_run=True)) is Skipped.NOT_FOUND
+    assert run(h.admin.skip(-1, lease_grace_seconds=GRACE, dry_run=True)) is Skipped.NOT_FOUND
+    assert run(h.admin.purge(3600, batch_size=1)) == 2
+
+
+@pytest.mark.parametrize("how", ["dead letter of long ago", "waiting event written long ago"])
+def test_a_skipped_event_is_aged_from_its_skip(h: Harness, how: str) -> None:
+    """purge and run --retention aged a skipped event from its dead letter or its write: one skipped a
+    moment ago was purged at once."""
+    h.insert("t", {}, key="k", idempotency_key="skipped")
+    h.created("skipped", 3 * 86400)
+    if how.startswith("dead"):
+        h.fail("skipped", ago=2 * 86400)
+    assert run(h.admin.skip(h.id_of("skipped"), lease_grace_seconds=GRACE)) is Skipped.SKIPPED
+    for older_than in (3600, 86400, 1.5 * 86400):
+        assert run(h.admin.purge(older_than)) == 0
+        assert h.state_of("skipped") == "skipped"
+    shown = run(h.admin.inspect(h.id_of("skipped")))
+    assert shown is not None and shown["failed_at"] is not None  # the skip's time, what purge reads
+    assert run(h.admin.purge(0)) == 1

@@ -143,8 +143,8 @@ def test_redact_url() -> None:
 
 
 def test_settings_validation() -> None:
-    with pytest.raises(ConfigError, match="lease"):
-        RelaySettings(lease_seconds=5, publish_timeout_seconds=10)
+    with pytest.raises(ConfigError, match="lease"):  # checked where the sinks are known (test_lease.py)
+        RelaySettings(lease_seconds=5, publish_timeout_seconds=10).check_lease()
     with pytest.raises(ConfigError, match="backoff-max"):
         RelaySettings(backoff_initial_seconds=5, backoff_max_seconds=1)
 

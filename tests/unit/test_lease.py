@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -12,7 +13,7 @@ from uuid import uuid4
 
 import pytest
 
-from relay import cli
+from relay import app, cli
 from relay.app import RunConfig, start
 from relay.config import (
     CLAIM_RESERVE_SECONDS,
@@ -189,6 +190,35 @@ def test_run_refuses_a_lease_too_short_with_one_line(capsys: pytest.CaptureFixtu
     assert cli.main([*argv, "--lease-seconds", "8", "--publish-timeout", "3"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--lease-seconds 8 is too short" in err and "10 s" in err and len(err.splitlines()) == 1, err
+
+
+ADVICE = re.compile(r"use at least ([0-9.]+) s")
+
+
+@pytest.mark.parametrize("sink_url", [KAFKA, RABBITMQ, "routes"])
+@pytest.mark.parametrize("lease", ["1", "5", "8", "31.5", "35", "41.9"])
+@pytest.mark.parametrize("publish_timeout", [None, "3", "30", "0.3333", "1234567.891", "99.9999"])
+def test_the_lease_checks_advice_once_followed_passes(
+    capsys: pytest.CaptureFixture[str], sink_url: str, lease: str, publish_timeout: str | None
+) -> None:
+    """It asked for 32 s at --lease-seconds 5 (the claim, the publish and the settle, not the sink's grace),
+    then for 42 s at 32 (RabbitMQ): the first advice is the last."""
+    sinks = ["--route", f"billing.*={RABBITMQ}", "--sink", KAFKA] if sink_url == "routes" else ["--sink", sink_url]
+    argv = ["run", "--database-url", "postgresql://app@db/shop", *sinks]
+    argv += ["--publish-timeout", publish_timeout] if publish_timeout else []
+    started: list[RunConfig] = []
+
+    async def serve(config: RunConfig) -> None:
+        started.append(config)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(app, "serve", serve)
+        if cli.main([*argv, "--lease-seconds", lease]) == 0:
+            return  # long enough already
+        advice = ADVICE.search(capsys.readouterr().err)
+        assert advice is not None
+        assert cli.main([*argv, "--lease-seconds", advice.group(1)]) == 0, capsys.readouterr().err
+    assert len(started) == 1
 
 
 class SlowClaims(MemoryStore):

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from datetime import datetime
 
+import pymysql
 import pytest
 from asyncmy import errors as my_errors
 
 from relay.config import TableName
 from relay.errors import ConfigError, SchemaError, StoreError, StoreReadOnly, StoreUnavailable
-from relay.store.mysql import BinlogUnsafe, MySQLAdmin, Target, check_binlog
-from relay.store.mysql.connection import session_settings, translate
+from relay.store.mysql import BinlogUnsafe, MySQLAdmin, Target, check_binlog, connection
+from relay.store.mysql.connection import Database, session_settings, translate
 from relay.store.mysql.runs import Candidate, Tail, Unsent, runs, unsent_of, within_bytes
 from relay.store.mysql.sql import identifiers, queries, statements
 from relay.store.mysql.store import MySQLStore, _unusable
@@ -64,6 +66,32 @@ def test_driver_errors_become_the_relays_own_without_the_password(code: int, kin
     translated = translate(error_class(code, f"failed at {URL}"), URL, TABLE)
     assert type(translated) is kind
     assert "s3cr" not in str(translated)
+
+
+@pytest.mark.parametrize(
+    ("code", "setting"), [(1969, "MariaDB max_statement_time"), (3024, "MySQL max_execution_time")]
+)
+@pytest.mark.parametrize("driver", [my_errors.OperationalError, pymysql.OperationalError])
+def test_a_statement_stopped_at_its_timeout_says_so(code: int, setting: str, driver: type[Exception]) -> None:
+    """MariaDB's kill at max_statement_time was reported as "the database did not answer"."""
+    said = "Query execution was interrupted (max_statement_time exceeded)"
+    translated = translate(driver(code, said), URL, TABLE)
+    assert type(translated) is StoreUnavailable
+    assert "statement timeout" in str(translated) and f"{setting} exceeded, error {code}" in str(translated)
+    assert "did not answer" not in str(translated)
+
+
+def test_a_call_given_up_names_the_statement_timeout_it_waited_past(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connection, "CALL_MARGIN_SECONDS", 0.05)
+
+    async def frozen() -> None:
+        database = Database(URL, TABLE, connect_timeout=1, statement_timeout=0.05)
+        async with database.deadline():
+            await asyncio.sleep(5)
+
+    with pytest.raises(StoreUnavailable) as given_up:
+        asyncio.run(frozen())
+    assert "did not answer within 0.1s (the statement timeout, 0.05s, and a margin)" in str(given_up.value)
 
 
 def test_statement_based_binary_logging_is_refused_and_mixed_warned_about() -> None:

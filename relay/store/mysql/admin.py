@@ -10,6 +10,7 @@ from typing import Any
 from uuid import UUID
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName, redact_url
+from relay.store import batches
 from relay.store.base import (
     DeadEvent,
     ReplayFilter,
@@ -23,7 +24,8 @@ from relay.store.base import (
 )
 from relay.store.mysql.connection import Database, rows_of, transaction
 
-PURGE_BATCH_SIZE = 1000
+#: Purge's batch: the one every operator's command takes (kept under its old name).
+PURGE_BATCH_SIZE = batches.ADMIN_BATCH_SIZE
 #: At most this many distinct priorities are probed one by one for the oldest pending age; the
 #: rest are read in one scan.
 MAX_PRIORITIES = 100
@@ -56,6 +58,12 @@ def readable(value: Any) -> Any:
     if not undecodable(value):
         return value
     return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _key(key: str | None) -> bytes | None:
+    """A key to select by, as the bytes its VARBINARY column holds (``--key-hex`` may name bytes that are
+    not UTF-8)."""
+    return None if key is None else binary(key)
 
 
 def utc(value: Any) -> Any:
@@ -192,7 +200,7 @@ class MySQLAdmin:
             DeadEvent(
                 id=r["id"],
                 topic=r["topic"],
-                key=readable(text(r["key"])),
+                key=text(r["key"]),  # bad bytes kept (as lone surrogates): the CLI shows such a key in hex
                 idempotency_key=readable(text(r["idempotency_key"])),
                 attempts=r["attempts"],
                 last_error=r["last_error"],
@@ -202,6 +210,51 @@ class MySQLAdmin:
             )
             for r in rows
         ]
+
+    def _select(self, name: str, params: dict[str, Any]) -> batches.Select:
+        """The next batch of the selection query ``name`` takes."""
+
+        async def select(after: int | None, limit: int) -> list[int]:
+            rows = await self._db.fetch(name, {**params, "after": after, "limit": limit})
+            return [int(row["id"]) for row in rows]
+
+        return select
+
+    def _lock_then_update(self, state: str, update: str) -> batches.Change:
+        """One batch: lock its rows that are still in ``state`` and run ``update`` on them, in one
+        transaction; the ids it changed (a row another operator changed meanwhile is left out)."""
+
+        async def change(ids: list[int]) -> list[int]:
+            async def work(cur: Any) -> list[int]:
+                async def steps() -> list[int]:
+                    await cur.execute(self._db.queries["lock_in_state"], {"ids": tuple(ids), "state": state})
+                    locked = [int(row[0]) for row in await cur.fetchall()]
+                    if locked:
+                        await cur.execute(self._db.queries[update], {"ids": tuple(locked)})
+                    return locked
+
+                return await transaction(cur, steps)
+
+            return await self._db.call("main", work)
+
+        return change
+
+    async def requeue(
+        self,
+        selection: RequeueFilter,
+        *,
+        dry_run: bool = False,
+        batch_size: int = batches.ADMIN_BATCH_SIZE,
+        progress: batches.Progress | None = None,
+    ) -> list[int]:
+        """Put matching dead-lettered events back to pending with their attempts reset, a batch at a time."""
+        params = {"id": selection.id, "topic": selection.topic, "key": _key(selection.key)}
+        return await batches.walk(
+            self._select("requeue_select", params),
+            None if dry_run else self._lock_then_update("failed", "requeue"),
+            batch_size=batch_size,
+            progress=progress,
+        )
 
     async def _select_then_update(self, select: str, update: str, params: dict[str, Any]) -> list[int]:
         """Lock the rows ``select`` finds and run ``update`` on them, in one transaction; their ids."""
@@ -218,11 +271,6 @@ class MySQLAdmin:
 
         return await self._db.call("main", work)
 
-    async def requeue(self, selection: RequeueFilter) -> list[int]:
-        """Put matching dead-lettered events back to pending with their attempts reset."""
-        params = {"id": selection.id, "topic": selection.topic, "key": selection.key}
-        return await self._select_then_update("requeue_select", "requeue", params)
-
     async def retry_now(self, selection: RetryFilter) -> list[int]:
         """Make matching retrying events due now, attempts kept; their ids."""
         if undecodable(selection.topic):
@@ -230,15 +278,27 @@ class MySQLAdmin:
         params = {"id": selection.id, "topic": selection.topic}
         return await self._select_then_update("retry_now_select", "retry_now", params)
 
-    async def replay(self, selection: ReplayFilter) -> list[int]:
-        """Put kept, already-sent events back to pending; returns their ids."""
+    async def replay(
+        self,
+        selection: ReplayFilter,
+        *,
+        dry_run: bool = False,
+        batch_size: int = batches.ADMIN_BATCH_SIZE,
+        progress: batches.Progress | None = None,
+    ) -> list[int]:
+        """Put kept, already-sent events back to pending, a batch at a time; returns their ids."""
         params = {
             "since": naive_utc(selection.since),
             "until": naive_utc(selection.until),
-            "key": selection.key,
+            "key": _key(selection.key),
             "topic": selection.topic,
         }
-        return await self._select_then_update("replay_select", "replay", params)
+        return await batches.walk(
+            self._select("replay_select", params),
+            None if dry_run else self._lock_then_update("sent", "replay"),
+            batch_size=batch_size,
+            progress=progress,
+        )
 
     async def inspect(self, event_id: int) -> dict[str, Any] | None:
         """Every column of one event, or None."""
@@ -247,7 +307,8 @@ class MySQLAdmin:
             return None
         # payload_bytes stays bytes, as PostgreSQL gives a bytea; the VARBINARY text columns are decoded.
         row = {
-            name: value if name == "payload_bytes" else utc(readable(text(value))) for name, value in rows[0].items()
+            name: value if name == "payload_bytes" else text(value) if name == "key" else utc(readable(text(value)))
+            for name, value in rows[0].items()
         }
         # MariaDB's JSON check lets through some text no JSON parser takes (e.g. {"a":1e}): shown as it is.
         with contextlib.suppress(ValueError):
@@ -260,16 +321,28 @@ class MySQLAdmin:
                 row["claim_token"] = UUID(row["claim_token"])
         return row
 
-    async def purge(self, older_than_seconds: float, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
+    async def purge(
+        self,
+        older_than_seconds: float,
+        *,
+        dry_run: bool = False,
+        batch_size: int = batches.ADMIN_BATCH_SIZE,
+        progress: batches.Progress | None = None,
+    ) -> int:
         """Delete sent and skipped events older than the cut-off, a small batch at a time."""
+        if dry_run:
+            select = self._select("purge_select", {"older_us": micros(older_than_seconds)})
+            return len(await batches.walk(select, None, batch_size=batch_size, progress=progress))
         total = 0
         while True:
             deleted = await self._db.run("purge_batch", {"older_us": micros(older_than_seconds), "limit": batch_size})
             total += deleted
+            if progress is not None:
+                progress(deleted)
             if deleted < batch_size:
                 return total
 
-    async def skip(self, event_id: int, *, lease_grace_seconds: float) -> Skipped:
+    async def skip(self, event_id: int, *, lease_grace_seconds: float, dry_run: bool = False) -> Skipped:
         """Mark one dead-lettered or waiting event skipped, releasing its key; refuse one that may be in flight."""
 
         async def work(cur: Any) -> Skipped:
@@ -282,6 +355,8 @@ class MySQLAdmin:
                     return Skipped.NOT_FOUND
                 if found[0]["in_flight"]:
                     return Skipped.IN_FLIGHT
+                if dry_run:
+                    return Skipped.SKIPPED
                 await cur.execute(self._db.queries["skip"], {"id": event_id})
                 return Skipped.SKIPPED
 

@@ -48,6 +48,7 @@ TRANSIENT = frozenset({1205, 1213})
 READ_ONLY = frozenset({1290, 1792, 1836})
 #: The statement hit max_execution_time (MySQL 3024) or max_statement_time (MariaDB 1969).
 STATEMENT_TIMEOUT = frozenset({3024, 1969})
+_MYSQL_STATEMENT_TIMEOUT = 3024
 _NO_TABLE, _NO_COLUMN = 1146, 1054
 #: ER_UNKNOWN_TABLE: the table named in a database with no such table (information_schema.outbox).
 _UNKNOWN_TABLE = 1109
@@ -145,7 +146,14 @@ def translate(exc: BaseException, url: str, table: TableName) -> StoreError:
         return StoreReadOnly(
             "the database is read-only (read_only, super_read_only or a replica): writes need the primary"
         )
-    if code in CONNECTION_LOST or code in TRANSIENT or code in STATEMENT_TIMEOUT or isinstance(exc, _LINK_ERRORS):
+    if code in STATEMENT_TIMEOUT:
+        # Not "did not answer": the server answered that it stopped the statement at its time limit.
+        setting = "MySQL max_execution_time" if code == _MYSQL_STATEMENT_TIMEOUT else "MariaDB max_statement_time"
+        return StoreUnavailable(
+            f"the statement ran longer than the statement timeout and the server stopped it ({setting} exceeded, "
+            f"error {code}); what the statement changed was rolled back"
+        )
+    if code in CONNECTION_LOST or code in TRANSIENT or isinstance(exc, _LINK_ERRORS):
         return StoreUnavailable(describe(exc, url))
     return StoreError(describe(exc, url))
 
@@ -242,7 +250,10 @@ class Database:
             async with asyncio.timeout(self.call_timeout):
                 yield
         except TimeoutError:
-            raise StoreUnavailable(f"the database did not answer within {self.call_timeout:g}s") from None
+            raise StoreUnavailable(
+                f"the database did not answer within {self.call_timeout:g}s (the statement timeout, "
+                f"{self.statement_timeout:g}s, and a margin): the call was given up and its transaction rolled back"
+            ) from None
 
     @contextlib.contextmanager
     def errors(self) -> Iterator[None]:

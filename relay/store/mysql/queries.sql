@@ -300,15 +300,22 @@ ORDER BY o.id
 LIMIT %(limit)s;
 
 -- name: requeue_select
--- The dead letters a requeue takes (the filter refuses an empty selection before this runs).
+-- The next batch of dead letters a requeue takes: at most %(limit)s, in id order
+-- after %(after)s (relay/store/batches.py). The filter refuses an empty
+-- selection before this runs.
 SELECT id FROM {table}
 WHERE state = 'failed'
+  AND (%(after)s IS NULL OR id > %(after)s)
   AND (%(id)s IS NULL OR id = %(id)s)
   -- Byte for byte: MariaDB's utf8mb4_bin pads, so 'orders ' would equal 'orders'.
   AND (%(topic)s IS NULL OR CAST(topic AS BINARY) = CAST(%(topic)s AS BINARY))
   AND (%(key)s IS NULL OR `key` = %(key)s)
 ORDER BY id
-FOR UPDATE;
+LIMIT %(limit)s;
+
+-- name: lock_in_state
+-- One batch of requeue or replay, locked: those of its rows still in %(state)s.
+SELECT id FROM {table} WHERE id IN %(ids)s AND state = %(state)s ORDER BY id FOR UPDATE;
 
 -- name: requeue
 UPDATE {table}
@@ -346,8 +353,9 @@ WHERE id = %(id)s
 FOR UPDATE;
 
 -- name: skip
+-- failed_at holds the skip: retention ages a skipped event from it (purge_batch).
 UPDATE {table}
-SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL,
+SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL, failed_at = UTC_TIMESTAMP(6),
     -- after the last error, if there was one
     last_error = CONCAT(COALESCE(CONCAT(LEFT(last_error, 16000), ' '), ''), '[skipped by operator]')
 WHERE id = %(id)s;
@@ -372,23 +380,34 @@ WHERE id = %(id)s;
 
 -- name: purge_batch
 -- Delete at most %(limit)s sent or skipped events older than the cut-off,
--- each batch its own short statement. Unsent events are never touched.
+-- each batch its own short statement. Unsent events are never touched. A sent
+-- event is aged from its publish, a skipped one from its skip (failed_at).
 DELETE FROM {table}
 WHERE state IN ('sent', 'skipped')
   AND COALESCE(published_at, failed_at, created_at) < UTC_TIMESTAMP(6) - INTERVAL %(older_us)s MICROSECOND
 ORDER BY id
 LIMIT %(limit)s;
 
+-- name: purge_select
+-- The next batch of events purge_batch would delete, in id order after %(after)s (purge --dry-run).
+SELECT id FROM {table}
+WHERE state IN ('sent', 'skipped')
+  AND COALESCE(published_at, failed_at, created_at) < UTC_TIMESTAMP(6) - INTERVAL %(older_us)s MICROSECOND
+  AND (%(after)s IS NULL OR id > %(after)s)
+ORDER BY id
+LIMIT %(limit)s;
+
 -- name: replay_select
--- The kept events a replay takes (the filter refuses an empty selection before this runs).
+-- The next batch of kept events a replay takes, as requeue_select.
 SELECT id FROM {table}
 WHERE state = 'sent'
+  AND (%(after)s IS NULL OR id > %(after)s)
   AND (%(since)s IS NULL OR published_at >= %(since)s)
   AND (%(until)s IS NULL OR published_at < %(until)s)
   AND (%(key)s IS NULL OR `key` = %(key)s)
   AND (%(topic)s IS NULL OR CAST(topic AS BINARY) = CAST(%(topic)s AS BINARY))
 ORDER BY id
-FOR UPDATE;
+LIMIT %(limit)s;
 
 -- name: replay
 UPDATE {table}

@@ -7,11 +7,13 @@ from typing import Any
 from psycopg.rows import class_row, dict_row
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName, redact_url
+from relay.store import batches
 from relay.store.base import DeadEvent, ReplayFilter, RequeueFilter, RetryFilter, Skipped, Status, undecodable
 from relay.store.postgres import monitoring
-from relay.store.postgres.connection import Database, column_of
+from relay.store.postgres.connection import Database, column_of, id_array
 
-PURGE_BATCH_SIZE = 1000
+#: Purge's batch: the one every operator's command takes (kept under its old name).
+PURGE_BATCH_SIZE = batches.ADMIN_BATCH_SIZE
 
 
 class PostgresAdmin:
@@ -63,12 +65,40 @@ class PostgresAdmin:
         params = {"limit": limit, "topic": topic}
         return await self._db.fetch("dead", params, class_row(DeadEvent), any_time=True)
 
-    async def requeue(self, selection: RequeueFilter) -> list[int]:
-        """Put matching dead-lettered events back to pending with their attempts reset."""
+    def _select(self, name: str, params: dict[str, Any]) -> batches.Select:
+        """The next batch of the selection query ``name`` takes."""
+
+        async def select(after: int | None, limit: int) -> list[int]:
+            return await self._db.fetch(name, {**params, "after": after, "limit": limit}, column_of("id", int))
+
+        return select
+
+    def _change(self, name: str) -> batches.Change:
+        """Statement ``name`` on one batch's ids (it checks each still matches); the ids it changed."""
+
+        async def change(ids: list[int]) -> list[int]:
+            return sorted(await self._db.fetch(name, {"ids": id_array(ids)}, column_of("id", int)))
+
+        return change
+
+    async def requeue(
+        self,
+        selection: RequeueFilter,
+        *,
+        dry_run: bool = False,
+        batch_size: int = batches.ADMIN_BATCH_SIZE,
+        progress: batches.Progress | None = None,
+    ) -> list[int]:
+        """Put matching dead-lettered events back to pending with their attempts reset, a batch at a time."""
         if undecodable(selection.topic) or undecodable(selection.key):
             return []  # bytes that are not UTF-8 (a command-line argument): no text column holds them
         params = {"id": selection.id, "topic": selection.topic, "key": selection.key, "all": selection.all}
-        return sorted(await self._db.fetch("requeue", params, column_of("id", int)))
+        return await batches.walk(
+            self._select("requeue_select", params),
+            None if dry_run else self._change("requeue"),
+            batch_size=batch_size,
+            progress=progress,
+        )
 
     async def retry_now(self, selection: RetryFilter) -> list[int]:
         """Make matching retrying events due now, attempts kept; their ids."""
@@ -82,17 +112,36 @@ class PostgresAdmin:
         rows = await self._db.fetch("inspect", {"id": event_id}, dict_row, any_time=True)
         return rows[0] if rows else None
 
-    async def purge(self, older_than_seconds: float, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
+    async def purge(
+        self,
+        older_than_seconds: float,
+        *,
+        dry_run: bool = False,
+        batch_size: int = batches.ADMIN_BATCH_SIZE,
+        progress: batches.Progress | None = None,
+    ) -> int:
         """Delete sent and skipped events older than the cut-off, a small batch at a time."""
+        if dry_run:
+            select = self._select("purge_select", {"older_than": older_than_seconds})
+            return len(await batches.walk(select, None, batch_size=batch_size, progress=progress))
         total = 0
         while True:
             deleted = await self._db.run("purge_batch", {"older_than": older_than_seconds, "limit": batch_size})
             total += deleted
+            if progress is not None:
+                progress(deleted)
             if deleted < batch_size:
                 return total
 
-    async def replay(self, selection: ReplayFilter) -> list[int]:
-        """Put kept, already-sent events back to pending; returns their ids."""
+    async def replay(
+        self,
+        selection: ReplayFilter,
+        *,
+        dry_run: bool = False,
+        batch_size: int = batches.ADMIN_BATCH_SIZE,
+        progress: batches.Progress | None = None,
+    ) -> list[int]:
+        """Put kept, already-sent events back to pending, a batch at a time; returns their ids."""
         if undecodable(selection.topic) or undecodable(selection.key):
             return []  # as in requeue
         params = {
@@ -102,9 +151,17 @@ class PostgresAdmin:
             "topic": selection.topic,
             "all": selection.all,
         }
-        return sorted(await self._db.fetch("replay", params, column_of("id", int)))
+        return await batches.walk(
+            self._select("replay_select", params),
+            None if dry_run else self._change("replay"),
+            batch_size=batch_size,
+            progress=progress,
+        )
 
-    async def skip(self, event_id: int, *, lease_grace_seconds: float) -> Skipped:
+    async def skip(self, event_id: int, *, lease_grace_seconds: float, dry_run: bool = False) -> Skipped:
         """Mark one dead-lettered or waiting event skipped, releasing its key; refuse one that may be in flight."""
         params = {"id": event_id, "grace": lease_grace_seconds}
+        if dry_run:
+            found = await self._db.fetch("skip_check", params, column_of("outcome", str))
+            return Skipped(found[0]) if found else Skipped.NOT_FOUND
         return Skipped((await self._db.fetch("skip", params, column_of("outcome", str)))[0])
