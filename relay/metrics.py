@@ -81,6 +81,26 @@ class Metrics:
             registry=r,
         )
 
+    def observe_slot(self, lag_bytes: int | None, lag_seconds: float | None, wal_status: str | None) -> None:
+        """Copy what the log source saw of its slot into the slot gauges (created at the first reading)."""
+        if not hasattr(self, "slot_lag_bytes"):
+            r = self.registry
+            self.slot_lag_bytes = Gauge(
+                "outbox_relay_slot_lag_bytes", "WAL bytes between the server's end and the slot's confirmed position.",
+                registry=r,
+            )  # fmt: skip
+            self.slot_lag_seconds = Gauge(
+                "outbox_relay_slot_lag_seconds", "Age of the oldest unconfirmed event read from the slot.", registry=r
+            )
+            self.slot_wal_status = Gauge(
+                "outbox_relay_slot_wal_status", "1 for the slot's wal_status (lost: invalidated), 0 for the others.",
+                ["status"], registry=r,
+            )  # fmt: skip
+        self.slot_lag_bytes.set(-1 if lag_bytes is None else lag_bytes)
+        self.slot_lag_seconds.set(lag_seconds or 0.0)
+        for status in ("reserved", "extended", "unreserved", "lost", "missing"):
+            self.slot_wal_status.labels(status).set(1 if (wal_status or "missing") == status else 0)
+
     def track_sinks(self, states: Callable[[], Mapping[str, bool]]) -> None:
         """Export ``outbox_relay_sink_up{sink}``, read from ``states`` at each scrape."""
         self.registry.register(_SinkStates(states))

@@ -18,6 +18,7 @@ import pytest
 from devservers import Tansu
 from relay.config import TableName
 from relay.store.migrate import migrate
+from tests.log_support import log_database, logical_server  # noqa: F401 - the log source's fixtures
 from tests.services import AMQP_URL, MYSQL_URL, PG_URL, ensure_mysql, ensure_postgres, ensure_rabbitmq
 
 TEMPLATE = f"outbox_relay_tpl_{os.getpid()}"

@@ -31,12 +31,33 @@ def table_layout(args: argparse.Namespace) -> TableLayout:
     )
 
 
+def source_and_slot(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The checked ``--source`` and ``--slot``."""
+    from relay.sources import LOG, SOURCES
+
+    source = (args.source or "table").strip().lower()
+    if source not in SOURCES:
+        raise ConfigError(f"invalid --source {args.source[:40]!r}: table or log (RELAY_SOURCE)")
+    if source == LOG:
+        from relay.sources.log.slot import check_slot_name
+
+        if not args.slot:
+            raise ConfigError("--source log needs --slot NAME (RELAY_SLOT)")
+        return source, check_slot_name(args.slot)
+    if args.slot:
+        raise ConfigError("--slot goes with --source log (RELAY_SOURCE=log)")
+    return source, None
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     """``outbox-relay migrate``."""
     from relay.store.adapters import create_roles, migrate
 
     dsn, table = database(args)
     layout = table_layout(args)
+    _, slot = source_and_slot(args)
+    if slot is not None and (layout.debezium or dsn.startswith(("mysql", "mariadb"))):
+        raise ConfigError("--source log needs PostgreSQL and the native table layout")
     if args.create_roles and layout.debezium:
         raise ConfigError("--create-roles is not available with --table-layout debezium yet")
     if args.create_roles and args.relay_role == args.writer_role:
@@ -47,6 +68,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.create_roles:
         create_roles(dsn, table, relay_role=args.relay_role, writer_role=args.writer_role)
         print(f"{table}: roles {args.relay_role} (relay) and {args.writer_role} (writer) granted")
+    if slot is not None:
+        from relay.sources.log.slot import prepare
+
+        created = prepare(dsn, table, slot)
+        print(f"{table}: {', '.join(created)} created" if created else f"{table}: publication and slot {slot} ready")
     return 0
 
 
@@ -55,6 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from relay.app import RunConfig, serve
 
     dsn, table = database(args)
+    source, slot = source_and_slot(args)
     settings = RelaySettings(
         batch_size=args.batch_size,
         batch_bytes=args.batch_bytes,
@@ -84,6 +111,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         startup_timeout_seconds=args.startup_timeout,
         event_source=args.event_source,
         layout=table_layout(args),
+        source_kind=source,
+        slot=slot,
     )
     asyncio.run(serve(run_config))
     return 0

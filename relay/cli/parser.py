@@ -175,6 +175,20 @@ def _command(commands: Commands, name: str) -> argparse.ArgumentParser:
         parser, "--log-level", help="DEBUG, INFO, WARNING or ERROR", default="INFO" if name in _LOGGING else "WARNING"
     )
     env_flag(parser, "--log-format", help="text or json", default="text")
+    if name in ("run", "migrate"):
+        env_flag(
+            parser,
+            "--source",
+            help="where events come from: table (claim rows of the outbox table) or log (PostgreSQL 14+ logical "
+            "decoding through --slot; see docs/log-source.md)",
+            default="table",
+        )
+        env_flag(
+            parser,
+            "--slot",
+            help="with --source log: the replication slot (and publication) name, [a-z0-9_]{1,63}",
+            metavar="NAME",
+        )
     return parser
 
 

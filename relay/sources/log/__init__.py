@@ -1,0 +1,9 @@
+"""The log source: deliver from a PostgreSQL logical replication slot (pgoutput).
+
+- :mod:`.pgoutput`: the replication stream's frames and pgoutput's messages, parsed.
+- :mod:`.decode`: outbox rows and ``outbox`` messages turned into events.
+- :mod:`.stream`: the replication connection (``START_REPLICATION``, standby status updates).
+- :mod:`.window`: the events in flight, and the position that may be confirmed.
+- :mod:`.slot`: the publication and the slot (``migrate --source log``), leadership, slot health.
+- :mod:`.relay`: :class:`LogRelay`, reading, publishing, confirming.
+"""

@@ -1,0 +1,196 @@
+"""Outbox rows and ``outbox`` messages, as decoded from the slot, turned into events.
+
+A row of the outbox table becomes the event the table source would have built
+from it: the same id, topic, key, payload bytes (jsonb's text), headers,
+idempotency key and creation time. Rows the relay itself wrote (dead letters,
+events parked behind one: ``last_error`` set, or a state other than
+``pending``) are not events of the log: they are the table's to deliver.
+
+A transactional logical message with the prefix ``outbox`` carries a JSON
+envelope (docs/log-source.md)::
+
+    {"topic": "orders", "key": "42", "payload": {...}, "headers": {"a": "b"},
+     "idempotency_key": "..."}
+
+or, for a bytes payload, ``"payload": "<base64>"`` with ``"content_type"``. Its
+event's id is the message's LSN (unique and increasing, far above any row id
+a table holds in practice), and an envelope without an idempotency key gets
+one from that LSN, the same on every re-read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from relay.events import Event
+from relay.sources.log.pgoutput import Relation, format_lsn
+
+#: The prefix of the logical messages that are outbox events.
+MESSAGE_PREFIX = "outbox"
+#: The prefix of the relay's heartbeats (non-transactional messages that let the slot advance).
+HEARTBEAT_PREFIX = "outbox-heartbeat"
+TOPIC_MAX_CHARS = 249
+IDEMPOTENCY_KEY_MAX_CHARS = 200
+CONTENT_TYPE_MAX_BYTES = 255
+ENVELOPE_FIELDS = frozenset({"topic", "key", "payload", "headers", "idempotency_key", "content_type"})
+
+
+class BadEnvelope(ValueError):
+    """An ``outbox`` message whose envelope is not one: it is dead-lettered with this reason."""
+
+
+def message_idempotency_key(lsn: int) -> str:
+    """The idempotency key of a message whose envelope has none: from its LSN, the same on every re-read."""
+    return f"pg-message-{format_lsn(lsn)}"
+
+
+def parse_timestamptz(text: str) -> datetime:
+    """A timestamptz in ISO style (the stream's DateStyle): ``2026-12-06 21:40:00.123456+00``."""
+    stamp = datetime.fromisoformat(text)
+    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
+
+
+def _bytea(text: str) -> bytes:
+    if not text.startswith("\\x"):
+        raise ValueError("bytea not in hex form (bytea_output=hex)")
+    return bytes.fromhex(text[2:])
+
+
+class RowReader:
+    """Builds events from the outbox table's inserted rows, its columns found by name once per relation."""
+
+    def __init__(self, relation: Relation) -> None:
+        index = {name: i for i, name in enumerate(relation.columns)}
+        missing = {"id", "topic", "key", "payload", "headers", "idempotency_key", "created_at"} - index.keys()
+        if missing:
+            raise ValueError(f"the outbox table {relation.namespace}.{relation.name} lacks {sorted(missing)}")
+        self._index = index
+
+    def event(self, values: tuple[str | None, ...], commit_time: datetime) -> Event | None:
+        """The event of an inserted row; None for a row the relay wrote (not an event of the log)."""
+        index = self._index
+        state = values[index["state"]] if "state" in index else "pending"
+        if state != "pending" or ("last_error" in index and values[index["last_error"]] is not None):
+            return None
+        payload = values[index["payload"]]
+        content_type = values[index["content_type"]] if "content_type" in index else None
+        raw = values[index["payload_bytes"]] if "payload_bytes" in index else None
+        headers = values[index["headers"]]
+        created = values[index["created_at"]]
+        return Event(
+            id=int(values[index["id"]] or 0),
+            topic=values[index["topic"]] or "",
+            key=values[index["key"]],
+            payload=payload.encode() if payload is not None else _bytea(raw or "\\x"),
+            headers=json.loads(headers) if headers else {},
+            idempotency_key=values[index["idempotency_key"]] or "",
+            attempts=0,
+            created_at=parse_timestamptz(created) if created else commit_time,
+            content_type=content_type,
+        )
+
+
+def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
+    """The event of an ``outbox`` message; raise :class:`BadEnvelope` when its envelope is not one."""
+    try:
+        envelope = json.loads(content, parse_float=Decimal, object_pairs_hook=_last_wins)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadEnvelope(f"the message is not a JSON envelope: {exc}") from None
+    if not isinstance(envelope, dict):
+        raise BadEnvelope("the message's envelope is not a JSON object")
+    unknown = envelope.keys() - ENVELOPE_FIELDS
+    if unknown:
+        raise BadEnvelope(f"the envelope has unknown fields {sorted(unknown)}")
+    topic = envelope.get("topic")
+    if not isinstance(topic, str) or not topic or len(topic) > TOPIC_MAX_CHARS:
+        raise BadEnvelope(f"the envelope's topic must be a string of 1 to {TOPIC_MAX_CHARS} characters")
+    key = envelope.get("key")
+    if key is not None and not isinstance(key, str):
+        raise BadEnvelope("the envelope's key must be a string or null")
+    headers = envelope.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(v, str) and n for n, v in headers.items()):
+        raise BadEnvelope("the envelope's headers must map non-empty names to strings")
+    idempotency_key = envelope.get("idempotency_key")
+    if idempotency_key is None:
+        idempotency_key = message_idempotency_key(lsn)
+    elif not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= IDEMPOTENCY_KEY_MAX_CHARS:
+        raise BadEnvelope(f"the envelope's idempotency_key must be a string of 1 to {IDEMPOTENCY_KEY_MAX_CHARS} chars")
+    if "payload" not in envelope:
+        raise BadEnvelope("the envelope has no payload")
+    content_type = envelope.get("content_type")
+    if content_type is None:
+        payload = jsonb_text(envelope["payload"]).encode()
+    else:
+        if not isinstance(content_type, str) or not 0 < len(content_type.encode()) <= CONTENT_TYPE_MAX_BYTES:
+            raise BadEnvelope(f"the envelope's content_type must be 1 to {CONTENT_TYPE_MAX_BYTES} bytes")
+        if not isinstance(envelope["payload"], str):
+            raise BadEnvelope("with a content_type, the envelope's payload is the bytes in base64")
+        try:
+            payload = base64.b64decode(envelope["payload"], validate=True)
+        except binascii.Error as exc:
+            raise BadEnvelope(f"the envelope's payload is not base64: {exc}") from None
+    return Event(
+        id=lsn,
+        topic=topic,
+        key=key,
+        payload=payload,
+        headers=dict(headers),
+        idempotency_key=idempotency_key,
+        attempts=0,
+        created_at=commit_time,
+        content_type=content_type,
+    )
+
+
+def _last_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    return dict(pairs)  # as jsonb: the last of duplicate keys wins
+
+
+def _jsonb_key(name: str) -> tuple[int, bytes]:
+    encoded = name.encode()
+    return len(encoded), encoded
+
+
+def jsonb_text(value: Any) -> str:
+    """``value`` as PostgreSQL prints it as jsonb: keys shortest first then bytewise, ``", "`` and ``": "``.
+
+    The payload of a message event then has the bytes a table row of the same
+    payload gets from the jsonb column, so both writers' events look alike.
+    """
+    parts: list[str] = []
+    _write(value, parts.append)
+    return "".join(parts)
+
+
+def _write(value: Any, out: Callable[[str], None]) -> None:
+    if isinstance(value, dict):
+        out("{")
+        for i, name in enumerate(sorted(value, key=_jsonb_key)):
+            if i:
+                out(", ")
+            out(json.dumps(name, ensure_ascii=False))
+            out(": ")
+            _write(value[name], out)
+        out("}")
+    elif isinstance(value, list):
+        out("[")
+        for i, item in enumerate(value):
+            if i:
+                out(", ")
+            _write(item, out)
+        out("]")
+    elif isinstance(value, Decimal):
+        out(_numeric(value))
+    else:
+        out(json.dumps(value, ensure_ascii=False))
+
+
+def _numeric(value: Decimal) -> str:
+    """A JSON number as numeric prints it: no exponent (``1e2`` is ``100``), its scale kept."""
+    return format(value, "f")

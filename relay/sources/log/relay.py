@@ -1,0 +1,504 @@
+"""The log relay: read the slot, publish, confirm the acknowledged prefix.
+
+One reader per slot: a relay first takes the slot's lock (a session advisory
+lock, :class:`relay.sources.log.slot.TableLink`); the others wait for it and
+take over within seconds of the leader's end. Then:
+
+- the reader reads the stream while the window has room, turning each outbox
+  row and ``outbox`` message into an event, in commit order;
+- the deliverer publishes them in batches through the sink, judges the
+  outcomes as the table relay does (:func:`relay.outcomes.judge`), retries a
+  failing event in memory with the same backoff (its key's later events wait
+  behind it, other keys go on), and dead-letters it into the outbox table when
+  its attempts run out or the broker refuses it for good. Its key is then
+  parked: its later events are written to the table behind it (``pending``,
+  ``last_error`` saying why), where ``dead``, ``requeue`` and ``skip`` see them;
+- the position confirmed to the server is the end of the last transaction all
+  of whose events, and all before it, are done (:class:`.window.Window`),
+  checked to still be the leader's just before it is sent (fencing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from relay.backoff import Backoff, OutageBackoff, sleep_unless_stopped
+from relay.config import RelaySettings, TableName
+from relay.errors import SinkTimeout, SinkUnavailable, StoreUnavailable
+from relay.events import Event, Outcome
+from relay.holds import KeyHolds
+from relay.metrics import Metrics
+from relay.outcomes import judge
+from relay.sinks.base import Sink
+from relay.sources.log import pgoutput
+from relay.sources.log.decode import HEARTBEAT_PREFIX, MESSAGE_PREFIX, BadEnvelope, RowReader, message_event
+from relay.sources.log.pgoutput import Keepalive, format_lsn
+from relay.sources.log.slot import TableLink, publication_name
+from relay.sources.log.stream import ReplicationStream, SlotBusy, SlotMissing
+from relay.sources.log.window import Pending, Transaction, Window
+
+logger = logging.getLogger(__name__)
+
+#: A leader frozen (or cut off) this long loses the slot: its session, and lock, end; its stream too.
+LEADER_TIMEOUT_SECONDS = 10.0
+#: How often a standby tries the slot's lock.
+STANDBY_POLL_SECONDS = 1.0
+#: How often the reader tells the server where it is, even with nothing new to confirm.
+STATUS_INTERVAL_SECONDS = 2.0
+#: Least time between two confirms while events flow (each costs a fencing query).
+CONFIRM_INTERVAL_SECONDS = 0.2
+#: An idle leader writes a heartbeat this often, so the slot advances past other databases' WAL.
+HEARTBEAT_SECONDS = 10.0
+#: Events and bytes in flight at most: the reader stops reading while the window is full.
+WINDOW_EVENTS_PER_BATCH = 8
+WINDOW_BYTES = 64 * 1024 * 1024
+CONNECT_TIMEOUT_SECONDS = 10.0
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+class Fenced(StoreUnavailable):
+    """This relay no longer holds the slot's lock: it confirms nothing and starts over as a standby."""
+
+
+@dataclass(slots=True)
+class _Blocked:
+    """A key's events waiting behind its first failed one, due again at ``due``."""
+
+    events: deque[Pending]
+    due: float
+
+
+@dataclass(slots=True)
+class SlotState:
+    """The slot as last seen: for metrics, ``status`` and ``/healthz``."""
+
+    lag_bytes: int | None = None
+    wal_status: str | None = None
+    lag_seconds: float | None = None
+    gone: str | None = None
+    leading: bool = False
+
+
+class _NotLeading(Exception):
+    """Another relay holds the slot."""
+
+
+class LogRelay:
+    """Moves events from a logical replication slot to a sink until stopped."""
+
+    def __init__(
+        self,
+        dsn: str,
+        table: TableName,
+        slot: str,
+        sink: Sink,
+        settings: RelaySettings,
+        *,
+        metrics: Metrics | None = None,
+        publish_grace_seconds: float = 0.0,
+        leader_timeout_seconds: float = LEADER_TIMEOUT_SECONDS,
+    ) -> None:
+        self.sink = sink
+        self.settings = settings
+        self.table = table
+        self.slot = slot
+        self.metrics = metrics or Metrics()
+        self._dsn = dsn
+        self._leader_timeout = leader_timeout_seconds
+        self._grace = publish_grace_seconds
+        #: The ordinary connection: the lock, fencing, dead letters (``/readyz`` checks it as the store).
+        self.store = TableLink(dsn, table, slot, leader_timeout_seconds=leader_timeout_seconds)
+        self.state = SlotState()
+        self._backoff = Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds)
+        self._outage = OutageBackoff()
+        self._sink_outage = OutageBackoff()
+        self._timeouts = OutageBackoff()
+        self.heartbeat = time.monotonic()
+        self._opened = False
+        self._reset()
+
+    def _reset(self) -> None:
+        settings = self.settings
+        self._window = Window(max(settings.batch_size * WINDOW_EVENTS_PER_BATCH, 1000), WINDOW_BYTES)
+        self._ready: deque[Pending] = deque()
+        self._blocked: dict[object, _Blocked] = {}
+        self._parked: set[str] = set()
+        self._delivered_rows: list[int] = []
+        self._room = asyncio.Event()
+        self._more = asyncio.Event()
+        self._confirmed = 0
+        self._idle_end = 0
+        self._last_confirm = 0.0
+        self._stream: ReplicationStream | None = None
+        self._reading_done = False
+        # Events of bad envelopes (by id()), and why: dead-lettered without a publish.
+        self._bad: dict[int, str] = {}
+
+    def alive(self) -> bool:
+        """True unless the loop is wedged (``/healthz``); False too once the slot is gone."""
+        if self.state.gone is not None:
+            return False
+        return time.monotonic() - self.heartbeat < max(self.settings.lease_seconds, 30.0)
+
+    async def open(self) -> None:
+        """Connect the table link and the sink; raise if either cannot be used."""
+        await self.store.connect(CONNECT_TIMEOUT_SECONDS)
+        await self.sink.start()
+        self._opened = True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Wait for the slot, read and deliver from it until ``stop`` is set; then finish the batch in hand."""
+        try:
+            while not stop.is_set():
+                self.heartbeat = time.monotonic()
+                try:
+                    if not self._opened:
+                        await self.open()
+                    await self._lead(stop)
+                except _NotLeading:
+                    await self._sleep(stop, STANDBY_POLL_SECONDS)
+                except SlotMissing as exc:
+                    self.state.gone = str(exc)
+                    logger.error(
+                        "the slot cannot be read: %s (see docs/log-source.md, 'When the slot is gone')",
+                        exc,
+                        extra={"action": "slot_gone"},
+                    )
+                    await self._sleep(stop, 5.0)
+                except (StoreUnavailable, SinkUnavailable) as exc:
+                    self._opened = self._opened and not isinstance(exc, StoreUnavailable)
+                    logger.warning("log source: %s", exc, extra={"action": "store_retry"})
+                    await self._sleep(stop, self._outage.next_delay())
+        finally:
+            await self._release()
+            with contextlib.suppress(Exception):
+                await self.sink.close()
+            await self.store.close()
+
+    async def _sleep(self, stop: asyncio.Event, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            self.heartbeat = time.monotonic()
+            await sleep_unless_stopped(stop, min(left, 1.0))
+
+    async def _release(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
+            self._stream = None
+        self.state.leading = False
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        """Take the slot's lock (or raise :class:`_NotLeading`), then read and deliver until stopped."""
+        if not await self.store.try_lead():
+            if self.state.leading:
+                logger.warning("no longer the slot's reader", extra={"action": "slot_lost"})
+            self.state.leading = False
+            await self._observe_slot()
+            raise _NotLeading
+        self._reset()
+        logger.info("reading slot %s", self.slot, extra={"action": "slot_lead"})
+        self.state.leading = True
+        await self._observe_slot()
+        if self.state.gone is not None:
+            raise SlotMissing(self.state.gone)
+        self._stream = await self._start_stream(stop)
+        self._parked = await self.store.parked_keys()
+        self._outage.reset()
+        reader = asyncio.create_task(self._read(stop), name="log-reader")
+        try:
+            await self._deliver(stop, reader)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await self._release()
+
+    async def _start_stream(self, stop: asyncio.Event) -> ReplicationStream:
+        """Start streaming; a reader that lost the lock may still hold the slot for a moment: end it."""
+        deadline = time.monotonic() + self._leader_timeout + 5.0
+        while True:
+            stream = ReplicationStream(
+                self._dsn, self.slot, publication_name(self.slot), sender_timeout_seconds=self._leader_timeout
+            )
+            try:
+                await stream.start(CONNECT_TIMEOUT_SECONDS)
+                return stream
+            except SlotBusy:
+                if time.monotonic() > deadline or stop.is_set():
+                    raise
+                await self.store.end_stale_reader()
+                await self._sleep(stop, 0.5)
+
+    async def _observe_slot(self) -> None:
+        found = await self.store.slot()
+        if found is None:
+            self.state.gone = (
+                f"slot {self.slot} does not exist (run outbox-relay migrate --source log --slot {self.slot})"
+            )
+        else:
+            self.state.lag_bytes, self.state.wal_status, _ = found
+            if self.state.wal_status == "lost":
+                self.state.gone = f"slot {self.slot} was invalidated (wal_status lost, max_slot_wal_keep_size)"
+            else:
+                self.state.gone = None
+        self.metrics.observe_slot(self.state.lag_bytes, self.state.lag_seconds, self.state.wal_status)
+
+    # The reader.
+
+    async def _read(self, stop: asyncio.Event) -> None:
+        stream = self._stream
+        assert stream is not None
+        window = self._window
+        rows: dict[int, RowReader | None] = {}
+        schema_name = self.table.parts if len(self.table.parts) == 2 else ("public", self.table.parts[0])
+        transaction: Transaction | None = None
+        commit_time = datetime.now(UTC)
+        while not stop.is_set():
+            if window.full():
+                self._room.clear()
+                await self._room.wait()
+                continue
+            frame = await stream.read(1.0)
+            if frame is None:
+                continue
+            if isinstance(frame, Keepalive):
+                if window.idle() and not self._ready:
+                    self._idle_end = max(self._idle_end, frame.wal_end)
+                if frame.reply:
+                    self._more.set()
+                continue
+            lsn, data = frame
+            message = pgoutput.parse_message(data)
+            if isinstance(message, pgoutput.Insert):
+                reader = rows.get(message.relation)
+                if reader is None or transaction is None:
+                    continue
+                event = reader.event(message.values, commit_time)
+                if event is not None:
+                    self._ready.append(window.add(event, transaction, row=True))
+                    if len(self._ready) >= self.settings.batch_size:
+                        self._more.set()
+            elif isinstance(message, pgoutput.Begin):
+                transaction = window.begin()
+                commit_time = _PG_EPOCH + timedelta(microseconds=message.commit_time_us)
+            elif isinstance(message, pgoutput.Commit):
+                if transaction is not None:
+                    transaction.end_lsn = message.end_lsn
+                transaction = None
+                self._more.set()
+            elif isinstance(message, pgoutput.Relation):
+                ours = (message.namespace, message.name) == schema_name
+                rows[message.oid] = RowReader(message) if ours else None
+            elif isinstance(message, pgoutput.Message):
+                if message.transactional and message.prefix == MESSAGE_PREFIX and transaction is not None:
+                    self._ready.append(window.add(self._message(message, commit_time), transaction, row=False))
+                elif message.prefix == HEARTBEAT_PREFIX and transaction is None and window.idle() and not self._ready:
+                    self._idle_end = max(self._idle_end, lsn)
+                    self._more.set()
+        self._reading_done = True
+
+    def _message(self, message: pgoutput.Message, commit_time: datetime) -> Event:
+        try:
+            return message_event(message.lsn, message.content, commit_time)
+        except BadEnvelope as exc:
+            # Dead-lettered at once: an event whose reason is its bad envelope (attempts past the maximum).
+            event = Event(
+                id=message.lsn,
+                topic="",
+                key=None,
+                payload=message.content,
+                headers={},
+                idempotency_key=f"pg-message-{format_lsn(message.lsn)}",
+                attempts=self.settings.max_attempts,
+                created_at=commit_time,
+                content_type="application/octet-stream",
+            )
+            event.chained = True  # marks it for the deliverer: dead at once
+            self._bad[id(event)] = str(exc)
+            return event
+
+    # The deliverer.
+
+    async def _deliver(self, stop: asyncio.Event, reader: asyncio.Task[None]) -> None:
+        stream = self._stream
+        assert stream is not None
+        next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
+        next_observe = 0.0
+        while not stop.is_set():
+            self.heartbeat = time.monotonic()
+            if reader.done():
+                reader.result()  # a lost stream ends the leadership
+                return
+            self._release_due()
+            batch = self._take_batch()
+            if batch:
+                await self._publish(batch, stop)
+            else:
+                self._more.clear()
+                wait = min(1.0, max(0.01, self._next_due() - time.monotonic()))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._more.wait(), wait)
+            await self._confirm()
+            now = time.monotonic()
+            if now >= next_observe:
+                next_observe = now + 5.0
+                await self._observe_slot()
+            if now >= next_heartbeat and self._window.idle():
+                next_heartbeat = now + HEARTBEAT_SECONDS
+                await self.store.heartbeat()
+        await self._confirm(final=True)
+
+    def _next_due(self) -> float:
+        return min((b.due for b in self._blocked.values()), default=time.monotonic() + 1.0)
+
+    def _release_due(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, b in self._blocked.items() if b.due <= now]:
+            # Its events go first, in order: nothing of the key was taken while it waited.
+            self._ready.extendleft(reversed(self._blocked.pop(key).events))
+
+    def _take_batch(self) -> list[Pending]:
+        batch: list[Pending] = []
+        size = 0
+        ready = self._ready
+        limit, max_bytes = self.settings.batch_size, self.settings.batch_bytes
+        while ready and len(batch) < limit and size < max_bytes:
+            pending = ready.popleft()
+            key = pending.event.key
+            if key is not None and key in self._blocked:
+                self._blocked[key].events.append(pending)
+                continue
+            batch.append(pending)
+            size += pending.size
+        if batch and self._window.events < self._window.max_events // 2:
+            self._room.set()
+        return batch
+
+    async def _publish(self, batch: list[Pending], stop: asyncio.Event) -> None:
+        now = time.monotonic()
+        to_sink: list[Pending] = []
+        for pending in batch:
+            event = pending.event
+            if id(event) in self._bad:
+                await self._dead(pending, self._bad.pop(id(event)))
+            elif event.key is not None and event.key in self._parked:
+                await self._park(pending)
+            else:
+                to_sink.append(pending)
+        if not to_sink:
+            return
+        seen: set[str] = set()
+        for pending in to_sink:
+            event = pending.event
+            event.attempts += 1
+            event.chained = event.key in seen
+            if event.key is not None:
+                seen.add(event.key)
+        events = [p.event for p in to_sink]
+        try:
+            outcomes: Sequence[Outcome] = await self.sink.publish(events, KeyHolds())
+        except SinkTimeout as exc:
+            for event in events:
+                event.attempts -= 1
+            delay = self._timeouts.next_delay()
+            logger.warning("no acknowledgement in time, %d events again in %.1fs: %s", len(events), delay, exc)
+            self._block(to_sink, now + delay)
+            return
+        except SinkUnavailable as exc:
+            for event in events:
+                event.attempts -= 1
+            logger.warning("broker unavailable: %s", exc, extra={"action": "sink_retry"})
+            self._block(to_sink, 0.0)
+            await self._wait_for_sink(stop)
+            return
+        self._sink_outage.reset()
+        verdict = judge(events, outcomes, self.settings, self._backoff, self.metrics)
+        dead = {d.id: d.error for d in verdict.dead}
+        retry = {r.id: r.delay_seconds for r in verdict.retry}
+        held = {i: delay for delay, ids in verdict.held.items() for i in ids}
+        timed_out = set(verdict.timed_out)
+        if not timed_out:
+            self._timeouts.reset()
+        timeout_delay = self._timeouts.next_delay() if timed_out else 0.0
+        for pending, outcome in zip(to_sink, outcomes, strict=True):
+            event = pending.event
+            if outcome is None:
+                self._done(pending)
+            elif event.key is not None and event.key in self._parked:
+                event.attempts -= 1
+                await self._park(pending)
+            elif event.id in dead:
+                await self._dead(pending, dead[event.id])
+            else:
+                if event.id not in retry:
+                    event.attempts -= 1  # held back, timed out: no attempt spent
+                delay = retry.get(event.id, held.get(event.id, timeout_delay if event.id in timed_out else 0.0))
+                self._block([pending], now + delay)
+
+    def _block(self, pendings: list[Pending], due: float) -> None:
+        for pending in pendings:
+            key: object = pending.event.key if pending.event.key is not None else pending
+            blocked = self._blocked.get(key)
+            if blocked is None:
+                self._blocked[key] = _Blocked(deque([pending]), due)
+            else:
+                blocked.events.append(pending)
+
+    async def _wait_for_sink(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self._sleep(stop, self._sink_outage.next_delay())
+            try:
+                await self.sink.check()
+            except SinkUnavailable:
+                continue
+            logger.info("broker reachable again", extra={"action": "sink_recovered"})
+            return
+
+    def _done(self, pending: Pending) -> None:
+        if pending.row:
+            self._delivered_rows.append(pending.event.id)
+        self._window.done(pending)
+
+    async def _dead(self, pending: Pending, reason: str) -> None:
+        event = pending.event
+        await self.store.write(event, state="failed", reason=reason, attempts=event.attempts)
+        if event.key is not None:
+            self._parked.add(event.key)
+        logger.warning("dead-lettered event %d into the table; key parked", event.id, extra={"action": "dead_letter"})
+        self._window.done(pending)
+
+    async def _park(self, pending: Pending) -> None:
+        event = pending.event
+        reason = f"parked: an earlier event of key {event.key!r} is dead-lettered"
+        await self.store.write(event, state="pending", reason=reason, attempts=max(event.attempts - 1, 0))
+        self._window.done(pending)
+
+    async def _confirm(self, *, final: bool = False) -> None:
+        """Send the done prefix's end to the server, if it moved (or now and then), once fenced."""
+        stream = self._stream
+        if stream is None:
+            return
+        lsn = self._window.confirmable()
+        target = max(self._confirmed, lsn or 0)
+        if self._window.idle() and not self._ready and not self._blocked:
+            target = max(target, self._idle_end)
+        now = time.monotonic()
+        moved = target > self._confirmed
+        due = moved and now - self._last_confirm >= CONFIRM_INTERVAL_SECONDS
+        if not (final or due or now - stream.last_status_at >= STATUS_INTERVAL_SECONDS):
+            return
+        if not await self.store.leading():
+            raise Fenced("the slot's lock was lost: confirming nothing")
+        rows, self._delivered_rows = self._delivered_rows, []
+        await self.store.delete_delivered(rows)
+        await stream.confirm(target, reply=not moved)
+        self._last_confirm = now
+        if moved:
+            self._confirmed = target
+            logger.debug("confirmed %s", format_lsn(target), extra={"action": "confirm"})

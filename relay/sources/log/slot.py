@@ -1,0 +1,268 @@
+"""The publication and the slot, the leader's lock, and the relay's few writes to the outbox table.
+
+- :func:`prepare` (``migrate --source log --slot NAME``): the publication (INSERTs
+  of the outbox table only; named as the slot) and the ``pgoutput`` slot, each
+  created once. It refuses, in one line, a server older than 14, a
+  ``wal_level`` other than ``logical``, and a role that cannot replicate.
+- :class:`TableLink`: one ordinary connection per relay. It holds the leader's
+  session advisory lock (keyed by the slot's name; ``idle_session_timeout`` ends
+  the session, and the lock, of a reader frozen longer than the bound), checks
+  it before each confirm (fencing), and writes what the relay writes: dead
+  letters, events parked behind one, and the deletion of delivered rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from relay.config import TableName
+from relay.errors import ConfigError, StoreUnavailable
+from relay.events import Event
+
+MIN_SERVER_VERSION = 140000
+SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+
+
+def check_slot_name(name: str) -> str:
+    """``name`` if PostgreSQL takes it as a replication slot's name (and the publication's)."""
+    if not SLOT_NAME.fullmatch(name or ""):
+        raise ConfigError(
+            f"invalid slot name {name[:80]!r}: 1 to 63 lower-case letters, digits and underscores (--slot, RELAY_SLOT)"
+        )
+    return name
+
+
+def publication_name(slot: str) -> str:
+    """The publication a slot reads: the slot's own name."""
+    return slot
+
+
+def lock_key(slot: str) -> int:
+    """The session advisory lock a slot's reader holds: a stable 63-bit key from the slot's name."""
+    digest = hashlib.sha256(f"outbox-relay slot {slot}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def refusal(version: int, wal_level: str, can_replicate: bool) -> str | None:
+    """Why the server cannot host the log source, with what to change; None when it can."""
+    if version < MIN_SERVER_VERSION:
+        return f"the log source needs PostgreSQL 14 or later (this server is {version // 10000})"
+    if wal_level != "logical":
+        return (
+            f"the log source needs wal_level = logical (it is {wal_level}): set it in postgresql.conf "
+            "(or ALTER SYSTEM SET wal_level = logical) and restart the server"
+        )
+    if not can_replicate:
+        return "the log source needs a role with the REPLICATION attribute (ALTER ROLE name REPLICATION) or a superuser"
+    return None
+
+
+def _check_server(conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute(
+        "SELECT current_setting('server_version_num')::int, current_setting('wal_level'),"
+        " (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)"
+    ).fetchone()
+    assert row is not None
+    if why := refusal(row[0], row[1], bool(row[2])):
+        raise ConfigError(why)
+
+
+def prepare(dsn: str, table: TableName, slot: str) -> list[str]:
+    """Create the publication and the slot if missing; what was created. Safe to run twice."""
+    check_slot_name(slot)
+    created: list[str] = []
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            _check_server(conn)
+            publication = publication_name(slot)
+            target = sql.Identifier(*table.parts)
+            found = conn.execute("SELECT pubinsert FROM pg_publication WHERE pubname = %s", [publication]).fetchone()
+            if found is None:
+                conn.execute(
+                    sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')").format(
+                        sql.Identifier(publication), target
+                    )
+                )
+                created.append(f"publication {publication}")
+            else:
+                has = conn.execute(
+                    "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+                    [publication, *_schema_and_name(conn, table)],
+                ).fetchone()
+                if has is None:
+                    conn.execute(
+                        sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(publication), target)
+                    )
+                    created.append(f"table {table} in publication {publication}")
+                conn.execute(
+                    sql.SQL("ALTER PUBLICATION {} SET (publish = 'insert')").format(sql.Identifier(publication))
+                )
+            exists = conn.execute(
+                "SELECT plugin FROM pg_replication_slots WHERE slot_name = %s AND database = current_database()",
+                [slot],
+            ).fetchone()
+            if exists is None:
+                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
+                created.append(f"slot {slot}")
+            elif exists[0] != "pgoutput":
+                raise ConfigError(
+                    f"slot {slot} exists with the plugin {exists[0]}, not pgoutput: choose another --slot"
+                )
+    except psycopg.errors.DuplicateObject:
+        return prepare(dsn, table, slot)  # another migrate created it meanwhile
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"cannot reach the database: {exc}") from None
+    return created
+
+
+def _schema_and_name(conn: psycopg.Connection[Any], table: TableName) -> tuple[str, str]:
+    if len(table.parts) == 2:
+        return table.parts[0], table.parts[1]
+    row = conn.execute(
+        "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s::regclass",
+        [str(table)],
+    ).fetchone()
+    return (row[0] if row else "public"), table.parts[-1]
+
+
+_UPSERT = """
+INSERT INTO {table} (id, topic, key, payload, payload_bytes, content_type, headers, idempotency_key, created_at,
+                     state, attempts, last_error, failed_at)
+VALUES (%(id)s, %(topic)s, %(key)s, %(payload)s::jsonb, %(payload_bytes)s, %(content_type)s, %(headers)s::jsonb,
+        %(idempotency_key)s, %(created_at)s, %(state)s, %(attempts)s, %(last_error)s,
+        CASE WHEN %(state)s = 'failed' THEN now() END)
+ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, attempts = EXCLUDED.attempts,
+    last_error = EXCLUDED.last_error, failed_at = EXCLUDED.failed_at,
+    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+"""
+
+
+class TableLink:
+    """The relay's ordinary connection: the leader's lock, fencing, and its writes to the outbox table."""
+
+    def __init__(self, dsn: str, table: TableName, slot: str, *, leader_timeout_seconds: float) -> None:
+        self._dsn = dsn
+        self._table = table
+        self._slot = slot
+        self._key = lock_key(slot)
+        self._timeout = leader_timeout_seconds
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._target = sql.Identifier(*table.parts)
+
+    async def connect(self, connect_timeout: float) -> None:
+        await self.close()
+        try:
+            self._conn = await psycopg.AsyncConnection.connect(
+                self._dsn,
+                autocommit=True,
+                connect_timeout=max(1, round(connect_timeout)),
+                # A frozen leader's session ends, and its lock with it, after this long idle.
+                options=f"-c idle_session_timeout={int(self._timeout * 1000)} -c statement_timeout=30000",
+            )
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"cannot reach the database: {exc}") from None
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # closing a connection that may be gone
+                await conn.close()
+
+    async def _run(self, query: Any, params: Any = None) -> list[tuple[Any, ...]]:
+        if self._conn is None:
+            raise StoreUnavailable("not connected")
+        try:
+            cursor = await self._conn.execute(query, params)
+            return await cursor.fetchall() if cursor.description else []
+        except psycopg.OperationalError as exc:
+            await self.close()
+            raise StoreUnavailable(f"database connection lost: {exc}") from None
+
+    async def check(self) -> None:
+        await self._run("SELECT 1")
+
+    async def try_lead(self) -> bool:
+        """Take the slot's lock if no other relay holds it."""
+        rows = await self._run("SELECT pg_try_advisory_lock(%s)", [self._key])
+        return bool(rows[0][0])
+
+    async def leading(self) -> bool:
+        """Whether this session still holds the slot's lock (the fencing check before a confirm)."""
+        rows = await self._run(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
+            " AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = 1",
+            [self._key >> 32, self._key & 0xFFFFFFFF],
+        )
+        return bool(rows[0][0])
+
+    async def end_stale_reader(self) -> None:
+        """End the walsender still holding the slot for a reader that lost the lock (frozen, cut off)."""
+        await self._run(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+            " WHERE slot_name = %s AND active_pid IS NOT NULL",
+            [self._slot],
+        )
+
+    async def slot(self) -> tuple[int | None, str | None, float | None] | None:
+        """The slot's lag in bytes, its ``wal_status``; None when it is gone."""
+        rows = await self._run(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, wal_status"
+            " FROM pg_replication_slots WHERE slot_name = %s",
+            [self._slot],
+        )
+        if not rows:
+            return None
+        return rows[0][0], rows[0][1], None
+
+    async def heartbeat(self) -> None:
+        """A non-transactional message, so the stream goes on (and the slot advances) on an idle database."""
+        await self._run("SELECT pg_logical_emit_message(false, 'outbox-heartbeat', '')")
+
+    async def parked_keys(self) -> set[str]:
+        """Keys the table holds back: those with a dead letter, or events handed over to it."""
+        rows = await self._run(
+            sql.SQL(
+                "SELECT DISTINCT key FROM {} WHERE key IS NOT NULL AND state IN ('pending', 'failed')"
+                " AND last_error IS NOT NULL"
+            ).format(self._target)
+        )
+        return {row[0] for row in rows}
+
+    async def delete_delivered(self, ids: Sequence[int]) -> None:
+        """Delete the rows of acknowledged table events (the WAL keeps their INSERT: a re-read loses nothing)."""
+        if ids:
+            await self._run(
+                sql.SQL("DELETE FROM {} WHERE id = ANY(%s) AND state = 'pending' AND last_error IS NULL").format(
+                    self._target
+                ),
+                [list(ids)],
+            )
+
+    async def write(self, event: Event, *, state: str, reason: str, attempts: int) -> None:
+        """Write ``event`` as a row of the table: a dead letter (``failed``), or ``pending`` parked behind one."""
+        json_payload = event.content_type is None
+        await self._run(
+            sql.SQL(_UPSERT).format(table=self._target),
+            {
+                "id": event.id,
+                "topic": event.topic or "(none)",
+                "key": event.key,
+                "payload": event.payload.decode() if json_payload else None,
+                "payload_bytes": None if json_payload else event.payload,
+                "content_type": event.content_type,
+                "headers": Jsonb(event.headers),
+                "idempotency_key": event.idempotency_key,
+                "created_at": event.created_at,
+                "state": state,
+                "attempts": attempts,
+                "last_error": reason,
+            },
+        )

@@ -1,0 +1,162 @@
+"""The replication connection: ``START_REPLICATION`` on a ``replication=database`` connection.
+
+psycopg 3 starts the stream (a COPY_BOTH result) and parses none of it: frames
+are read raw with ``get_copy_data`` and status updates written with
+``put_copy_data``, waiting on the socket with the event loop. Reading stops
+while the caller does not ask for more: the server then waits on the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import psycopg
+from psycopg import pq
+
+from relay.errors import StoreUnavailable
+from relay.sources.log.pgoutput import Keepalive, parse_frame, standby_status
+
+#: The session settings pgoutput's text output depends on, and how soon the server drops a silent reader.
+STREAM_OPTIONS = "-c datestyle=ISO -c timezone=UTC -c bytea_output=hex -c extra_float_digits=3"
+
+
+class SlotBusy(StoreUnavailable):
+    """Another process reads the slot ("replication slot ... is active for PID ...")."""
+
+
+class SlotMissing(StoreUnavailable):
+    """The slot does not exist, or can no longer be read (invalidated)."""
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class ReplicationStream:
+    """One slot's stream of frames, read on demand, with status updates sent as asked."""
+
+    def __init__(self, dsn: str, slot: str, publication: str, *, sender_timeout_seconds: float) -> None:
+        self._dsn = dsn
+        self._slot = slot
+        self._publication = publication
+        self._sender_timeout = sender_timeout_seconds
+        self._conn: psycopg.AsyncConnection[object] | None = None
+        self._pg: pq.abc.PGconn | None = None
+        self.last_status_at = 0.0
+
+    async def start(self, connect_timeout: float) -> None:
+        """Connect and start streaming from the slot's confirmed position."""
+        options = f"{STREAM_OPTIONS} -c wal_sender_timeout={int(self._sender_timeout * 1000)}"
+        try:
+            self._conn = await psycopg.AsyncConnection.connect(
+                self._dsn,
+                replication="database",
+                autocommit=True,
+                connect_timeout=max(1, round(connect_timeout)),
+                options=options,
+            )
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"cannot open a replication connection: {exc}") from None
+        pg = self._pg = self._conn.pgconn
+        command = (
+            f"START_REPLICATION SLOT {_quote(self._slot)} LOGICAL 0/0 (proto_version '1', "
+            f"publication_names '{self._publication.replace(chr(39), chr(39) * 2)}', messages 'true')"
+        )
+        pg.send_query(command.encode())
+        await self._flush()
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            pg.consume_input()
+            if not pg.is_busy():
+                break
+            await self._readable(deadline - time.monotonic())
+        result = pg.get_result()
+        if result is None or result.status != pq.ExecStatus.COPY_BOTH:
+            message = (result.error_message.decode(errors="replace").strip() if result is not None else "") or "?"
+            await self.close()
+            if "is active for PID" in message:
+                raise SlotBusy(message)
+            if "does not exist" in message or "invalidated" in message or "cannot" in message:
+                raise SlotMissing(f"slot {self._slot}: {message}")
+            raise StoreUnavailable(f"START_REPLICATION failed: {message}")
+
+    async def read(self, timeout: float) -> tuple[int, bytes] | Keepalive | None:
+        """The next frame, or None if none came within ``timeout`` seconds."""
+        pg = self._pg
+        if pg is None:
+            raise StoreUnavailable("the replication stream is closed")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                size, data = pg.get_copy_data(1)
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"replication stream lost: {exc}") from None
+            if size > 0:
+                return parse_frame(data)
+            if size == -1:  # the stream ended: the server said why
+                result = pg.get_result()
+                message = result.error_message.decode(errors="replace").strip() if result is not None else ""
+                if "invalidated" in message or "does not exist" in message:
+                    raise SlotMissing(f"slot {self._slot}: {message}")
+                raise StoreUnavailable(f"replication stream ended: {message or 'no reason given'}")
+            if size != 0:
+                raise StoreUnavailable(f"replication stream lost: {pg.error_message.decode(errors='replace')}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await self._readable(left)
+            try:
+                pg.consume_input()
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"replication stream lost: {exc}") from None
+
+    async def confirm(self, lsn: int, *, reply: bool = False) -> None:
+        """Tell the server everything up to ``lsn`` is flushed: the slot's confirmed position."""
+        pg = self._pg
+        if pg is None:
+            raise StoreUnavailable("the replication stream is closed")
+        try:
+            pg.put_copy_data(standby_status(lsn, reply=reply))
+            await self._flush()
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"replication stream lost: {exc}") from None
+        self.last_status_at = time.monotonic()
+
+    async def close(self) -> None:
+        conn, self._conn, self._pg = self._conn, None, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _flush(self) -> None:
+        pg = self._pg
+        assert pg is not None
+        while pg.flush():
+            await self._writable(5.0)
+
+    async def _readable(self, timeout: float) -> None:
+        await self._wait(timeout, write=False)
+
+    async def _writable(self, timeout: float) -> None:
+        await self._wait(timeout, write=True)
+
+    async def _wait(self, timeout: float, *, write: bool) -> None:
+        pg = self._pg
+        if pg is None:
+            raise StoreUnavailable("the replication stream is closed")
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        fd = pg.socket
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        (loop.add_writer if write else loop.add_reader)(fd, wake)
+        try:
+            await asyncio.wait_for(ready, max(timeout, 0.0))
+        finally:
+            (loop.remove_writer if write else loop.remove_reader)(fd)

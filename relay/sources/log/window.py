@@ -1,0 +1,86 @@
+"""The events in flight from the log, and the position that may be confirmed.
+
+Only the contiguous done prefix is confirmed (as Kafka Connect's source tasks
+commit offsets, and Debezium flushes the LSN once its offsets are committed):
+the end of the last transaction all of whose events, and all before it, were
+acknowledged or dead-lettered. A transaction partly done is not confirmed, and
+after a crash it is read again whole (duplicates, never a loss).
+
+The window is bounded in events and bytes: while it is full the reader stops
+reading, and the server waits on the socket (TCP backpressure), so a 100,000-event
+transaction or a slot far behind never sits whole in memory.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from relay.events import Event
+
+
+@dataclass(slots=True, eq=False)
+class Transaction:
+    """One transaction read from the log: its events not done yet, and its end once its commit came."""
+
+    pending: int = 0
+    end_lsn: int | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """An event read from the log, in flight until acknowledged or dead-lettered."""
+
+    event: Event
+    transaction: Transaction
+    size: int
+    #: Whether the event came from a table row (its row is deleted once acknowledged) or a message.
+    row: bool
+    done: bool = field(default=False)
+
+
+class Window:
+    """Transactions read and not confirmed yet, in commit order, and the events they hold in flight."""
+
+    def __init__(self, max_events: int, max_bytes: int) -> None:
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.events = 0
+        self.bytes = 0
+        self._transactions: deque[Transaction] = deque()
+
+    def begin(self) -> Transaction:
+        transaction = Transaction()
+        self._transactions.append(transaction)
+        return transaction
+
+    def add(self, event: Event, transaction: Transaction, *, row: bool) -> Pending:
+        size = len(event.payload) + 64
+        transaction.pending += 1
+        self.events += 1
+        self.bytes += size
+        return Pending(event, transaction, size, row)
+
+    def done(self, pending: Pending) -> None:
+        """``pending`` was acknowledged, dead-lettered or parked in the table: it holds its transaction no more."""
+        if pending.done:
+            return
+        pending.done = True
+        pending.transaction.pending -= 1
+        self.events -= 1
+        self.bytes -= pending.size
+
+    def full(self) -> bool:
+        return self.events >= self.max_events or self.bytes >= self.max_bytes
+
+    def idle(self) -> bool:
+        """Nothing read is unconfirmed, and no transaction is open."""
+        return not self._transactions
+
+    def confirmable(self) -> int | None:
+        """The end of the last transaction of the done prefix (dropped from the window), or None."""
+        last = None
+        transactions = self._transactions
+        while transactions and transactions[0].pending == 0 and transactions[0].end_lsn is not None:
+            last = transactions.popleft().end_lsn
+        return last

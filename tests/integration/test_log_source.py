@@ -1,0 +1,111 @@
+"""The log source on a real PostgreSQL (embedded, wal_level=logical): what it delivers, in what order, and
+what it confirms."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import psycopg
+
+from relay.events import Failure
+from relay.sinks.memory import MemorySink
+from tests.log_support import confirmed_lsn, running, synchronous, until
+
+
+def _insert(conn: psycopg.Connection, topic: str, key: str | None, payload: object) -> None:
+    conn.execute(
+        "INSERT INTO outbox (topic, key, payload) VALUES (%s, %s, %s::jsonb)", [topic, key, json.dumps(payload)]
+    )
+
+
+def _message(conn: psycopg.Connection, envelope: dict[str, object]) -> None:
+    conn.execute("SELECT pg_logical_emit_message(true, 'outbox', %s)", [json.dumps(envelope)])
+
+
+def _outbox_rows(url: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT id, state, key, last_error FROM outbox ORDER BY id").fetchall()
+
+
+@synchronous
+async def test_rows_and_messages_in_commit_order_rolled_back_never(log_database: tuple[str, str]) -> None:
+    url, slot = log_database
+    sink = MemorySink()
+    with psycopg.connect(url, autocommit=True) as one, psycopg.connect(url, autocommit=True) as two:
+        # Interleaved: the first transaction to start commits last.
+        one.execute("BEGIN")
+        _insert(one, "orders", "a", {"n": 1})
+        two.execute("BEGIN")
+        _insert(two, "orders", "a", {"n": 2})
+        _message(two, {"topic": "orders", "key": "a", "payload": {"n": 3}, "headers": {"h": "v"}})
+        two.execute("COMMIT")
+        _message(one, {"topic": "bytes", "key": "b", "payload": "AAEC", "content_type": "application/x-raw"})
+        one.execute("COMMIT")
+        with one.transaction(force_rollback=True):
+            _insert(one, "orders", "a", {"rolled": "back"})
+            _message(one, {"topic": "orders", "key": "a", "payload": {"rolled": "back"}})
+        _message(one, {"topic": "orders", "key": None, "payload": [1, {"bb": 2, "a": 1.50}], "idempotency_key": "k1"})
+    async with running(url, slot, sink):
+        await until(lambda: len(sink.delivered) >= 5)
+        await until(lambda: not _outbox_rows(url))
+        await asyncio.sleep(0.3)
+    got = [(e.topic, e.key, e.payload, e.content_type) for e in sink.delivered]
+    assert got == [
+        ("orders", "a", b'{"n": 2}', None),
+        ("orders", "a", b'{"n": 3}', None),
+        ("orders", "a", b'{"n": 1}', None),
+        ("bytes", "b", b"\x00\x01\x02", "application/x-raw"),
+        ("orders", None, b'[1, {"a": 1.5, "bb": 2}]', None),
+    ]
+    assert sink.delivered[1].headers == {"h": "v"}
+    assert sink.delivered[4].idempotency_key == "k1"
+    assert len({e.idempotency_key for e in sink.delivered}) == 5
+    # Confirmed: a new relay on the slot delivers nothing again.
+    again = MemorySink()
+    async with running(url, slot, again):
+        await asyncio.sleep(1.5)
+    assert again.delivered == []
+
+
+@synchronous
+async def test_a_crash_before_the_confirm_redelivers_the_whole_transaction(log_database: tuple[str, str]) -> None:
+    url, slot = log_database
+    before = confirmed_lsn(url, slot)
+    with psycopg.connect(url) as conn:
+        for n in range(5):
+            _insert(conn, "t", f"k{n % 2}", {"n": n})
+    # The broker refuses the fourth event until told otherwise: the transaction is never wholly done.
+    failing = MemorySink(fail=lambda e: Failure("down") if json.loads(e.payload)["n"] == 3 else None)
+    async with running(url, slot, failing, max_attempts=1000):
+        await until(lambda: len(failing.delivered) >= 3)
+        await asyncio.sleep(1.0)
+    assert confirmed_lsn(url, slot) == before
+    healthy = MemorySink()
+    async with running(url, slot, healthy):
+        await until(lambda: len(healthy.delivered) >= 5)
+    assert sorted(json.loads(e.payload)["n"] for e in healthy.delivered) == [0, 1, 2, 3, 4]
+    # Per key, in order.
+    for key in ("k0", "k1"):
+        ns = [json.loads(e.payload)["n"] for e in healthy.delivered if e.key == key]
+        assert ns == sorted(ns)
+
+
+@synchronous
+async def test_poison_is_dead_lettered_its_key_parked_others_flow(log_database: tuple[str, str]) -> None:
+    url, slot = log_database
+    with psycopg.connect(url) as conn:
+        _insert(conn, "t", "bad", {"n": 0, "poison": True})
+        _insert(conn, "t", "bad", {"n": 1})
+        _message(conn, {"topic": "t", "key": "bad", "payload": {"n": 2}})
+        _insert(conn, "t", "good", {"n": 3})
+        _message(conn, {"topic": "t", "key": "good", "payload": {"n": 4}})
+    sink = MemorySink(fail=lambda e: Failure("refused", permanent=True) if b"poison" in e.payload else None)
+    async with running(url, slot, sink):
+        await until(lambda: len(sink.delivered) >= 2)
+        await until(lambda: len(_outbox_rows(url)) == 3)
+        await asyncio.sleep(0.5)
+    assert [json.loads(e.payload)["n"] for e in sink.delivered] == [3, 4]
+    rows = _outbox_rows(url)
+    assert [(state, key) for _, state, key, _ in rows] == [("failed", "bad"), ("pending", "bad"), ("pending", "bad")]
+    assert all(error for *_, error in rows)
