@@ -15,7 +15,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from producers import _encoding, _mysql
+from producers import _encoding, _message, _mysql
 from producers._tracing import with_trace_context
 from relay.attribute_values import media_type_problem, shown
 from relay.config import DEFAULT_TABLE, TableName
@@ -368,8 +368,14 @@ def publish(
     content_type: str | None = None,
     allow_autocommit: bool = False,
     json_default: Callable[[Any], Any] | None = None,
+    via: str = "table",
 ) -> str:
     """Write one event in ``conn``'s current transaction and return its idempotency key.
+
+    ``via="message"`` (PostgreSQL, for ``outbox-relay run --source log``) writes
+    a transactional logical message instead of a row: no table, no unique
+    index (an idempotency key given twice is delivered twice), no
+    ``deliver_at`` or ``priority`` (see docs/log-source.md).
 
     ``payload`` is anything JSON-serialisable, or ``bytes`` (also
     ``bytearray``, ``memoryview``): those go downstream exactly as they are,
@@ -407,7 +413,9 @@ def publish(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
     _warn_autocommit(conn, "publish", allow_autocommit)  # after the arguments' checks, as close to the SQL
-    if _mysql.is_pymysql(conn):
+    if _message.check_via(via, deliver_at=deliver_at, priority=priority, mysql=_mysql.is_pymysql(conn)):
+        (psycopg.Cursor(conn) if _unfit_for_insert(conn) else conn).execute(_message.EMIT, [_message.envelope(params)])
+    elif _mysql.is_pymysql(conn):
         _mysql.insert(conn, table, params)
     else:
         writer = psycopg.Cursor(conn) if _unfit_for_insert(conn) else conn
@@ -431,6 +439,7 @@ async def apublish(
     content_type: str | None = None,
     allow_autocommit: bool = False,
     json_default: Callable[[Any], Any] | None = None,
+    via: str = "table",
 ) -> str:
     """The same as :func:`publish`, for a psycopg ``AsyncConnection`` or an asyncmy connection."""
     if isinstance(conn, psycopg.Connection | psycopg.Cursor) or _mysql.is_pymysql(conn):
@@ -442,7 +451,10 @@ async def apublish(
         topic, payload, content_type, key, headers, idempotency_key, deliver_at, priority, max_deliver_ahead
     )
     _warn_autocommit(conn, "apublish", allow_autocommit)
-    if _mysql.is_asyncmy(conn):
+    if _message.check_via(via, deliver_at=deliver_at, priority=priority, mysql=_mysql.is_asyncmy(conn)):
+        writer = psycopg.AsyncCursor(conn) if _unfit_for_insert(conn) else conn
+        await writer.execute(_message.EMIT, [_message.envelope(params)])
+    elif _mysql.is_asyncmy(conn):
         await _mysql.ainsert(conn, table, params)
     else:
         awriter = psycopg.AsyncCursor(conn) if _unfit_for_insert(conn) else conn

@@ -15,6 +15,7 @@ import pytest
 from devservers.postgres import LOGICAL_DECODING, embedded_postgres
 from relay.config import RelaySettings, TableName
 from relay.sinks.base import Sink
+from relay.sources.log.pgoutput import parse_lsn
 from relay.sources.log.relay import LogRelay
 from relay.sources.log.slot import prepare
 from relay.store.migrate import migrate
@@ -94,6 +95,20 @@ def synchronous(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[...,
         asyncio.run(test(*args, **kwargs))
 
     return run
+
+
+def caught_up(url: str, slot: str) -> Callable[[], bool]:
+    """A predicate: the slot confirmed everything written before this call."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    written = parse_lsn(row[0])
+
+    def check() -> bool:
+        confirmed = confirmed_lsn(url, slot)
+        return confirmed is not None and parse_lsn(confirmed) >= written
+
+    return check
 
 
 def confirmed_lsn(url: str, slot: str) -> str | None:
