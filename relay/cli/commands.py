@@ -58,6 +58,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     _, slot = source_and_slot(args)
     if slot is not None and (layout.debezium or dsn.startswith(("mysql", "mariadb"))):
         raise ConfigError("--source log needs PostgreSQL and the native table layout")
+    if slot is not None:
+        from relay.sources.log.slot import check_server
+
+        check_server(dsn)  # before the table: a server that cannot decode gets nothing
     if args.create_roles and layout.debezium:
         raise ConfigError("--create-roles is not available with --table-layout debezium yet")
     if args.create_roles and args.relay_role == args.writer_role:

@@ -75,6 +75,15 @@ def _check_server(conn: psycopg.Connection[Any]) -> None:
         raise ConfigError(why)
 
 
+def check_server(dsn: str) -> None:
+    """Raise :class:`ConfigError` (one line, what to change) unless the server can host the log source."""
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            _check_server(conn)
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"cannot reach the database: {exc}") from None
+
+
 def prepare(dsn: str, table: TableName, slot: str) -> list[str]:
     """Create the publication and the slot if missing; what was created. Safe to run twice."""
     check_slot_name(slot)

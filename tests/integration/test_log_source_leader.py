@@ -1,0 +1,115 @@
+"""One reader per slot: standbys wait, take over when the leader ends; a leader that lost its lock confirms
+nothing; migrate's refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import psycopg
+
+from relay.sinks.memory import MemorySink
+from relay.sources.log.slot import lock_key
+from tests.log_support import caught_up, confirmed_lsn, running, synchronous, until
+
+
+def _write(url: str, first: int, count: int) -> None:
+    with psycopg.connect(url) as conn:
+        for n in range(first, first + count):
+            conn.execute(
+                "SELECT pg_logical_emit_message(true, 'outbox', %s)", [json.dumps({"topic": "t", "payload": n})]
+            )
+
+
+def _numbers(sink: MemorySink) -> list[int]:
+    return [int(e.payload) for e in sink.delivered]
+
+
+@synchronous
+async def test_a_standby_waits_then_takes_over_with_no_loss(log_database: tuple[str, str]) -> None:
+    url, slot = log_database
+    _write(url, 0, 10)
+    first, second = MemorySink(), MemorySink()
+    async with running(url, slot, first) as leader:
+        await until(lambda: len(first.delivered) >= 10)
+        async with running(url, slot, second) as standby:
+            await asyncio.sleep(1.5)
+            assert leader.state.leading and not standby.state.leading
+            assert second.delivered == []
+            done = caught_up(url, slot)
+            await until(done)
+            _write(url, 10, 5)
+            await until(lambda: len(first.delivered) >= 15)
+            # The leader goes; the standby takes over within seconds and reads on.
+            await asyncio.wait_for(_stop(leader), 30)
+            _write(url, 15, 5)
+            await until(lambda: len(second.delivered) >= 5, timeout=20)
+    assert _numbers(first) == list(range(15))
+    assert _numbers(second)[-5:] == list(range(15, 20))
+
+
+async def _stop(relay: object) -> None:
+    # The running() block owns the task; ending the leader's session is what a crash looks like to the server.
+    store = relay.store  # type: ignore[attr-defined]
+    await store.close()
+    stream = relay._stream  # type: ignore[attr-defined]
+    if stream is not None:
+        await stream.close()
+
+
+@synchronous
+async def test_a_leader_whose_lock_was_taken_confirms_nothing(log_database: tuple[str, str]) -> None:
+    url, slot = log_database
+    sink = MemorySink()
+    async with running(url, slot, sink) as relay:
+        await until(lambda: relay.state.leading)
+        await until(caught_up(url, slot))
+        before = confirmed_lsn(url, slot)
+        # Its lock's session ends (as a frozen leader's does past idle_session_timeout) and another takes the lock.
+        with psycopg.connect(url, autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+            while not other.execute("SELECT pg_try_advisory_lock(%s)", [lock_key(slot)]).fetchone()[0]:  # type: ignore[index]
+                await asyncio.sleep(0.01)
+            _write(url, 0, 3)
+            await asyncio.sleep(3.0)
+            print("DEBUG", len(sink.delivered), before, confirmed_lsn(url, slot), relay.state.leading)
+            assert confirmed_lsn(url, slot) == before
+            assert not relay.state.leading
+        # The lock is free again: the relay leads and delivers.
+        await until(lambda: len(sink.delivered) >= 3, timeout=30)
+    assert sorted(_numbers(sink))[-3:] == [0, 1, 2]
+
+
+def test_migrate_refuses_a_server_without_logical_decoding(empty_database: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "relay", "migrate", "--database-url", empty_database, "--source", "log", "--slot", "s1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "wal_level = logical" in lines[0], run.stderr
+    with psycopg.connect(empty_database) as conn:  # and wrote nothing
+        assert conn.execute("SELECT to_regclass('outbox')").fetchone() == (None,)
+
+
+def test_migrate_twice_is_safe(logical_server: str, log_database: tuple[str, str]) -> None:
+    url, slot = log_database
+    for _ in range(2):
+        run = subprocess.run(
+            [sys.executable, "-m", "relay", "migrate", "--database-url", url, "--source", "log", "--slot", slot],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT pubinsert, pubupdate, pubdelete FROM pg_publication WHERE pubname = %s", [slot]
+        ).fetchone()
+    assert row == (True, False, False)
