@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 
 import psycopg
+import pytest
 
-from relay.events import Failure
+from relay.events import Event, Failure
 from relay.sinks.memory import MemorySink
 from tests.log_support import confirmed_lsn, running, synchronous, until
 
@@ -91,8 +94,24 @@ async def test_a_crash_before_the_confirm_redelivers_the_whole_transaction(log_d
         assert ns == sorted(ns)
 
 
+def _admin(url: str, *args: str) -> str:
+    run = subprocess.run(
+        [sys.executable, "-m", "relay", *args, "--database-url", url],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+def _n(event: Event) -> int:
+    return int(json.loads(event.payload)["n"])
+
+
+@pytest.mark.parametrize("release", ["requeue", "skip"])
 @synchronous
-async def test_poison_is_dead_lettered_its_key_parked_others_flow(log_database: tuple[str, str]) -> None:
+async def test_poison_parks_its_key_until_requeue_or_skip_then_the_key_goes_on_in_order(
+    log_database: tuple[str, str], release: str
+) -> None:
     url, slot = log_database
     with psycopg.connect(url) as conn:
         _insert(conn, "t", "bad", {"n": 0, "poison": True})
@@ -100,12 +119,39 @@ async def test_poison_is_dead_lettered_its_key_parked_others_flow(log_database: 
         _message(conn, {"topic": "t", "key": "bad", "payload": {"n": 2}})
         _insert(conn, "t", "good", {"n": 3})
         _message(conn, {"topic": "t", "key": "good", "payload": {"n": 4}})
-    sink = MemorySink(fail=lambda e: Failure("refused", permanent=True) if b"poison" in e.payload else None)
+    poison = {"on": True}
+    sink = MemorySink(
+        fail=lambda e: Failure("refused", permanent=True) if poison["on"] and b"poison" in e.payload else None
+    )
     async with running(url, slot, sink):
         await until(lambda: len(sink.delivered) >= 2)
         await until(lambda: len(_outbox_rows(url)) == 3)
-        await asyncio.sleep(0.5)
-    assert [json.loads(e.payload)["n"] for e in sink.delivered] == [3, 4]
-    rows = _outbox_rows(url)
-    assert [(state, key) for _, state, key, _ in rows] == [("failed", "bad"), ("pending", "bad"), ("pending", "bad")]
-    assert all(error for *_, error in rows)
+        rows = _outbox_rows(url)
+        assert [(state, key) for _, state, key, _ in rows] == [
+            ("failed", "bad"),
+            ("pending", "bad"),
+            ("pending", "bad"),
+        ]
+        assert all(error for *_, error in rows)
+        assert json.loads(_admin(url, "dead", "--json"))[0]["id"] == rows[0][0]
+        # Later events of the parked key, from both writers, wait behind it in the table; others flow.
+        with psycopg.connect(url) as conn:
+            _message(conn, {"topic": "t", "key": "bad", "payload": {"n": 5}})
+            _insert(conn, "t", "bad", {"n": 6})
+            _insert(conn, "t", "good", {"n": 7})
+        await until(lambda: len(sink.delivered) >= 3)
+        await until(lambda: len(_outbox_rows(url)) == 5)
+        await asyncio.sleep(1.5)
+        assert [_n(e) for e in sink.delivered] == [3, 4, 7]
+        poison["on"] = False
+        if release == "requeue":
+            _admin(url, "requeue", "--key", "bad")
+        else:
+            _admin(url, "skip", "--id", str(rows[0][0]))
+        await until(lambda: all(state == "skipped" for _, state, _, _ in _outbox_rows(url)), timeout=30)
+        # Unparked: the key's next events go straight from the log, after the parked ones.
+        with psycopg.connect(url) as conn:
+            _insert(conn, "t", "bad", {"n": 8})
+        await until(lambda: [_n(e) for e in sink.delivered][-1] == 8)
+    bad = [_n(e) for e in sink.delivered if e.key == "bad"]
+    assert bad == ([0, 1, 2, 5, 6, 8] if release == "requeue" else [1, 2, 5, 6, 8])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -56,6 +57,8 @@ STATUS_INTERVAL_SECONDS = 2.0
 CONFIRM_INTERVAL_SECONDS = 0.2
 #: An idle leader writes a heartbeat this often, so the slot advances past other databases' WAL.
 HEARTBEAT_SECONDS = 10.0
+#: How often the leader delivers what was handed over to the table (parked events, requeued dead letters).
+SWEEP_SECONDS = 1.0
 #: Events and bytes in flight at most: the reader stops reading while the window is full.
 WINDOW_EVENTS_PER_BATCH = 8
 WINDOW_BYTES = 64 * 1024 * 1024
@@ -329,7 +332,7 @@ class LogRelay:
         stream = self._stream
         assert stream is not None
         next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
-        next_observe = 0.0
+        next_observe = next_sweep = 0.0
         while not stop.is_set():
             self.heartbeat = time.monotonic()
             if reader.done():
@@ -346,6 +349,9 @@ class LogRelay:
                     await asyncio.wait_for(self._more.wait(), wait)
             await self._confirm()
             now = time.monotonic()
+            if now >= next_sweep:
+                next_sweep = now + SWEEP_SECONDS
+                await self._sweep(stop)
             if now >= next_observe:
                 next_observe = now + 5.0
                 await self._observe_slot()
@@ -441,6 +447,34 @@ class LogRelay:
                 delay = retry.get(event.id, held.get(event.id, timeout_delay if event.id in timed_out else 0.0))
                 self._block([pending], now + delay)
 
+    async def _sweep(self, stop: asyncio.Event) -> None:
+        """Deliver the rows handed over to the table that may go (``requeue`` and ``skip`` free them),
+        then park exactly the keys the table still holds back."""
+        rows = await self.store.handed_over(self.settings.batch_size)
+        if rows and not stop.is_set():
+            events = [
+                Event(
+                    id=row[0], topic=row[1], key=row[2],
+                    payload=row[3].encode() if row[3] is not None else bytes(row[4]),
+                    headers=json.loads(row[6]) if row[6] else {}, idempotency_key=row[7], attempts=row[8] + 1,
+                    created_at=row[9], content_type=row[5],
+                )
+                for row in rows
+            ]  # fmt: skip
+            try:
+                outcomes = await self.sink.publish(events, KeyHolds())
+            except (SinkTimeout, SinkUnavailable) as exc:
+                logger.warning("events handed over to the table not delivered: %s", exc, extra={"action": "sink_retry"})
+            else:
+                verdict = judge(events, outcomes, self.settings, self._backoff, self.metrics)
+                await self.store.settle_handed_over(
+                    verdict.sent,
+                    [(r.id, r.delay_seconds, r.error) for r in verdict.retry],
+                    [(d.id, d.error) for d in verdict.dead],
+                )
+        self._parked = await self.store.parked_keys()
+        self.metrics.parked_keys.set(len(self._parked))
+
     def _block(self, pendings: list[Pending], due: float) -> None:
         for pending in pendings:
             key: object = pending.event.key if pending.event.key is not None else pending
@@ -467,7 +501,7 @@ class LogRelay:
 
     async def _dead(self, pending: Pending, reason: str) -> None:
         event = pending.event
-        await self.store.write(event, state="failed", reason=reason, attempts=event.attempts)
+        await self.store.write(event, row=pending.row, state="failed", reason=reason, attempts=event.attempts)
         if event.key is not None:
             self._parked.add(event.key)
         logger.warning("dead-lettered event %d into the table; key parked", event.id, extra={"action": "dead_letter"})
@@ -476,7 +510,7 @@ class LogRelay:
     async def _park(self, pending: Pending) -> None:
         event = pending.event
         reason = f"parked: an earlier event of key {event.key!r} is dead-lettered"
-        await self.store.write(event, state="pending", reason=reason, attempts=max(event.attempts - 1, 0))
+        await self.store.write(event, row=pending.row, state="pending", reason=reason, attempts=0)
         self._window.done(pending)
 
     async def _confirm(self, *, final: bool = False) -> None:

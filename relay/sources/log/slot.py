@@ -154,6 +154,30 @@ ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, attempts = EXCLUDED.attem
 """
 
 
+_INSERT = """
+INSERT INTO {table} (topic, key, payload, payload_bytes, content_type, headers, idempotency_key, created_at,
+                     state, attempts, last_error, failed_at)
+VALUES (%(topic)s, %(key)s, %(payload)s::jsonb, %(payload_bytes)s, %(content_type)s, %(headers)s::jsonb,
+        %(idempotency_key)s, %(created_at)s, %(state)s, %(attempts)s, %(last_error)s,
+        CASE WHEN %(state)s = 'failed' THEN now() END)
+ON CONFLICT (idempotency_key) DO NOTHING
+"""
+
+#: The rows handed over to the table that may go now: in id order, each key's first only while an earlier
+#: handed-over row of its key is still there (pending or dead-lettered: skipped ones no longer hold it).
+_HANDED_OVER = """
+SELECT id, topic, key, payload::text, payload_bytes, content_type, headers::text, idempotency_key, attempts,
+       created_at
+FROM {table} o
+WHERE state = 'pending' AND last_error IS NOT NULL AND deliver_at <= now()
+  AND (key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM {table} e
+      WHERE e.key = o.key AND e.id < o.id AND e.state IN ('pending', 'failed') AND e.last_error IS NOT NULL))
+ORDER BY id
+LIMIT %(limit)s
+"""
+
+
 class TableLink:
     """The relay's ordinary connection: the leader's lock, fencing, and its writes to the outbox table."""
 
@@ -255,23 +279,69 @@ class TableLink:
                 [list(ids)],
             )
 
-    async def write(self, event: Event, *, state: str, reason: str, attempts: int) -> None:
-        """Write ``event`` as a row of the table: a dead letter (``failed``), or ``pending`` parked behind one."""
-        json_payload = event.content_type is None
-        await self._run(
-            sql.SQL(_UPSERT).format(table=self._target),
-            {
-                "id": event.id,
-                "topic": event.topic or "(none)",
-                "key": event.key,
-                "payload": event.payload.decode() if json_payload else None,
-                "payload_bytes": None if json_payload else event.payload,
-                "content_type": event.content_type,
-                "headers": Jsonb(event.headers),
-                "idempotency_key": event.idempotency_key,
-                "created_at": event.created_at,
-                "state": state,
-                "attempts": attempts,
-                "last_error": reason,
-            },
-        )
+    async def write(self, event: Event, *, row: bool, state: str, reason: str, attempts: int) -> None:
+        """Write ``event`` into the table: a dead letter (``failed``), or ``pending`` parked behind one.
+
+        A table event's dead letter is its own row. Any other event becomes a new row, its id from the
+        table's sequence, so that a key's rows are in the order the log gave them: a parked table event's
+        row is replaced by one (its idempotency key keeps a re-read after a crash from writing it twice).
+        """
+        params = {
+            "id": event.id,
+            "topic": event.topic or "(none)",
+            "key": event.key,
+            "payload": event.payload.decode() if event.content_type is None else None,
+            "payload_bytes": None if event.content_type is None else event.payload,
+            "content_type": event.content_type,
+            "headers": Jsonb(event.headers),
+            "idempotency_key": event.idempotency_key,
+            "created_at": event.created_at,
+            "state": state,
+            "attempts": attempts,
+            "last_error": reason,
+        }
+        if row and state == "failed":
+            await self._run(sql.SQL(_UPSERT).format(table=self._target), params)
+            return
+        if self._conn is None:
+            raise StoreUnavailable("not connected")
+        try:
+            async with self._conn.transaction():
+                if row:
+                    await self._conn.execute(
+                        sql.SQL("DELETE FROM {} WHERE id = %(id)s AND state = 'pending' AND last_error IS NULL").format(
+                            self._target
+                        ),
+                        params,
+                    )
+                await self._conn.execute(sql.SQL(_INSERT).format(table=self._target), params)
+        except psycopg.OperationalError as exc:
+            await self.close()
+            raise StoreUnavailable(f"database connection lost: {exc}") from None
+
+    async def handed_over(self, limit: int) -> list[tuple[Any, ...]]:
+        """Due rows handed over to the table (parked, or requeued dead letters) that go next: the first of
+        each key whose earlier handed-over rows are all gone or skipped, by id."""
+        return await self._run(sql.SQL(_HANDED_OVER).format(table=self._target), {"limit": limit})
+
+    async def settle_handed_over(self, sent: Sequence[int], retry: Sequence[tuple[int, float, str]],
+                                 dead: Sequence[tuple[int, str]]) -> None:  # fmt: skip
+        """Delete the acknowledged handed-over rows; the failed ones due later, or dead-lettered."""
+        if sent:
+            await self._run(sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(self._target), [list(sent)])
+        for event_id, delay, error in retry:
+            await self._run(
+                sql.SQL(
+                    "UPDATE {} SET attempts = attempts + 1, last_error = %s,"
+                    " deliver_at = now() + make_interval(secs => %s) WHERE id = %s"
+                ).format(self._target),
+                [error, delay, event_id],
+            )
+        for event_id, error in dead:
+            await self._run(
+                sql.SQL(
+                    "UPDATE {} SET state = 'failed', attempts = attempts + 1, last_error = %s, failed_at = now()"
+                    " WHERE id = %s"
+                ).format(self._target),
+                [error, event_id],
+            )
