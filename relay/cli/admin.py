@@ -69,8 +69,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     """``outbox-relay status``."""
 
     status = _on_admin(args, lambda admin: admin.status(topics=args.topics))
+    slot = _slot_status(args)
     if args.json:
-        print(json.dumps(status.as_dict()))
+        print(json.dumps(status.as_dict() | ({"slot": slot} if slot is not None else {})))
         return 0
     print(
         f"pending: {status.pending}\nin flight: {status.in_flight}\nfailed: {status.failed}\n"
@@ -98,7 +99,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         for lag in status.topics:
             print(f"  {_printable(lag.topic)}\t{lag.pending}\t{lag.oldest_pending_age_seconds:.1f}s")
+    if slot is not None:
+        print("\n".join(f"slot {name}: {value}" for name, value in slot.items()))
     return 0
+
+
+def _slot_status(args: argparse.Namespace) -> dict[str, object] | None:
+    """With ``--slot`` (the log source): the slot's lag, ``wal_status`` and reader."""
+    if not getattr(args, "slot", None):
+        return None
+    from relay.cli.commands import database
+    from relay.sources.log.slot import slot_status
+
+    return slot_status(database(args)[0], args.slot)
 
 
 def _retrying_topic_count(status: Status) -> int:

@@ -175,7 +175,7 @@ def _command(commands: Commands, name: str) -> argparse.ArgumentParser:
         parser, "--log-level", help="DEBUG, INFO, WARNING or ERROR", default="INFO" if name in _LOGGING else "WARNING"
     )
     env_flag(parser, "--log-format", help="text or json", default="text")
-    if name in ("run", "migrate"):
+    if name in ("run", "migrate", "status"):
         env_flag(
             parser,
             "--source",

@@ -113,3 +113,34 @@ def test_migrate_twice_is_safe(logical_server: str, log_database: tuple[str, str
             "SELECT pubinsert, pubupdate, pubdelete FROM pg_publication WHERE pubname = %s", [slot]
         ).fetchone()
     assert row == (True, False, False)
+
+
+@synchronous
+async def test_a_dropped_slot_fails_healthz_and_status_says_so(log_database: tuple[str, str]) -> None:
+    url, slot = log_database
+    sink = MemorySink()
+    async with running(url, slot, sink) as relay:
+        await until(lambda: relay.state.leading)
+        assert relay.alive()
+        status = subprocess.run(
+            [sys.executable, "-m", "relay", "status", "--json", "--database-url", url, "--slot", slot],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert json.loads(status.stdout)["slot"]["exists"] is True
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(100):  # the reader comes back at once: end it until the drop gets in
+                conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s"
+                             " AND active_pid IS NOT NULL", [slot])  # fmt: skip
+                try:
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+                    break
+                except psycopg.errors.ObjectInUse:
+                    await asyncio.sleep(0.05)
+        await until(lambda: not relay.alive(), timeout=30)
+        assert relay.state.gone is not None and slot in relay.state.gone
+        assert b'outbox_relay_slot_wal_status{status="missing"} 1.0' in relay.metrics.render()
+    status = subprocess.run(
+        [sys.executable, "-m", "relay", "status", "--database-url", url, "--slot", slot],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert "slot exists: False" in status.stdout

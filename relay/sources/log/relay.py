@@ -241,11 +241,14 @@ class LogRelay:
     async def _observe_slot(self) -> None:
         found = await self.store.slot()
         if found is None:
+            self.state.lag_bytes = self.state.wal_status = None
             self.state.gone = (
                 f"slot {self.slot} does not exist (run outbox-relay migrate --source log --slot {self.slot})"
             )
         else:
             self.state.lag_bytes, self.state.wal_status, _ = found
+            oldest = self._window.oldest_commit()
+            self.state.lag_seconds = max(0.0, time.time() - oldest) if oldest else 0.0
             if self.state.wal_status == "lost":
                 self.state.gone = f"slot {self.slot} was invalidated (wal_status lost, max_slot_wal_keep_size)"
             else:
@@ -288,8 +291,8 @@ class LogRelay:
                     if len(self._ready) >= self.settings.batch_size:
                         self._more.set()
             elif isinstance(message, pgoutput.Begin):
-                transaction = window.begin()
                 commit_time = _PG_EPOCH + timedelta(microseconds=message.commit_time_us)
+                transaction = window.begin(commit_time.timestamp())
             elif isinstance(message, pgoutput.Commit):
                 if transaction is not None:
                     transaction.end_lsn = message.end_lsn

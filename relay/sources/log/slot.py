@@ -142,6 +142,26 @@ def _schema_and_name(conn: psycopg.Connection[Any], table: TableName) -> tuple[s
     return (row[0] if row else "public"), table.parts[-1]
 
 
+def slot_status(dsn: str, slot: str) -> dict[str, object]:
+    """What ``status --slot`` shows: whether the slot exists, its lag in bytes, ``wal_status``, reader."""
+    check_slot_name(slot)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT slot_name, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, wal_status,"
+                " active_pid, confirmed_flush_lsn::text, safe_wal_size FROM pg_replication_slots WHERE slot_name = %s",
+                [slot],
+            ).fetchone()
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"cannot reach the database: {exc}") from None
+    if row is None:
+        return {"name": slot, "exists": False}
+    return {
+        "name": slot, "exists": True, "lag_bytes": row[1], "wal_status": row[2], "reader_pid": row[3],
+        "confirmed_lsn": row[4], "safe_wal_size": row[5],
+    }  # fmt: skip
+
+
 _UPSERT = """
 INSERT INTO {table} (id, topic, key, payload, payload_bytes, content_type, headers, idempotency_key, created_at,
                      state, attempts, last_error, failed_at)

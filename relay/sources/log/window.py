@@ -25,6 +25,8 @@ class Transaction:
 
     pending: int = 0
     end_lsn: int | None = None
+    #: When it committed (Unix seconds): the slot's lag in seconds is the oldest one's age.
+    committed_at: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -49,8 +51,8 @@ class Window:
         self.bytes = 0
         self._transactions: deque[Transaction] = deque()
 
-    def begin(self) -> Transaction:
-        transaction = Transaction()
+    def begin(self, committed_at: float = 0.0) -> Transaction:
+        transaction = Transaction(committed_at=committed_at)
         self._transactions.append(transaction)
         return transaction
 
@@ -76,6 +78,10 @@ class Window:
     def idle(self) -> bool:
         """Nothing read is unconfirmed, and no transaction is open."""
         return not self._transactions
+
+    def oldest_commit(self) -> float | None:
+        """When the oldest unconfirmed transaction committed (Unix seconds); None with none."""
+        return self._transactions[0].committed_at if self._transactions else None
 
     def confirmable(self) -> int | None:
         """The end of the last transaction of the done prefix (dropped from the window), or None."""
