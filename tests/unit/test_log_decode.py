@@ -1,0 +1,148 @@
+"""The log source's pure parts: frames and pgoutput messages, envelopes, the window's confirmable prefix,
+and migrate's refusals."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from datetime import UTC, datetime
+
+import pytest
+
+from relay.errors import ConfigError
+from relay.sources.log import pgoutput
+from relay.sources.log.decode import BadEnvelope, RowReader, jsonb_text, message_event, message_idempotency_key
+from relay.sources.log.slot import check_slot_name, publication_name, refusal
+from relay.sources.log.window import Window
+
+NOW = datetime(2026, 12, 6, tzinfo=UTC)
+
+
+def _tuple(values: list[str | None]) -> bytes:
+    out = struct.pack("!h", len(values))
+    for value in values:
+        if value is None:
+            out += b"n"
+        else:
+            raw = value.encode()
+            out += b"t" + struct.pack("!i", len(raw)) + raw
+    return out
+
+
+def test_frames_and_messages_parse() -> None:
+    assert pgoutput.parse_frame(b"k" + struct.pack("!Qq?", 42, 0, True)) == pgoutput.Keepalive(42, True)
+    start, payload = pgoutput.parse_frame(b"w" + struct.pack("!QQq", 7, 8, 0) + b"B" + struct.pack("!Qqi", 9, 10, 11))
+    assert start == 7 and pgoutput.parse_message(payload) == pgoutput.Begin(9, 10, 11)
+    commit = b"C" + struct.pack("!BQQq", 0, 100, 120, 5)
+    assert pgoutput.parse_message(commit) == pgoutput.Commit(100, 120, 5)
+    relation = b"R" + struct.pack("!I", 16384) + b"public\x00outbox\x00d" + struct.pack("!h", 2)
+    relation += b"\x01id\x00" + struct.pack("!Ii", 20, -1) + b"\x00topic\x00" + struct.pack("!Ii", 25, -1)
+    assert pgoutput.parse_message(relation) == pgoutput.Relation(16384, "public", "outbox", ("id", "topic"))
+    insert = b"I" + struct.pack("!I", 16384) + b"N" + _tuple(["1", None])
+    assert pgoutput.parse_message(insert) == pgoutput.Insert(16384, ("1", None))
+    message = b"M\x01" + struct.pack("!Q", 77) + b"outbox\x00" + struct.pack("!i", 2) + b"{}"
+    assert pgoutput.parse_message(message) == pgoutput.Message(True, 77, "outbox", b"{}")
+    for skipped in (b"Y", b"O", b"U", b"D", b"T"):
+        assert pgoutput.parse_message(skipped + b"\x00" * 8) is None
+    with pytest.raises(pgoutput.ProtocolError):
+        pgoutput.parse_message(b"Z")
+    with pytest.raises(pgoutput.ProtocolError):
+        pgoutput.parse_frame(b"x")
+
+
+def test_status_update_and_lsn_text() -> None:
+    frame = pgoutput.standby_status(0x16_B374D848, reply=True)
+    kind, written, flushed, applied, _, reply = struct.unpack("!cQQQq?", frame)
+    assert (kind, written, flushed, applied, reply) == (b"r", 0x16_B374D848, 0x16_B374D848, 0x16_B374D848, True)
+    assert pgoutput.format_lsn(0x16_B374D848) == "16/B374D848"
+    assert pgoutput.parse_lsn("16/B374D848") == 0x16_B374D848
+
+
+COLUMNS = ("id", "topic", "key", "payload", "headers", "idempotency_key", "deliver_at", "priority", "state",
+           "attempts", "last_error", "lease_owner", "claim_token", "lease_expires_at", "created_at", "published_at",
+           "failed_at", "payload_bytes", "content_type")  # fmt: skip
+
+
+def _row(**values: str | None) -> tuple[str | None, ...]:
+    base: dict[str, str | None] = {name: None for name in COLUMNS}
+    base.update(id="5", topic="t", key="k", payload='{"a": 1}', headers='{"h": "v"}', idempotency_key="i",
+                state="pending", created_at="2026-12-06 21:40:00.123456+00")  # fmt: skip
+    base.update(values)
+    return tuple(base[name] for name in COLUMNS)
+
+
+def test_rows_become_events_and_the_relays_own_rows_do_not() -> None:
+    reader = RowReader(pgoutput.Relation(1, "public", "outbox", COLUMNS))
+    event = reader.event(_row(), NOW)
+    assert event is not None
+    assert (event.id, event.topic, event.key, event.payload, event.headers, event.idempotency_key) == (
+        5, "t", "k", b'{"a": 1}', {"h": "v"}, "i",
+    )  # fmt: skip
+    assert event.created_at == datetime(2026, 12, 6, 21, 40, 0, 123456, tzinfo=UTC)
+    raw = reader.event(_row(payload=None, payload_bytes="\\x00ff", content_type="application/x"), NOW)
+    assert raw is not None and raw.payload == b"\x00\xff" and raw.content_type == "application/x"
+    assert reader.event(_row(state="failed", last_error="x"), NOW) is None
+    assert reader.event(_row(last_error="parked"), NOW) is None
+    with pytest.raises(ValueError, match="lacks"):
+        RowReader(pgoutput.Relation(1, "public", "outbox", ("id", "topic")))
+
+
+def test_envelopes() -> None:
+    event = message_event(99, json.dumps({"topic": "t", "key": "k", "payload": {"bb": 1, "a": [1.50, "é"]},
+                                          "headers": {"h": "v"}}).encode(), NOW)  # fmt: skip
+    assert event.payload == '{"a": [1.5, "é"], "bb": 1}'.encode()
+    assert event.idempotency_key == message_idempotency_key(99) and event.id == 99 and event.created_at == NOW
+    envelope = {"topic": "t", "payload": base64.b64encode(b"\x00\x01").decode(), "content_type": "application/x",
+                "idempotency_key": "me"}  # fmt: skip
+    raw = message_event(1, json.dumps(envelope).encode(), NOW)
+    assert (raw.payload, raw.content_type, raw.idempotency_key, raw.key) == (b"\x00\x01", "application/x", "me", None)
+    assert message_event(1, b'{"topic": "t", "payload": null}', NOW).payload == b"null"
+    bad = [b"not json", b"[]", b'{"payload": 1}', b'{"topic": "", "payload": 1}', b'{"topic": "t"}',
+           b'{"topic": "t", "payload": 1, "key": 3}', b'{"topic": "t", "payload": 1, "headers": {"a": 1}}',
+           b'{"topic": "t", "payload": 1, "extra": 1}', b'{"topic": "t", "payload": 1, "content_type": "x"}',
+           b'{"topic": "t", "payload": "***", "content_type": "x"}',
+           b'{"topic": "t", "payload": 1, "idempotency_key": ""}',
+           b'{"topic": "' + b"x" * 250 + b'", "payload": 1}']  # fmt: skip
+    for content in bad:
+        with pytest.raises(BadEnvelope):
+            message_event(1, content, NOW)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [({"b": 1, "aa": 2, "a": 3}, '{"a": 3, "b": 1, "aa": 2}'), ([], "[]"), ({}, "{}"), ("é\n", '"é\\n"'),
+     (True, "true"), (None, "null"), ({"x": [{"y": None}]}, '{"x": [{"y": null}]}')],
+)  # fmt: skip
+def test_jsonb_text_is_what_postgresql_prints(value: object, text: str) -> None:
+    assert jsonb_text(value) == text
+
+
+def test_the_window_confirms_only_the_done_prefix() -> None:
+    window = Window(max_events=3, max_bytes=10**9)
+    first, second = window.begin(), window.begin()
+    a = window.add(message_event(1, b'{"topic": "t", "payload": 1}', NOW), first, row=False)
+    b = window.add(message_event(2, b'{"topic": "t", "payload": 2}', NOW), second, row=False)
+    c = window.add(message_event(3, b'{"topic": "t", "payload": 3}', NOW), second, row=False)
+    assert window.full()
+    first.end_lsn, second.end_lsn = 10, 20
+    window.done(b)
+    window.done(c)
+    assert window.confirmable() is None  # the first transaction is not done: nothing after it either
+    window.done(a)
+    window.done(a)  # twice counts once
+    assert window.confirmable() == 20 and window.idle() and window.events == 0
+    open_one = window.begin()
+    window.done(window.add(message_event(4, b'{"topic": "t", "payload": 4}', NOW), open_one, row=False))
+    assert window.confirmable() is None  # its commit has not come yet
+
+
+def test_refusals_and_names() -> None:
+    assert refusal(130000, "logical", True) is not None and "14" in str(refusal(130000, "logical", True))
+    assert "wal_level = logical" in str(refusal(150000, "replica", True))
+    assert "REPLICATION" in str(refusal(150000, "logical", False))
+    assert refusal(180000, "logical", True) is None
+    for name in ("", "A", "a-b", "x" * 64, "a b"):
+        with pytest.raises(ConfigError):
+            check_slot_name(name)
+    assert check_slot_name("orders_1") == "orders_1" and publication_name("orders_1") == "orders_1"
