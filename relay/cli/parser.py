@@ -175,7 +175,7 @@ def _command(commands: Commands, name: str) -> argparse.ArgumentParser:
         parser, "--log-level", help="DEBUG, INFO, WARNING or ERROR", default="INFO" if name in _LOGGING else "WARNING"
     )
     env_flag(parser, "--log-format", help="text or json", default="text")
-    if name in ("run", "migrate", "status"):
+    if name in ("run", "migrate"):
         env_flag(
             parser,
             "--source",
@@ -183,10 +183,12 @@ def _command(commands: Commands, name: str) -> argparse.ArgumentParser:
             "decoding through --slot; see docs/log-source.md)",
             default="table",
         )
+    if name in ("run", "migrate", "status"):
         env_flag(
             parser,
             "--slot",
-            help="with --source log: the replication slot (and publication) name, [a-z0-9_]{1,63}",
+            help="the log source's replication slot (and publication) name, [a-z0-9_]{1,63}"
+            + ("" if name != "status" else ": also show its lag, wal_status and reader"),
             metavar="NAME",
         )
     return parser

@@ -84,7 +84,7 @@ def check_server(dsn: str) -> None:
         raise StoreUnavailable(f"cannot reach the database: {exc}") from None
 
 
-def prepare(dsn: str, table: TableName, slot: str) -> list[str]:
+def prepare(dsn: str, table: TableName, slot: str, *, again: bool = True) -> list[str]:
     """Create the publication and the slot if missing; what was created. Safe to run twice."""
     check_slot_name(slot)
     created: list[str] = []
@@ -115,9 +115,10 @@ def prepare(dsn: str, table: TableName, slot: str) -> list[str]:
                     sql.SQL("ALTER PUBLICATION {} SET (publish = 'insert')").format(sql.Identifier(publication))
                 )
             exists = conn.execute(
-                "SELECT plugin FROM pg_replication_slots WHERE slot_name = %s AND database = current_database()",
-                [slot],
+                "SELECT plugin, database, current_database() FROM pg_replication_slots WHERE slot_name = %s", [slot]
             ).fetchone()
+            if exists is not None and exists[1] != exists[2]:
+                raise ConfigError(f"slot {slot} belongs to the database {exists[1]}: choose another --slot")
             if exists is None:
                 conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
                 created.append(f"slot {slot}")
@@ -126,7 +127,9 @@ def prepare(dsn: str, table: TableName, slot: str) -> list[str]:
                     f"slot {slot} exists with the plugin {exists[0]}, not pgoutput: choose another --slot"
                 )
     except psycopg.errors.DuplicateObject:
-        return prepare(dsn, table, slot)  # another migrate created it meanwhile
+        if not again:
+            raise
+        return prepare(dsn, table, slot, again=False)  # another migrate created it meanwhile
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"cannot reach the database: {exc}") from None
     return created

@@ -1,0 +1,234 @@
+"""The log source (issue 38) against the table source and L_db, in one run on one embedded PostgreSQL 18
+with ``wal_level=logical``. Ratios of the same run: the machine is shared, its absolute figures are noisy.
+
+python -m bench.log_source                      # 200,000 events, ~3-6 minutes
+python -m bench.log_source --events 50000       # a quick look
+
+Measured, each to an acknowledging in-memory sink (the relay's own cost, no broker):
+- drain of a backlog in the slot (streaming) vs the table source's drain of the same rows vs L_db;
+- the server's decoding alone through ``pg_logical_slot_peek_binary_changes`` (the polling design's floor);
+- relay CPU per 1,000 events, log vs table;
+- WAL bytes per event: the writer (one event per transaction: a row, a message, a bare jsonb INSERT) and
+  the relay's own share (table source: claim, lease, delete; log source: the delete after the acknowledgement);
+- the commit cost of ``publish(..., via="message")`` vs a bare jsonb INSERT;
+- peak memory of a log relay draining one 100,000-event transaction (a subprocess of its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psycopg
+
+import producers
+from bench.baselines import l_db
+from bench.services import DISTINCT_KEYS, SEED_SQL
+from devservers.postgres import LOGICAL_DECODING, embedded_postgres
+from relay.config import RelaySettings, TableName
+from relay.loop import Relay
+from relay.sinks.memory import MemorySink
+from relay.sources.log.relay import LogRelay
+from relay.sources.log.slot import prepare
+from relay.store.adapters import build_store
+from relay.store.migrate import migrate
+
+TABLE = TableName.parse("outbox")
+
+
+def _url(server: str, name: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(server)
+    info["dbname"] = name
+    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items()})
+
+
+def _database(server: str, name: str, *, slot: bool) -> str:
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = _url(server, name)
+    migrate(url, TABLE)
+    if slot:
+        prepare(url, TABLE, name)
+    return url
+
+
+def _lsn(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _seed(url: str, events: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        sql = SEED_SQL.format(keys=DISTINCT_KEYS)
+        step = 20_000
+        for first in range(0, events, step):
+            conn.execute(sql, {"topic": "bench", "keyed": True, "n": min(step, events - first)})
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _settings() -> RelaySettings:
+    return RelaySettings(batch_size=1000, publish_timeout_seconds=30.0)
+
+
+async def _drain_log(url: str, events: int) -> dict[str, float]:
+    sink = MemorySink()
+    slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+    relay = LogRelay(url, TABLE, slot, sink, _settings())
+    stop = asyncio.Event()
+    wal = _lsn(url)
+    cpu, started = _cpu(), time.perf_counter()
+    task = asyncio.create_task(relay.run(stop))
+    while len(sink.delivered) < events:
+        await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+    elapsed = time.perf_counter() - started
+    spent = _cpu() - cpu
+    while True:  # its share of WAL: the deletes of the delivered rows, once confirmed
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT count(*) FROM outbox").fetchone()
+        if row is not None and row[0] == 0:
+            break
+        await asyncio.sleep(0.1)
+    wal = _lsn(url) - wal
+    stop.set()
+    await task
+    return {"seconds": elapsed, "rate": events / elapsed, "cpu_per_1000": spent / events * 1000, "wal": wal / events}
+
+
+async def _drain_table(url: str, events: int) -> dict[str, float]:
+    sink = MemorySink()
+    settings = _settings()
+    store = build_store(url, TABLE, owner="bench", lease_seconds=settings.lease_seconds, keep_sent=False, listen=True)
+    relay = Relay(store, sink, settings)
+    stop = asyncio.Event()
+    wal = _lsn(url)
+    cpu, started = _cpu(), time.perf_counter()
+    task = asyncio.create_task(relay.run(stop))
+    while len(sink.delivered) < events:
+        await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+    elapsed = time.perf_counter() - started
+    spent = _cpu() - cpu
+    stop.set()
+    await task
+    wal = _lsn(url) - wal
+    return {"seconds": elapsed, "rate": events / elapsed, "cpu_per_1000": spent / events * 1000, "wal": wal / events}
+
+
+def _peek(url: str) -> dict[str, float]:
+    slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+    with psycopg.connect(url, autocommit=True) as conn:
+        started = time.perf_counter()
+        row = conn.execute(
+            "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1',"
+            " 'publication_names', %s, 'messages', 'true')",
+            [slot, slot],
+        ).fetchone()
+        elapsed = time.perf_counter() - started
+    assert row is not None
+    return {"changes": row[0], "seconds": elapsed, "rate": row[0] / elapsed}
+
+
+def _writer_costs(url: str, count: int) -> dict[str, dict[str, float]]:
+    """WAL bytes and wall time per commit of one event per transaction, for each way of writing it."""
+    payload = {"event": "order.created", "order_id": 1, "customer_id": "customer-1", "amount_cents": 4200}
+    ways: dict[str, Any] = {
+        "bare jsonb INSERT": lambda conn, i: conn.execute(
+            "INSERT INTO bare (payload) VALUES (%s::jsonb)", [json.dumps(payload)]
+        ),
+        "publish() row": lambda conn, i: producers.publish(conn, "t", payload, key=f"k{i % 100}"),
+        "publish(via='message')": lambda conn, i: producers.publish(conn, "t", payload, key=f"k{i % 100}", via="message"),
+    }  # fmt: skip
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS bare (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, payload jsonb)"
+        )
+    results = {}
+    with psycopg.connect(url) as conn:
+        for name, write in ways.items():
+            before = _lsn(url)
+            started = time.perf_counter()
+            for i in range(count):
+                write(conn, i)
+                conn.commit()
+            elapsed = time.perf_counter() - started
+            results[name] = {"wal": (_lsn(url) - before) / count, "us_per_commit": elapsed / count * 1e6}
+    return results
+
+
+def _big_transaction_memory(server: str, events: int) -> dict[str, float]:
+    code = (
+        "import asyncio, resource, sys\n"
+        "from bench.log_source import _drain_log\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        f"asyncio.run(_drain_log(sys.argv[1], {events}))\n"
+        "print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    url = _database(server, "big_tx", slot=True)
+    with psycopg.connect(url) as conn:  # one transaction
+        conn.execute(SEED_SQL.format(keys=DISTINCT_KEYS), {"topic": "bench", "keyed": True, "n": events})
+    out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, check=True, timeout=900)
+    base, peak = map(int, out.stdout.split()[-2:])
+    return {"events": events, "rss_before_mb": base / 1024, "rss_peak_mb": peak / 1024}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.log_source")
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--writes", type=int, default=5_000, help="single-event transactions per writer kind")
+    parser.add_argument("--big", type=int, default=100_000, help="events of the one big transaction")
+    args = parser.parse_args(argv)
+    n = args.events
+    results: dict[str, Any] = {"events": n}
+    with embedded_postgres(LOGICAL_DECODING) as server:
+        log_url = _database(server, "log_drain", slot=True)
+        _seed(log_url, n)
+        results["peek"] = _peek(log_url)
+        results["log"] = asyncio.run(_drain_log(log_url, n))
+        db_url = _database(server, "l_db", slot=False)
+        _seed(db_url, n)
+        results["l_db"] = l_db(db_url, n)
+        table_url = _database(server, "table_drain", slot=False)
+        _seed(table_url, n)
+        results["table"] = asyncio.run(_drain_table(table_url, n))
+        results["writers"] = _writer_costs(_database(server, "writers", slot=True), args.writes)
+        results["big_transaction"] = _big_transaction_memory(server, args.big)
+    log, table, ldb = results["log"], results["table"], results["l_db"]
+    writers = results["writers"]
+    bare = writers["bare jsonb INSERT"]
+    print(json.dumps(results, indent=2, default=float))
+    print(f"log drain {log['rate']:,.0f}/s = {log['rate'] / ldb['rate']:.2f} x L_db ({ldb['rate']:,.0f}/s), "
+          f"{log['rate'] / table['rate']:.2f} x the table source ({table['rate']:,.0f}/s)")  # fmt: skip
+    print(f"server decoding alone (peek): {results['peek']['rate']:,.0f} changes/s")
+    print(f"relay CPU per 1,000 events: log {log['cpu_per_1000']:.3f}s, table {table['cpu_per_1000']:.3f}s "
+          f"= {log['cpu_per_1000'] / table['cpu_per_1000']:.2f}")  # fmt: skip
+    row_total = writers["publish() row"]["wal"] + log["wal"]
+    message_total = writers["publish(via='message')"]["wal"]
+    table_total = writers["publish() row"]["wal"] + table["wal"]
+    print(f"WAL bytes per event (writer + relay): table source {table_total:.0f}, log source rows {row_total:.0f} "
+          f"({row_total / table_total:.2f}), messages {message_total:.0f} ({message_total / table_total:.2f})")  # fmt: skip
+    message = writers["publish(via='message')"]
+    print(f"publish(via='message') commit {message['us_per_commit']:.0f} us vs bare jsonb INSERT "
+          f"{bare['us_per_commit']:.0f} us = {message['us_per_commit'] / bare['us_per_commit']:.2f}")  # fmt: skip
+    big = results["big_transaction"]
+    print(
+        f"one {big['events']:,}-event transaction: peak RSS {big['rss_peak_mb']:.0f} MB (from {big['rss_before_mb']:.0f} MB)"
+    )
+
+
+if __name__ == "__main__":
+    main()
