@@ -151,7 +151,9 @@ def _writer_costs(url: str, count: int) -> dict[str, dict[str, float]]:
             "INSERT INTO bare (payload) VALUES (%s::jsonb)", [json.dumps(payload)]
         ),
         "publish() row": lambda conn, i: producers.publish(conn, "t", payload, key=f"k{i % 100}"),
-        "publish(via='message')": lambda conn, i: producers.publish(conn, "t", payload, key=f"k{i % 100}", via="message"),
+        "publish(via='message')": lambda conn, i: producers.publish(
+            conn, "t", payload, key=f"k{i % 100}", via="message"
+        ),
     }  # fmt: skip
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
@@ -220,13 +222,15 @@ def main(argv: list[str] | None = None) -> None:
     message_total = writers["publish(via='message')"]["wal"]
     table_total = writers["publish() row"]["wal"] + table["wal"]
     print(f"WAL bytes per event (writer + relay): table source {table_total:.0f}, log source rows {row_total:.0f} "
-          f"({row_total / table_total:.2f}), messages {message_total:.0f} ({message_total / table_total:.2f})")  # fmt: skip
+          f"({row_total / table_total:.2f}), messages {message_total:.0f} "
+          f"({message_total / table_total:.2f})")  # fmt: skip
     message = writers["publish(via='message')"]
     print(f"publish(via='message') commit {message['us_per_commit']:.0f} us vs bare jsonb INSERT "
           f"{bare['us_per_commit']:.0f} us = {message['us_per_commit'] / bare['us_per_commit']:.2f}")  # fmt: skip
     big = results["big_transaction"]
     print(
-        f"one {big['events']:,}-event transaction: peak RSS {big['rss_peak_mb']:.0f} MB (from {big['rss_before_mb']:.0f} MB)"
+        f"one {big['events']:,}-event transaction: peak RSS {big['rss_peak_mb']:.0f} MB "
+        f"(from {big['rss_before_mb']:.0f} MB)"
     )
 
 
