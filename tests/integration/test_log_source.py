@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 
@@ -13,7 +14,9 @@ import pytest
 
 from relay.events import Event, Failure
 from relay.sinks.memory import MemorySink
-from tests.log_support import confirmed_lsn, running, synchronous, until
+from tests.log_support import caught_up, confirmed_lsn, running, synchronous, until
+
+FULL = os.environ.get("RELAY_FAULTS_FULL") == "1"
 
 
 def _insert(conn: psycopg.Connection, topic: str, key: str | None, payload: object) -> None:
@@ -155,3 +158,74 @@ async def test_poison_parks_its_key_until_requeue_or_skip_then_the_key_goes_on_i
         await until(lambda: [_n(e) for e in sink.delivered][-1] == 8)
     bad = [_n(e) for e in sink.delivered if e.key == "bad"]
     assert bad == ([0, 1, 2, 5, 6, 8] if release == "requeue" else [1, 2, 5, 6, 8])
+
+
+class _SlowSink(MemorySink):
+    """Acknowledges everything, a little slowly, and notes the most events the relay had in flight."""
+
+    def __init__(self, relay_window: list[object]) -> None:
+        super().__init__()
+        self.windows = relay_window
+        self.most_in_flight = 0
+
+    async def publish(self, events, holds=None):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.002)
+        if self.windows:
+            self.most_in_flight = max(self.most_in_flight, self.windows[0]._window.events)  # type: ignore[attr-defined]
+        return await super().publish(events, holds)
+
+
+@synchronous
+async def test_a_big_transaction_is_read_in_a_bounded_window_and_confirmed_only_whole(
+    log_database: tuple[str, str],
+) -> None:
+    url, slot = log_database
+    count = 100_000 if FULL else 20_000
+    with psycopg.connect(url) as conn:  # one transaction
+        conn.execute(
+            "INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || (g %% 10), jsonb_build_object('n', g)"
+            " FROM generate_series(1, %s) AS g",
+            [count],
+        )
+    before = confirmed_lsn(url, slot)
+    holder: list[object] = []
+    sink = _SlowSink(holder)
+    confirmed_midway = []
+    async with running(url, slot, sink, batch_size=100) as relay:
+        holder.append(relay)
+        while len(sink.delivered) < count:
+            if 0 < len(sink.delivered) < count - 1000:
+                confirmed_midway.append(confirmed_lsn(url, slot))
+            await asyncio.sleep(0.2)
+        await until(lambda: confirmed_lsn(url, slot) != before)
+    assert confirmed_midway and set(confirmed_midway) == {before}  # partly done: not confirmed
+    assert sink.most_in_flight <= relay._window.max_events
+    assert relay._window.max_events < count // 2
+    for key in {e.key for e in sink.delivered}:
+        ns = [_n(e) for e in sink.delivered if e.key == key]
+        assert ns == sorted(ns)
+    await asyncio.sleep(0)
+    assert not _outbox_rows(url)
+
+
+@synchronous
+async def test_a_broker_outage_stops_the_confirm_and_delivery_resumes_after_it(log_database: tuple[str, str]) -> None:
+    url, slot = log_database
+    sink = MemorySink()
+    async with running(url, slot, sink):
+        await until(caught_up(url, slot))
+        before = confirmed_lsn(url, slot)
+        sink.available = False
+        with psycopg.connect(url) as conn:
+            for n in range(5):
+                _insert(conn, "t", "k", {"n": n})
+                _message(conn, {"topic": "t", "key": "k", "payload": {"n": n + 5}})
+        await asyncio.sleep(2.0)
+        assert confirmed_lsn(url, slot) == before
+        assert len(_outbox_rows(url)) == 5
+        sink.available = True
+        await until(lambda: len(sink.delivered) >= 10, timeout=30)
+        await until(caught_up(url, slot))
+    assert sorted(_n(e) for e in sink.delivered) == list(range(10))
+    assert [_n(e) for e in sink.delivered] == [0, 5, 1, 6, 2, 7, 3, 8, 4, 9]
+    assert not _outbox_rows(url)
