@@ -8,6 +8,9 @@ reordered. ``RELAY_DATABASE_URL`` (or ``DATABASE_URL``) and ``RELAY_SINK``
 point it at servers of your own instead; an ``amqp://`` sink without
 ``?exchange=`` gets the topic exchange ``outbox-demo``. Exits 1 when an event
 was lost, leaked or reordered, or the relay did not stop cleanly.
+
+``DEMO_SOURCE=log`` runs it on the log source instead (``--source log --slot
+demo``; the embedded PostgreSQL then starts with ``wal_level=logical``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from types import FrameType
 from urllib.parse import parse_qsl, urlsplit
 
 from devservers import Tansu, embedded_postgres, free_port
+from devservers.postgres import LOGICAL_DECODING
 from devservers.interrupts import interrupts_deferred
 from examples.consumer import KafkaTap, RabbitTap
 from examples.shop import Deliveries, Ledger, Report, Shop, percentile, summarize
@@ -45,6 +49,8 @@ RELAY_STOP_TIMEOUT_SECONDS = 30.0
 INTERRUPTED_STOP_SECONDS = 5.0
 PROGRESS_INTERVAL_SECONDS = 1.0
 SETTLE_SECONDS = 0.5
+#: ``DEMO_SOURCE=log``: the relay reads PostgreSQL's logical decoding (docs/log-source.md).
+SOURCE_FLAGS: tuple[str, ...] = ("--source", "log", "--slot", "demo") if os.environ.get("DEMO_SOURCE") == "log" else ()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +113,7 @@ def _demo(stack: contextlib.ExitStack, args: argparse.Namespace) -> bool:
     if database_url:
         print(f"  database   {redact_url(database_url)} (from the environment)")
     else:
-        database_url = stack.enter_context(embedded_postgres())
+        database_url = stack.enter_context(embedded_postgres(LOGICAL_DECODING if SOURCE_FLAGS else None))
         print(f"  database   embedded PostgreSQL, {database_url}")
     if sink:
         print(f"  sink       {redact_url(sink)} (from the environment)")
@@ -117,7 +123,7 @@ def _demo(stack: contextlib.ExitStack, args: argparse.Namespace) -> bool:
     sink_config = parse_sink_url(sink)
     workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="outbox-relay-demo-")))
 
-    print(f"  migrate    {_relay_cli('migrate', '--database-url', database_url)}")
+    print(f"  migrate    {_relay_cli('migrate', '--database-url', database_url, *SOURCE_FLAGS)}")
     ledger, deliveries = Ledger(), Deliveries()
     # Consume before anything is published, so the consumer's start is no cut-off.
     if isinstance(sink_config, KafkaSinkConfig):
@@ -238,7 +244,9 @@ class RelayProcess:
 
     def __init__(self, database_url: str, sink: str, log_path: Path) -> None:
         self.metrics_port = free_port()
-        self.command = [sys.executable, "-m", "relay", "run", "--database-url", database_url, "--sink", sink]
+        self.command = [
+            sys.executable, "-m", "relay", "run", "--database-url", database_url, "--sink", sink, *SOURCE_FLAGS
+        ]  # fmt: skip
         self.command += ["--metrics-port", str(self.metrics_port)]
         self.log_path = log_path
         self._process: subprocess.Popen[bytes] | None = None
