@@ -32,8 +32,8 @@ from types import FrameType
 from urllib.parse import parse_qsl, urlsplit
 
 from devservers import Tansu, embedded_postgres, free_port
-from devservers.postgres import LOGICAL_DECODING
 from devservers.interrupts import interrupts_deferred
+from devservers.postgres import LOGICAL_DECODING
 from examples.consumer import KafkaTap, RabbitTap
 from examples.shop import Deliveries, Ledger, Report, Shop, percentile, summarize
 from relay.cli import streams

@@ -150,10 +150,15 @@ def publish_grace_seconds(config: SinkConfig) -> float:
     return 2 * CLOSE_TIMEOUT_SECONDS
 
 
-def build_relay(config: RunConfig) -> Relay | LogRelay:
-    """Wire a relay from ``config``: the table's, or the log's (``--source log``)."""
+def build_source_relay(config: RunConfig) -> Relay | LogRelay:
+    """Wire the relay of ``config``'s source: the table's (:func:`build_relay`), or the log's (``--source log``)."""
     if config.source_kind == "log" and config.slot is not None:
         return _build_log_relay(config)
+    return build_relay(config)
+
+
+def build_relay(config: RunConfig) -> Relay:
+    """Wire a table relay from ``config``."""
     store = build_store(
         config.database_url,
         config.table,
@@ -229,7 +234,7 @@ async def start(relay: Relay | LogRelay, timeout: float, stop: asyncio.Event | N
 
 async def serve(config: RunConfig) -> None:
     """Run a relay until SIGTERM or SIGINT; return once the batches in hand are settled."""
-    relay = build_relay(config)
+    relay = build_source_relay(config)
     stop = asyncio.Event()
     with stop_on_signals(stop):
         health = None

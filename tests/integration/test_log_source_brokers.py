@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import psycopg
 import pytest
@@ -72,7 +73,8 @@ async def test_rabbitmq_delivers_messages(log_database: tuple[str, str], amqp_ur
 
             def drained() -> bool:
                 while (got := queue.channel.basic_get(queue.name, auto_ack=True))[0] is not None:
-                    bodies.append(got[2])
+                    body: Any = got[2]
+                    bodies.append(body if isinstance(body, bytes) else body.encode())
                 return len(bodies) >= 3
 
             await until(drained)

@@ -32,7 +32,9 @@ def _tuple(values: list[str | None]) -> bytes:
 
 def test_frames_and_messages_parse() -> None:
     assert pgoutput.parse_frame(b"k" + struct.pack("!Qq?", 42, 0, True)) == pgoutput.Keepalive(42, True)
-    start, payload = pgoutput.parse_frame(b"w" + struct.pack("!QQq", 7, 8, 0) + b"B" + struct.pack("!Qqi", 9, 10, 11))
+    frame = pgoutput.parse_frame(b"w" + struct.pack("!QQq", 7, 8, 0) + b"B" + struct.pack("!Qqi", 9, 10, 11))
+    assert not isinstance(frame, pgoutput.Keepalive)
+    start, payload = frame
     assert start == 7 and pgoutput.parse_message(payload) == pgoutput.Begin(9, 10, 11)
     commit = b"C" + struct.pack("!BQQq", 0, 100, 120, 5)
     assert pgoutput.parse_message(commit) == pgoutput.Commit(100, 120, 5)
