@@ -42,7 +42,7 @@ def test_frames_and_messages_parse() -> None:
     relation += b"\x01id\x00" + struct.pack("!Ii", 20, -1) + b"\x00topic\x00" + struct.pack("!Ii", 25, -1)
     assert pgoutput.parse_message(relation) == pgoutput.Relation(16384, "public", "outbox", ("id", "topic"))
     insert = b"I" + struct.pack("!I", 16384) + b"N" + _tuple(["1", None])
-    assert pgoutput.parse_message(insert) == pgoutput.Insert(16384, ("1", None))
+    assert pgoutput.parse_message(insert) == pgoutput.Insert(16384, (b"1", None))
     message = b"M\x01" + struct.pack("!Q", 77) + b"outbox\x00" + struct.pack("!i", 2) + b"{}"
     assert pgoutput.parse_message(message) == pgoutput.Message(True, 77, "outbox", b"{}")
     for skipped in (b"Y", b"O", b"U", b"D", b"T"):
@@ -66,12 +66,12 @@ COLUMNS = ("id", "topic", "key", "payload", "headers", "idempotency_key", "deliv
            "failed_at", "payload_bytes", "content_type")  # fmt: skip
 
 
-def _row(**values: str | None) -> tuple[str | None, ...]:
+def _row(**values: str | None) -> tuple[bytes | None, ...]:
     base: dict[str, str | None] = {name: None for name in COLUMNS}
     base.update(id="5", topic="t", key="k", payload='{"a": 1}', headers='{"h": "v"}', idempotency_key="i",
                 state="pending", created_at="2026-12-06 21:40:00.123456+00")  # fmt: skip
     base.update(values)
-    return tuple(base[name] for name in COLUMNS)
+    return tuple(None if base[name] is None else str(base[name]).encode() for name in COLUMNS)
 
 
 def test_rows_become_events_and_the_relays_own_rows_do_not() -> None:

@@ -70,29 +70,37 @@ class RowReader:
         missing = {"id", "topic", "key", "payload", "headers", "idempotency_key", "created_at"} - index.keys()
         if missing:
             raise ValueError(f"the outbox table {relation.namespace}.{relation.name} lacks {sorted(missing)}")
-        self._index = index
+        self._positions = tuple(
+            index.get(name, -1)
+            for name in ("id", "topic", "key", "payload", "headers", "idempotency_key", "created_at", "state",
+                         "last_error", "payload_bytes", "content_type")
+        )  # fmt: skip
 
-    def event(self, values: tuple[str | None, ...], commit_time: datetime) -> Event | None:
+    def event(self, values: tuple[bytes | None, ...], commit_time: datetime) -> Event | None:
         """The event of an inserted row; None for a row the relay wrote (not an event of the log)."""
-        index = self._index
-        state = values[index["state"]] if "state" in index else "pending"
-        if state != "pending" or ("last_error" in index and values[index["last_error"]] is not None):
+        i_id, i_topic, i_key, i_payload, i_headers, i_idem, i_created, i_state, i_error, i_bytes, i_type = (
+            self._positions
+        )
+        if (i_state >= 0 and values[i_state] != b"pending") or (i_error >= 0 and values[i_error] is not None):
             return None
-        payload = values[index["payload"]]
-        content_type = values[index["content_type"]] if "content_type" in index else None
-        raw = values[index["payload_bytes"]] if "payload_bytes" in index else None
-        headers = values[index["headers"]]
-        created = values[index["created_at"]]
+        payload = values[i_payload]
+        if payload is None:
+            raw = values[i_bytes] if i_bytes >= 0 else None
+            payload = _bytea(raw.decode() if raw is not None else "\\x")
+        content_type = values[i_type] if i_type >= 0 else None
+        headers = values[i_headers]
+        key = values[i_key]
+        created = values[i_created]
         return Event(
-            id=int(values[index["id"]] or 0),
-            topic=values[index["topic"]] or "",
-            key=values[index["key"]],
-            payload=payload.encode() if payload is not None else _bytea(raw or "\\x"),
-            headers=json.loads(headers) if headers else {},
-            idempotency_key=values[index["idempotency_key"]] or "",
+            id=int(values[i_id] or 0),
+            topic=(values[i_topic] or b"").decode(),
+            key=key.decode() if key is not None else None,
+            payload=payload,
+            headers=json.loads(headers) if headers and headers != b"{}" else {},
+            idempotency_key=(values[i_idem] or b"").decode(),
             attempts=0,
-            created_at=parse_timestamptz(created) if created else commit_time,
-            content_type=content_type,
+            created_at=parse_timestamptz(created.decode()) if created else commit_time,
+            content_type=content_type.decode() if content_type is not None else None,
         )
 
 

@@ -90,8 +90,8 @@ class Relation:
 @dataclass(frozen=True, slots=True)
 class Insert:
     relation: int
-    #: Each column's text value, or None for a null.
-    values: tuple[str | None, ...]
+    #: Each column's value in text form (UTF-8 bytes), or None for a null.
+    values: tuple[bytes | None, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,21 +122,21 @@ def _cstring(data: bytes, at: int) -> tuple[str, int]:
     return data[at:end].decode(), end + 1
 
 
-def _tuple(data: bytes, at: int) -> tuple[tuple[str | None, ...], int]:
-    (count,) = _INT16.unpack_from(data, at)
+def _tuple(data: bytes, at: int) -> tuple[tuple[bytes | None, ...], int]:
+    """A TupleData: each column's text bytes (undecoded: the reader decodes the ones it needs), or None."""
+    count = (data[at] << 8) | data[at + 1]
     at += 2
-    values: list[str | None] = []
-    append = values.append
-    for _ in range(count):
+    values: list[bytes | None] = [None] * count
+    from_bytes = int.from_bytes
+    for i in range(count):
         kind = data[at]
-        at += 1
         if kind == 0x74:  # 't'
-            (length,) = _INT32.unpack_from(data, at)
-            at += 4
-            append(data[at : at + length].decode())
+            length = from_bytes(data[at + 1 : at + 5], "big")
+            at += 5
+            values[i] = data[at : at + length]
             at += length
-        elif kind == 0x6E or kind == 0x75:  # 'n'
-            append(None)
+        elif kind == 0x6E or kind == 0x75:  # 'n' null; 'u' an unchanged TOASTed value, never in an insert
+            at += 1
         else:
             raise ProtocolError(f"unexpected tuple column kind {chr(kind)!r}")
     return tuple(values), at
