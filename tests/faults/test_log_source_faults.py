@@ -81,3 +81,44 @@ def test_log_relays_with_random_sigkills_lose_nothing_and_keep_key_order(
     assert codes == [0] * RELAYS
     assert result.rolled_back > 0
     assert result.ok, str(result)
+
+
+def _slot_reader(url: str, slot: str) -> int | None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", [slot]).fetchone()
+    return row[0] if row else None
+
+
+@pytest.mark.timeout(300)
+def test_a_frozen_reader_loses_the_slot_to_a_standby_and_wakes_to_confirm_nothing(
+    log_database: tuple[str, str], kafka_bootstrap: str, record: Recorder
+) -> None:
+    url, slot = log_database
+    topic = unique_topic("logfreeze")
+    leader = start_relay(url, slot, kafka_bootstrap)
+    standby: subprocess.Popen[str] | None = None
+    writers = MixedWriters(url, topic, count=2, events=600, keys_per_writer=10, pause=0.01)
+    with KafkaCollector(kafka_bootstrap, topic) as collector:
+        try:
+            wait_until(lambda: _slot_reader(url, slot) is not None, timeout=30)
+            first_reader = _slot_reader(url, slot)
+            standby = start_relay(url, slot, kafka_bootstrap)
+            writers.start()
+            time.sleep(1.0)
+            leader.send_signal(signal.SIGSTOP)
+            # Past the bound (10 s idle session and WAL sender timeouts), the standby reads the slot.
+            wait_until(lambda: _slot_reader(url, slot) not in (None, first_reader), timeout=60)
+            leader.send_signal(signal.SIGCONT)
+            writers.join()
+            committed = len(writers.ledger.committed)
+            collector.wait_for(lambda ds: len({d.idempotency_key for d in ds}) >= committed, timeout=120)
+            wait_until(lambda: sum(outbox_counts(url).values()) == 0, timeout=60)
+            time.sleep(1.0)
+        finally:
+            leader.send_signal(signal.SIGCONT)
+            codes = [stop_process(leader)] + ([stop_process(standby)] if standby is not None else [])
+        result = collector.verdict(writers.ledger)
+    print(f"log source, frozen reader: {result}")
+    record("log source: SIGSTOP the reader past the bound, a standby takes over, SIGCONT", result)
+    assert codes == [0, 0]
+    assert result.ok, str(result)
