@@ -3,6 +3,7 @@ with ``wal_level=logical``. Ratios of the same run: the machine is shared, its a
 
 python -m bench.log_source                      # 200,000 events, ~3-6 minutes
 python -m bench.log_source --events 50000       # a quick look
+python -m bench.log_source --kafka              # the drains to Kafka (Tansu) instead of an in-memory sink
 
 Measured, each to an acknowledging in-memory sink (the relay's own cost, no broker):
 - drain of a backlog in the slot (streaming) vs the table source's drain of the same rows vs L_db;
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import resource
 import subprocess
@@ -30,9 +32,12 @@ import psycopg
 import producers
 from bench.baselines import l_db
 from bench.services import DISTINCT_KEYS, SEED_SQL
+from devservers import Tansu
 from devservers.postgres import LOGICAL_DECODING, embedded_postgres
-from relay.config import RelaySettings, TableName
+from relay.config import RelaySettings, TableName, parse_sink_url
 from relay.loop import Relay
+from relay.sinks import build_sink
+from relay.sinks.base import Sink
 from relay.sinks.memory import MemorySink
 from relay.sources.log.relay import LogRelay
 from relay.sources.log.slot import prepare
@@ -82,15 +87,34 @@ def _settings() -> RelaySettings:
     return RelaySettings(batch_size=1000, publish_timeout_seconds=30.0)
 
 
-async def _drain_log(url: str, events: int) -> dict[str, float]:
-    sink = MemorySink()
+def _sink(kafka: str | None) -> Sink:
+    if kafka is None:
+        return MemorySink()
+    return build_sink(parse_sink_url(f"kafka://{kafka}"), publish_timeout_seconds=30.0)
+
+
+def _published(relay: LogRelay | Relay, sink: Sink) -> int:
+    if isinstance(sink, MemorySink):
+        return len(sink.delivered)
+    return int(
+        sum(
+            sample.value
+            for family in relay.metrics.registry.collect()
+            for sample in family.samples
+            if sample.name == "outbox_relay_published_total"
+        )
+    )
+
+
+async def _drain_log(url: str, events: int, kafka: str | None = None) -> dict[str, float]:
+    sink = _sink(kafka)
     slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
     relay = LogRelay(url, TABLE, slot, sink, _settings())
     stop = asyncio.Event()
     wal = _lsn(url)
     cpu, started = _cpu(), time.perf_counter()
     task = asyncio.create_task(relay.run(stop))
-    while len(sink.delivered) < events:
+    while _published(relay, sink) < events:
         await asyncio.sleep(0.01)
         if task.done():
             task.result()
@@ -108,8 +132,8 @@ async def _drain_log(url: str, events: int) -> dict[str, float]:
     return {"seconds": elapsed, "rate": events / elapsed, "cpu_per_1000": spent / events * 1000, "wal": wal / events}
 
 
-async def _drain_table(url: str, events: int) -> dict[str, float]:
-    sink = MemorySink()
+async def _drain_table(url: str, events: int, kafka: str | None = None) -> dict[str, float]:
+    sink = _sink(kafka)
     settings = _settings()
     store = build_store(url, TABLE, owner="bench", lease_seconds=settings.lease_seconds, keep_sent=False, listen=True)
     relay = Relay(store, sink, settings)
@@ -117,7 +141,7 @@ async def _drain_table(url: str, events: int) -> dict[str, float]:
     wal = _lsn(url)
     cpu, started = _cpu(), time.perf_counter()
     task = asyncio.create_task(relay.run(stop))
-    while len(sink.delivered) < events:
+    while _published(relay, sink) < events:
         await asyncio.sleep(0.01)
         if task.done():
             task.result()
@@ -193,20 +217,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--writes", type=int, default=5_000, help="single-event transactions per writer kind")
     parser.add_argument("--big", type=int, default=100_000, help="events of the one big transaction")
+    parser.add_argument("--kafka", action="store_true", help="drain to Kafka (Tansu) instead of an in-memory sink")
     args = parser.parse_args(argv)
     n = args.events
     results: dict[str, Any] = {"events": n}
-    with embedded_postgres(LOGICAL_DECODING) as server:
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(embedded_postgres(LOGICAL_DECODING))
+        kafka = stack.enter_context(Tansu()).bootstrap if args.kafka else None
+        results["sink"] = "kafka (Tansu)" if kafka else "in-memory"
         log_url = _database(server, "log_drain", slot=True)
         _seed(log_url, n)
         results["peek"] = _peek(log_url)
-        results["log"] = asyncio.run(_drain_log(log_url, n))
+        results["log"] = asyncio.run(_drain_log(log_url, n, kafka))
         db_url = _database(server, "l_db", slot=False)
         _seed(db_url, n)
         results["l_db"] = l_db(db_url, n)
         table_url = _database(server, "table_drain", slot=False)
         _seed(table_url, n)
-        results["table"] = asyncio.run(_drain_table(table_url, n))
+        results["table"] = asyncio.run(_drain_table(table_url, n, kafka))
         results["writers"] = _writer_costs(_database(server, "writers", slot=True), args.writes)
         results["big_transaction"] = _big_transaction_memory(server, args.big)
     log, table, ldb = results["log"], results["table"], results["l_db"]

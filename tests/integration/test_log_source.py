@@ -225,3 +225,23 @@ async def test_a_broker_outage_stops_the_confirm_and_delivery_resumes_after_it(l
     assert sorted(_n(e) for e in sink.delivered) == list(range(10))
     assert [_n(e) for e in sink.delivered] == [0, 5, 1, 6, 2, 7, 3, 8, 4, 9]
     assert not _outbox_rows(url)
+
+
+@synchronous
+async def test_a_failing_event_is_retried_with_backoff_then_dead_lettered_its_key_waiting(
+    log_database: tuple[str, str],
+) -> None:
+    url, slot = log_database
+    with psycopg.connect(url) as conn:
+        _message(conn, {"topic": "t", "key": "x", "payload": {"n": 0, "flaky": True}})
+        _message(conn, {"topic": "t", "key": "x", "payload": {"n": 1}})
+        _insert(conn, "t", "y", {"n": 2})
+    sink = MemorySink(fail=lambda e: Failure("broker said no") if b"flaky" in e.payload else None)
+    async with running(url, slot, sink, max_attempts=3):
+        await until(lambda: [s for _, s, _, _ in _outbox_rows(url)] == ["failed", "pending"], timeout=30)
+        await until(caught_up(url, slot))
+    assert [_n(e) for e in sink.attempted] == [0, 2, 0, 0]  # x's next event never tried behind it; y went on
+    assert [_n(e) for e in sink.delivered] == [2]
+    (_, _, key, error), (_, _, parked_key, parked) = _outbox_rows(url)
+    assert key == parked_key == "x"
+    assert "broker said no (after 3 attempts)" in str(error) and "parked" in str(parked)
