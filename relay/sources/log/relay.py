@@ -342,6 +342,8 @@ class LogRelay:
                 reader.result()  # a lost stream ends the leadership
                 return
             self._release_due()
+            if not self._window.full():
+                self._room.set()  # the reader goes on (it waits while the window is full)
             batch = self._take_batch()
             if batch:
                 await self._publish(batch, stop)
@@ -385,8 +387,6 @@ class LogRelay:
                 continue
             batch.append(pending)
             size += pending.size
-        if batch and self._window.events < self._window.max_events // 2:
-            self._room.set()
         return batch
 
     async def _publish(self, batch: list[Pending], stop: asyncio.Event) -> None:
