@@ -245,3 +245,26 @@ async def test_a_failing_event_is_retried_with_backoff_then_dead_lettered_its_ke
     (_, _, key, error), (_, _, parked_key, parked) = _outbox_rows(url)
     assert key == parked_key == "x"
     assert "broker said no (after 3 attempts)" in str(error) and "parked" in str(parked)
+
+
+@synchronous
+async def test_a_retry_keeps_its_key_in_order_across_batches_in_flight(log_database: tuple[str, str]) -> None:
+    url, slot = log_database
+    with psycopg.connect(url) as conn:
+        for n in range(6):
+            _message(conn, {"topic": "t", "key": "k", "payload": {"n": n}})
+    failed: set[int] = set()
+
+    def once(event: Event) -> Failure | None:
+        n = _n(event)
+        if n in (0, 3) and n not in failed:
+            failed.add(n)
+            return Failure("not now")
+        return None
+
+    sink = MemorySink(fail=once)
+    # One event a batch, several batches in flight: the ones after a failure come back held, after later
+    # events of the key were already set aside behind it.
+    async with running(url, slot, sink, batch_size=1, pipeline_depth=4, max_attempts=5):
+        await until(lambda: len(sink.delivered) >= 6, timeout=30)
+    assert [_n(e) for e in sink.delivered] == list(range(6))

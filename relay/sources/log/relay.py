@@ -21,11 +21,12 @@ take over within seconds of the leader's end. Then:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -66,6 +67,10 @@ CONNECT_TIMEOUT_SECONDS = 10.0
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
+def _read_order(pending: Pending) -> int:
+    return pending.seq
+
+
 class Fenced(StoreUnavailable):
     """This relay no longer holds the slot's lock: it confirms nothing and starts over as a standby."""
 
@@ -74,7 +79,8 @@ class Fenced(StoreUnavailable):
 class _Blocked:
     """A key's events waiting behind its first failed one, due again at ``due``."""
 
-    events: deque[Pending]
+    #: In the order they were read (a batch still in flight may hand one back after later ones waited here).
+    events: list[Pending]
     due: float
 
 
@@ -125,6 +131,8 @@ class LogRelay:
         self._timeouts = OutageBackoff()
         self.heartbeat = time.monotonic()
         self._opened = False
+        # Batches in flight at once: on a sink that keeps a key's order across them, as the table relay.
+        self._depth = max(1, settings.pipeline_depth) if sink.chains_keys else 1
         self._reset()
 
     def _reset(self) -> None:
@@ -132,6 +140,12 @@ class LogRelay:
         self._window = Window(max(settings.batch_size * WINDOW_EVENTS_PER_BATCH, 1000), WINDOW_BYTES)
         self._ready: deque[Pending] = deque()
         self._blocked: dict[object, _Blocked] = {}
+        # Batches handed to the sink, oldest first, and how many events of each key they hold.
+        self._in_flight: deque[tuple[list[Pending], asyncio.Task[Sequence[Outcome] | SinkTimeout | SinkUnavailable]]]
+        self._in_flight = deque()
+        self._flying_keys: Counter[str] = Counter()
+        self._holds = KeyHolds()
+        self._sink_down = False
         self._parked: set[str] = set()
         self._delivered_rows: list[int] = []
         self._room = asyncio.Event()
@@ -344,9 +358,25 @@ class LogRelay:
             self._release_due()
             if not self._window.full():
                 self._room.set()  # the reader goes on (it waits while the window is full)
-            batch = self._take_batch()
-            if batch:
-                await self._publish(batch, stop)
+            if self._sink_down and not self._in_flight:
+                await self._wait_for_sink(stop)
+                self._sink_down = False
+                continue
+            while len(self._in_flight) < self._depth and not self._sink_down:
+                batch = self._take_batch()
+                if not batch:
+                    break
+                to_sink = await self._prepare(batch)
+                if to_sink:
+                    sending = asyncio.create_task(self._send([p.event for p in to_sink]))
+                    self._in_flight.append((to_sink, sending))
+                    await asyncio.sleep(0)  # handed to the sink before the next batch
+            if self._in_flight:
+                to_sink, sending = self._in_flight[0]
+                await asyncio.wait([sending], timeout=1.0)
+                if sending.done():
+                    self._in_flight.popleft()
+                    await self._settle(to_sink, sending.result(), stop)
             else:
                 self._more.clear()
                 wait = min(1.0, max(0.01, self._next_due() - time.monotonic()))
@@ -363,6 +393,9 @@ class LogRelay:
             if now >= next_heartbeat and self._window.idle():
                 next_heartbeat = now + HEARTBEAT_SECONDS
                 await self.store.heartbeat()
+        while self._in_flight:  # stopping: the batches handed to the sink are settled, then confirmed
+            to_sink, sending = self._in_flight.popleft()
+            await self._settle(to_sink, await sending, stop)
         await self._confirm(final=True)
 
     def _next_due(self) -> float:
@@ -370,7 +403,9 @@ class LogRelay:
 
     def _release_due(self) -> None:
         now = time.monotonic()
-        for key in [k for k, b in self._blocked.items() if b.due <= now]:
+        flying = self._flying_keys
+        # A key with events still in flight waits for them: they may come back, to go before the later ones.
+        for key in [k for k, b in self._blocked.items() if b.due <= now and not (isinstance(k, str) and flying[k])]:
             # Its events go first, in order: nothing of the key was taken while it waited.
             self._ready.extendleft(reversed(self._blocked.pop(key).events))
 
@@ -383,14 +418,15 @@ class LogRelay:
             pending = ready.popleft()
             key = pending.event.key
             if key is not None and key in self._blocked:
-                self._blocked[key].events.append(pending)
+                bisect.insort(self._blocked[key].events, pending, key=_read_order)
                 continue
             batch.append(pending)
             size += pending.size
         return batch
 
-    async def _publish(self, batch: list[Pending], stop: asyncio.Event) -> None:
-        now = time.monotonic()
+    async def _prepare(self, batch: list[Pending]) -> list[Pending]:
+        """What of ``batch`` goes to the sink: bad envelopes are dead-lettered and events of parked keys
+        written to the table here. Each event of a key with an earlier one in flight is chained."""
         to_sink: list[Pending] = []
         for pending in batch:
             event = pending.event
@@ -400,33 +436,52 @@ class LogRelay:
                 await self._park(pending)
             else:
                 to_sink.append(pending)
-        if not to_sink:
-            return
-        seen: set[str] = set()
+        flying = self._flying_keys
         for pending in to_sink:
             event = pending.event
             event.attempts += 1
-            event.chained = event.key in seen
-            if event.key is not None:
-                seen.add(event.key)
-        events = [p.event for p in to_sink]
+            key = event.key
+            event.chained = key is not None and flying[key] > 0
+            if key is not None:
+                flying[key] += 1
+        return to_sink
+
+    async def _send(self, events: list[Event]) -> Sequence[Outcome] | SinkTimeout | SinkUnavailable:
         try:
-            outcomes: Sequence[Outcome] = await self.sink.publish(events, KeyHolds())
-        except SinkTimeout as exc:
+            return await self.sink.publish(events, self._holds)
+        except (SinkTimeout, SinkUnavailable) as exc:
+            return exc
+
+    async def _settle(
+        self, to_sink: list[Pending], result: Sequence[Outcome] | SinkTimeout | SinkUnavailable, stop: asyncio.Event
+    ) -> None:
+        """Judge a published batch's outcomes, in the order the batches were handed to the sink."""
+        now = time.monotonic()
+        events = [p.event for p in to_sink]
+        for event in events:
+            if event.key is not None:
+                self._flying_keys[event.key] -= 1
+                if not self._flying_keys[event.key]:
+                    del self._flying_keys[event.key]
+        if isinstance(result, SinkTimeout):
             for event in events:
                 event.attempts -= 1
+            self._holds.hold(events)
             delay = self._timeouts.next_delay()
-            logger.warning("no acknowledgement in time, %d events again in %.1fs: %s", len(events), delay, exc)
+            logger.warning("no acknowledgement in time, %d events again in %.1fs: %s", len(events), delay, result)
             self._block(to_sink, now + delay)
             return
-        except SinkUnavailable as exc:
+        if isinstance(result, SinkUnavailable):
             for event in events:
                 event.attempts -= 1
-            logger.warning("broker unavailable: %s", exc, extra={"action": "sink_retry"})
+            self._holds.hold(events)
+            logger.warning("broker unavailable: %s", result, extra={"action": "sink_retry"})
             self._block(to_sink, 0.0)
-            await self._wait_for_sink(stop)
+            self._sink_down = True
             return
+        outcomes = result
         self._sink_outage.reset()
+        self._holds.hold([e for e, outcome in zip(events, outcomes, strict=False) if outcome is not None])
         verdict = judge(events, outcomes, self.settings, self._backoff, self.metrics)
         dead = {d.id: d.error for d in verdict.dead}
         retry = {r.id: r.delay_seconds for r in verdict.retry}
@@ -483,9 +538,9 @@ class LogRelay:
             key: object = pending.event.key if pending.event.key is not None else pending
             blocked = self._blocked.get(key)
             if blocked is None:
-                self._blocked[key] = _Blocked(deque([pending]), due)
+                self._blocked[key] = _Blocked([pending], due)
             else:
-                blocked.events.append(pending)
+                bisect.insort(blocked.events, pending, key=_read_order)
 
     async def _wait_for_sink(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -523,7 +578,7 @@ class LogRelay:
             return
         lsn = self._window.confirmable()
         target = max(self._confirmed, lsn or 0)
-        if self._window.idle() and not self._ready and not self._blocked:
+        if self._window.idle() and not self._ready and not self._blocked and not self._in_flight:
             target = max(target, self._idle_end)
         now = time.monotonic()
         moved = target > self._confirmed

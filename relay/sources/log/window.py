@@ -38,6 +38,8 @@ class Pending:
     size: int
     #: Whether the event came from a table row (its row is deleted once acknowledged) or a message.
     row: bool
+    #: Its place in the order events were read.
+    seq: int = 0
     done: bool = field(default=False)
 
 
@@ -49,6 +51,7 @@ class Window:
         self.max_bytes = max_bytes
         self.events = 0
         self.bytes = 0
+        self._read = 0
         self._transactions: deque[Transaction] = deque()
 
     def begin(self, committed_at: float = 0.0) -> Transaction:
@@ -61,7 +64,8 @@ class Window:
         transaction.pending += 1
         self.events += 1
         self.bytes += size
-        return Pending(event, transaction, size, row)
+        self._read += 1
+        return Pending(event, transaction, size, row, self._read)
 
     def done(self, pending: Pending) -> None:
         """``pending`` was acknowledged, dead-lettered or parked in the table: it holds its transaction no more."""
