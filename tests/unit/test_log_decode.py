@@ -148,3 +148,27 @@ def test_refusals_and_names() -> None:
         with pytest.raises(ConfigError):
             check_slot_name(name)
     assert check_slot_name("orders_1") == "orders_1" and publication_name("orders_1") == "orders_1"
+
+
+@pytest.mark.parametrize(
+    ("source", "slot", "error"),
+    [("log", None, "needs --slot"), ("logs", None, "invalid --source"), ("table", "a", "goes with --source log"),
+     ("log", "Bad-Name", "invalid slot name"), ("log", "x" * 64, "invalid slot name")],
+)  # fmt: skip
+def test_source_and_slot_refusals(source: str, slot: str | None, error: str) -> None:
+    from argparse import Namespace
+
+    from relay.cli.commands import source_and_slot
+
+    with pytest.raises(ConfigError, match=error):
+        source_and_slot(Namespace(source=source, slot=slot))
+
+
+def test_source_and_slot() -> None:
+    from argparse import Namespace
+
+    from relay.cli.commands import source_and_slot
+
+    assert source_and_slot(Namespace(source="LOG", slot="orders")) == ("log", "orders")
+    assert source_and_slot(Namespace(source="table", slot=None)) == ("table", None)
+    assert source_and_slot(Namespace(source=None, slot=None)) == ("table", None)
