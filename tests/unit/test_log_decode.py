@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -172,3 +172,32 @@ def test_source_and_slot() -> None:
     assert source_and_slot(Namespace(source="LOG", slot="orders")) == ("log", "orders")
     assert source_and_slot(Namespace(source="table", slot=None)) == ("table", None)
     assert source_and_slot(Namespace(source=None, slot=None)) == ("table", None)
+
+
+def test_publish_via_message_refusals() -> None:
+    from producers._message import check_via
+
+    assert check_via("table", deliver_at=NOW, priority=5, mysql=True) is False
+    assert check_via("message", deliver_at=None, priority=0, mysql=False) is True
+    with pytest.raises(ValueError, match="via must be"):
+        check_via("row", deliver_at=None, priority=0, mysql=False)
+    with pytest.raises(TypeError, match="MySQL"):
+        check_via("message", deliver_at=None, priority=0, mysql=True)
+    with pytest.raises(ValueError, match="deliver_at"):
+        check_via("message", deliver_at=NOW, priority=0, mysql=False)
+    with pytest.raises(ValueError, match="priority"):
+        check_via("message", deliver_at=None, priority=1, mysql=False)
+
+
+@pytest.mark.parametrize("payload", [{"b": 1, "a": "é"}, [1, None], None, "text", b"\x00\xffraw"])
+def test_an_envelope_reads_back_as_the_event_it_describes(payload: object) -> None:
+    from producers._message import envelope
+    from producers._write import _params
+
+    params = _params("t", payload, None, "k", {"h": "v"}, "idem", None, 0, timedelta(days=1))
+    event = message_event(5, envelope(params).encode(), NOW)
+    assert (event.topic, event.key, event.headers, event.idempotency_key) == ("t", "k", {"h": "v"}, "idem")
+    if isinstance(payload, bytes):
+        assert event.payload == payload and event.content_type == "application/octet-stream"
+    else:
+        assert json.loads(event.payload) == payload and event.content_type is None
