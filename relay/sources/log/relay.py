@@ -543,8 +543,15 @@ class LogRelay:
                 bisect.insort(blocked.events, pending, key=_read_order)
 
     async def _wait_for_sink(self, stop: asyncio.Event) -> None:
+        """Back off until the broker answers, keeping the slot: the lock's session and the stream stay in use."""
         while not stop.is_set():
-            await self._sleep(stop, self._sink_outage.next_delay())
+            deadline = time.monotonic() + self._sink_outage.next_delay()
+            while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+                await self._sleep(stop, min(left, STATUS_INTERVAL_SECONDS))
+                if not await self.store.leading():
+                    raise Fenced("the slot's lock was lost while the broker was away")
+                if self._stream is not None:
+                    await self._stream.confirm(self._confirmed, reply=False)
             try:
                 await self.sink.check()
             except SinkUnavailable:
