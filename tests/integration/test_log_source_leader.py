@@ -10,9 +10,11 @@ import sys
 
 import psycopg
 
+from devservers.postgres import LOGICAL_DECODING, embedded_postgres
 from relay.sinks.memory import MemorySink
-from relay.sources.log.slot import lock_key
-from tests.log_support import caught_up, confirmed_lsn, running, synchronous, until
+from relay.sources.log.slot import lock_key, prepare
+from relay.store.migrate import migrate
+from tests.log_support import TABLE, caught_up, confirmed_lsn, running, synchronous, until
 
 
 def _write(url: str, first: int, count: int) -> None:
@@ -144,3 +146,23 @@ async def test_a_dropped_slot_fails_healthz_and_status_says_so(log_database: tup
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert "slot exists: False" in status.stdout
+
+
+@synchronous
+async def test_an_invalidated_slot_fails_healthz_with_the_reason() -> None:
+    with embedded_postgres({**LOGICAL_DECODING, "max_slot_wal_keep_size": "1MB"}) as url:
+        migrate(url, TABLE)
+        prepare(url, TABLE, "tiny")
+        sink = MemorySink()
+        async with running(url, "tiny", sink) as relay:
+            await until(lambda: relay.state.leading)
+            with psycopg.connect(url, autocommit=True) as conn:
+                for _ in range(4):  # the reader cut off each time: the WAL the slot holds passes 1 MB
+                    conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots")
+                    conn.execute("CREATE TABLE IF NOT EXISTS filler (x int); INSERT INTO filler VALUES (1)")
+                    conn.execute("SELECT pg_switch_wal()")
+                conn.execute("CHECKPOINT")
+                assert conn.execute("SELECT wal_status FROM pg_replication_slots").fetchone() == ("lost",)
+            await until(lambda: not relay.alive(), timeout=30)
+            assert relay.state.gone is not None and "invalidated" in relay.state.gone
+            assert b'outbox_relay_slot_wal_status{status="lost"} 1.0' in relay.metrics.render()
