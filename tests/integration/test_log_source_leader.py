@@ -166,3 +166,17 @@ async def test_an_invalidated_slot_fails_healthz_with_the_reason() -> None:
             await until(lambda: not relay.alive(), timeout=30)
             assert relay.state.gone is not None and "invalidated" in relay.state.gone
             assert b'outbox_relay_slot_wal_status{status="lost"} 1.0' in relay.metrics.render()
+
+
+@synchronous
+async def test_the_slot_advances_past_a_busy_neighbours_wal_on_an_idle_database(
+    log_database: tuple[str, str], logical_server: str
+) -> None:
+    url, slot = log_database
+    async with running(url, slot, MemorySink()) as relay:
+        await until(lambda: relay.state.leading)
+        with psycopg.connect(logical_server, autocommit=True) as neighbour:
+            neighbour.execute("CREATE TABLE IF NOT EXISTS neighbour_filler (x text)")
+            neighbour.execute("INSERT INTO neighbour_filler SELECT repeat('x', 100) FROM generate_series(1, 20000)")
+        # Nothing of ours in that WAL, yet the slot confirms past it: it holds none of it back.
+        await until(caught_up(url, slot), timeout=30)
