@@ -66,6 +66,7 @@ demo: $(DEMO_STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.log_source --kafka
 
 faults: $(STAMP)
 	RELAY_FAULTS_FULL=1 $(BIN)/pytest tests/faults -p no:cacheprovider --timeout 1800
