@@ -7,6 +7,7 @@ The quick version runs in ``make test``; ``make faults`` (RELAY_FAULTS_FULL=1) r
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -22,6 +23,7 @@ from tests.faults.checker import KafkaCollector, Writers
 from tests.faults.conftest import CRASH_ATTEMPTS, Recorder
 from tests.faults.schedule import FaultSchedule
 from tests.integration.kafka_support import unique_topic
+from tests.integration.test_log_source import big_transaction
 from tests.relay_support import outbox_counts, relay_process, stop_process, wait_until
 
 FULL = os.environ.get("RELAY_FAULTS_FULL") == "1"
@@ -122,3 +124,10 @@ def test_a_frozen_reader_loses_the_slot_to_a_standby_and_wakes_to_confirm_nothin
     record("log source: SIGSTOP the reader past the bound, a standby takes over, SIGCONT", result)
     assert codes == [0, 0]
     assert result.ok, str(result)
+
+
+@pytest.mark.skipif(not FULL, reason="100,000 events: make faults (RELAY_FAULTS_FULL=1)")
+@pytest.mark.timeout(900)
+def test_a_100000_event_transaction_in_a_bounded_window(log_database: tuple[str, str], record: Recorder) -> None:
+    asyncio.run(big_transaction(*log_database, 100_000))
+    record("log source: one 100,000-event transaction, bounded window, confirmed whole", None, events=100_000)
