@@ -178,6 +178,8 @@ class LogRelay:
                 try:
                     if not self._opened:
                         await self.open()
+                    elif not self.store.connected:
+                        await self.store.connect(CONNECT_TIMEOUT_SECONDS)
                     await self._lead(stop)
                 except _NotLeading:
                     await self._sleep(stop, STANDBY_POLL_SECONDS)
@@ -190,7 +192,8 @@ class LogRelay:
                     )
                     await self._sleep(stop, 5.0)
                 except (StoreUnavailable, SinkUnavailable) as exc:
-                    self._opened = self._opened and not isinstance(exc, StoreUnavailable)
+                    if isinstance(exc, StoreUnavailable):
+                        await self.store.close()  # a lock it may still hold goes with its session
                     logger.warning("log source: %s", exc, extra={"action": "store_retry"})
                     await self._sleep(stop, self._outage.next_delay())
         finally:
@@ -234,6 +237,15 @@ class LogRelay:
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
+            # Batches still with the sink end within their publish timeout; unconfirmed, they are read again.
+            sending = [task for _, task in self._in_flight]
+            self._in_flight.clear()
+            if sending:
+                bound = self.settings.publish_timeout_seconds + self._grace + 1.0
+                await asyncio.wait(sending, timeout=bound)
+                for task in sending:
+                    task.cancel()
+                await asyncio.gather(*sending, return_exceptions=True)
             await self._release()
 
     async def _start_stream(self, stop: asyncio.Event) -> ReplicationStream:

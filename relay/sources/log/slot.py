@@ -226,6 +226,11 @@ class TableLink:
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"cannot reach the database: {exc}") from None
 
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is open (closed after it was lost, and with it the lock)."""
+        return self._conn is not None
+
     async def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
