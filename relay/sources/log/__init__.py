@@ -4,6 +4,7 @@
 - :mod:`.decode`: outbox rows and ``outbox`` messages turned into events.
 - :mod:`.stream`: the replication connection (``START_REPLICATION``, standby status updates).
 - :mod:`.window`: the events in flight, and the position that may be confirmed.
+- :mod:`.handover`: events handed over to the table (parked behind a dead letter), delivered from it.
 - :mod:`.slot`: the publication and the slot (``migrate --source log``), leadership, slot health.
 - :mod:`.relay`: :class:`LogRelay`, reading, publishing, confirming.
 """

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import json
 import logging
 import time
 from collections import Counter, deque
@@ -41,6 +40,7 @@ from relay.outcomes import judge
 from relay.sinks.base import Sink
 from relay.sources.log import pgoutput
 from relay.sources.log.decode import HEARTBEAT_PREFIX, MESSAGE_PREFIX, BadEnvelope, RowReader, message_event
+from relay.sources.log.handover import deliver_handed_over
 from relay.sources.log.pgoutput import Keepalive, format_lsn
 from relay.sources.log.slot import TableLink, publication_name
 from relay.sources.log.stream import ReplicationStream, SlotBusy, SlotMissing
@@ -518,30 +518,9 @@ class LogRelay:
                 self._block([pending], now + delay)
 
     async def _sweep(self, stop: asyncio.Event) -> None:
-        """Deliver the rows handed over to the table that may go (``requeue`` and ``skip`` free them),
-        then park exactly the keys the table still holds back."""
-        rows = await self.store.handed_over(self.settings.batch_size)
-        if rows and not stop.is_set():
-            events = [
-                Event(
-                    id=row[0], topic=row[1], key=row[2],
-                    payload=row[3].encode() if row[3] is not None else bytes(row[4]),
-                    headers=json.loads(row[6]) if row[6] else {}, idempotency_key=row[7], attempts=row[8] + 1,
-                    created_at=row[9], content_type=row[5],
-                )
-                for row in rows
-            ]  # fmt: skip
-            try:
-                outcomes = await self.sink.publish(events, KeyHolds())
-            except (SinkTimeout, SinkUnavailable) as exc:
-                logger.warning("events handed over to the table not delivered: %s", exc, extra={"action": "sink_retry"})
-            else:
-                verdict = judge(events, outcomes, self.settings, self._backoff, self.metrics)
-                await self.store.settle_handed_over(
-                    verdict.sent,
-                    [(r.id, r.delay_seconds, r.error) for r in verdict.retry],
-                    [(d.id, d.error) for d in verdict.dead],
-                )
+        """Deliver what was handed over to the table and may go now; park exactly the keys it still holds."""
+        if not stop.is_set():
+            await deliver_handed_over(self.store, self.sink, self.settings, self._backoff, self.metrics)
         self._parked = await self.store.parked_keys()
         self.metrics.parked_keys.set(len(self._parked))
 
