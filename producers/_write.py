@@ -45,8 +45,12 @@ CONTENT_TYPE_MAX_BYTES = 255
 #: How far ahead ``deliver_at`` may lie. Further is almost always a mistake (a
 #: unit mix-up, a sentinel like ``datetime(9999, ...)``), and such an event would
 #: hold back every later event of its key until then; pass ``max_deliver_ahead``
-#: to allow more.
+#: to allow less.
 MAX_DELIVER_AHEAD = timedelta(days=365)
+#: What the table itself takes (its writer_bounds trigger, migration 0005): a
+#: day more than publish()'s year, for the clocks of two hosts. No
+#: ``max_deliver_ahead`` reaches past it.
+TABLE_MAX_DELIVER_AHEAD = timedelta(days=366)
 
 
 @cache
@@ -138,13 +142,15 @@ def _params(
     }
 
 
-#: The table's limits (its CHECK constraints, on both databases; INT for priority).
+#: The table's limits (its CHECK constraints and writer_bounds trigger, on both databases).
 TOPIC_MAX_CHARS = 249
 #: MySQL's ``key`` column (VARBINARY(1024)); on PostgreSQL the key's index would
 #: refuse about 2,700 bytes, aborting the caller's transaction. The same limit on both.
 KEY_MAX_BYTES = 1024
 IDEMPOTENCY_KEY_MAX_CHARS = 200
-PRIORITY_RANGE = range(-(2**31), 2**31)
+#: Priorities the table takes: a writer sharing it cannot go before every other writer's
+#: events with 2**31-1 (docs/operations.md, "Writers that share a table").
+PRIORITY_RANGE = range(-1000, 1001)
 #: MariaDB's JSON holds at most 31 arrays or objects one in another (MySQL 8's 100, PostgreSQL's
 #: more than Python's recursion limit): the same limit on every database.
 JSON_MAX_DEPTH = 31
@@ -243,10 +249,17 @@ def _check_deliver_at(deliver_at: object, max_ahead: timedelta) -> None:
         deliver_at.astimezone(UTC)
     except OverflowError:  # e.g. 0001-01-01 03:00+05:00, before year 1 in UTC
         raise ValueError(f"deliver_at {deliver_at.isoformat()} is out of range in UTC") from None
-    if deliver_at - datetime.now(UTC) > max_ahead:
+    ahead = deliver_at - datetime.now(UTC)
+    if ahead > TABLE_MAX_DELIVER_AHEAD:
+        raise ValueError(
+            f"deliver_at {deliver_at.isoformat()} is more than {TABLE_MAX_DELIVER_AHEAD.days} days ahead, which the "
+            "outbox table refuses: an event that far out would hold back its key's later events until then"
+        )
+    if ahead > max_ahead:
         raise ValueError(
             f"deliver_at {deliver_at.isoformat()} is more than {max_ahead} ahead; an event that far out would hold "
-            "back its key's later events until then (pass max_deliver_ahead= to allow it)"
+            f"back its key's later events until then (max_deliver_ahead= allows up to {TABLE_MAX_DELIVER_AHEAD.days} "
+            "days)"
         )
 
 
@@ -381,7 +394,8 @@ def publish(
     Events with the same ``key`` are delivered in the order they are written;
     ``priority`` orders due events of different keys (higher first);
     ``deliver_at`` (timezone-aware, at most ``max_deliver_ahead`` ahead, a year
-    by default) holds an event back until that time.
+    by default, never more than the table's 366 days) holds an event back until
+    that time. ``priority`` is from -1000 to 1000, as the table takes it.
 
     A JSON payload holding what ``json`` cannot encode (``Decimal``,
     ``datetime``, ``UUID``, ...) is refused with a ``TypeError`` naming the

@@ -109,6 +109,8 @@ def identifiers(table: TableName) -> dict[str, sql.Composable]:
         "headers_valid": same_schema(table.derived("headers_valid")),
         "notify_func": same_schema(table.derived("notify")),
         "notify_trigger": sql.Identifier(table.derived("notify")),
+        "writer_bounds_func": same_schema(table.derived("writer_bounds")),
+        "writer_bounds_trigger": sql.Identifier(table.derived("writer_bounds")),
         "claim_idx": sql.Identifier(table.derived("claim_idx")),
         "key_idx": sql.Identifier(table.derived("key_idx")),
         "failed_idx": sql.Identifier(table.derived("failed_idx")),
