@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+
 from relay.config import TableName
 from relay.store.lock_waits import LockWaitTimeout
 from relay.store.migrate import migrate

@@ -146,11 +146,8 @@ def test_mariadb_refuses_times_and_priorities_out_of_bounds(
         with conn.cursor() as cur:
             for n, (column, value) in enumerate(MYSQL_REFUSED + MYSQL_TAKEN):
                 try:
-                    cur.execute(
-                        "INSERT INTO outbox (topic, payload, idempotency_key, {}) VALUES ('t', '{{}}', 'e{}', {})".format(
-                            column, n, value
-                        )
-                    )
+                    statement = f"INSERT INTO outbox (topic, payload, idempotency_key, {column})"
+                    cur.execute(f"{statement} VALUES ('t', '{{}}', 'e{n}', {value})")  # test SQL from constants
                     outcomes[(column, value)] = "written"
                 except pymysql.err.OperationalError as exc:
                     assert exc.args[0] == 1644 and column in exc.args[1]  # SIGNAL SQLSTATE '45000', named
