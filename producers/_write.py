@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from producers import _encoding, _mysql
@@ -51,6 +52,58 @@ MAX_DELIVER_AHEAD = timedelta(days=365)
 #: day more than publish()'s year, for the clocks of two hosts. No
 #: ``max_deliver_ahead`` reaches past it.
 TABLE_MAX_DELIVER_AHEAD = timedelta(days=366)
+
+
+class IdempotencyKeyTaken(ValueError):
+    """The idempotency key holds an event of another topic or key: another writer of the table took it.
+
+    Nothing was written, and the caller's transaction goes on.
+    """
+
+
+#: Asked only when the given idempotency key was taken: whether the table has its same_event function
+#: (migration 0005) and this session may call it; a call that fails would abort the caller's transaction.
+_CAN_ASK_SAME_EVENT = "SELECT coalesce(has_function_privilege(to_regprocedure(%s), 'EXECUTE'), false)"
+
+
+@cache
+def _same_event_for(table: str) -> tuple[str, sql.Composed]:
+    """The signature of ``table``'s same_event function (for to_regprocedure), and the call."""
+    name = TableName.parse(table)
+    parts = (*name.parts[:-1], name.derived("same_event"))
+    signature = ".".join('"' + part.replace('"', '""') + '"' for part in parts) + "(text, text, text)"
+    return signature, sql.SQL("SELECT {}(%s, %s, %s)").format(sql.Identifier(*parts))
+
+
+def _taken(params: dict[str, Any]) -> IdempotencyKeyTaken:
+    return IdempotencyKeyTaken(
+        f"idempotency key {params['idempotency_key']!r} holds an event of another topic or key: another writer of "
+        "the table took it, and nothing was written (docs/operations.md, writers that share a table)"
+    )
+
+
+def _check_same_event(writer: Any, table: str, params: dict[str, Any]) -> None:
+    """Raise :class:`IdempotencyKeyTaken` if the event under the taken key has another topic or key."""
+    signature, call = _same_event_for(table)
+    conn = writer.connection if isinstance(writer, psycopg.Cursor) else writer
+    with psycopg.Cursor(conn, row_factory=tuple_row) as cur:  # whatever rows the caller's cursors make
+        if (cur.execute(_CAN_ASK_SAME_EVENT, [signature]).fetchone() or (False,))[0]:
+            same = cur.execute(call, [params["idempotency_key"], params["topic"], params["key"]]).fetchone()
+            if same and same[0] is False:
+                raise _taken(params)
+
+
+async def _acheck_same_event(writer: Any, table: str, params: dict[str, Any]) -> None:
+    """:func:`_check_same_event` on an async connection or cursor."""
+    signature, call = _same_event_for(table)
+    conn = writer.connection if isinstance(writer, psycopg.AsyncCursor) else writer
+    async with psycopg.AsyncCursor(conn, row_factory=tuple_row) as cur:
+        if (await (await cur.execute(_CAN_ASK_SAME_EVENT, [signature])).fetchone() or (False,))[0]:
+            same = await (
+                await cur.execute(call, [params["idempotency_key"], params["topic"], params["key"]])
+            ).fetchone()
+            if same and same[0] is False:
+                raise _taken(params)
 
 
 @cache
@@ -390,7 +443,9 @@ def publish(
     Kafka ``content-type`` header and the RabbitMQ ``content_type``.
     ``content_type`` is for bytes only, and must be a media type
     (``type/subtype[; name=value]``, RFC 2046): ``ValueError`` otherwise. With an ``idempotency_key`` that
-    the outbox already holds, nothing is written and the key is returned.
+    the outbox already holds, nothing is written and the key is returned; on
+    PostgreSQL, if the event there has another topic or key (another writer
+    took the key), :class:`IdempotencyKeyTaken` is raised instead.
     Events with the same ``key`` are delivered in the order they are written;
     ``priority`` orders due events of different keys (higher first);
     ``deliver_at`` (timezone-aware, at most ``max_deliver_ahead`` ahead, a year
@@ -426,7 +481,10 @@ def publish(
     else:
         writer = psycopg.Cursor(conn) if _unfit_for_insert(conn) else conn
         _check_encodes(writer, params)
-        writer.execute(_statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params))
+        given_key = idempotency_key not in (None, "")
+        written = writer.execute(_statement(table, params, given_key=given_key), _for_postgres(params))
+        if given_key and written.rowcount == 0:  # taken: the same event again, or another writer's
+            _check_same_event(writer, table, params)
     return str(params["idempotency_key"])
 
 
@@ -461,7 +519,8 @@ async def apublish(
     else:
         awriter = psycopg.AsyncCursor(conn) if _unfit_for_insert(conn) else conn
         _check_encodes(awriter, params)
-        await awriter.execute(
-            _statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params)
-        )
+        given_key = idempotency_key not in (None, "")
+        written = await awriter.execute(_statement(table, params, given_key=given_key), _for_postgres(params))
+        if given_key and written.rowcount == 0:  # taken: the same event again, or another writer's
+            await _acheck_same_event(awriter, table, params)
     return str(params["idempotency_key"])

@@ -205,11 +205,13 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
     """Create (if missing) a relay role and a writer role with the least they need, column by column.
 
     A writer may insert the application's columns (:data:`WRITER_COLUMNS`) and
-    read ``idempotency_key``, which ``ON CONFLICT (idempotency_key)`` requires;
-    nothing else. The relay reads and deletes rows, updates only the columns it
-    owns (:data:`RELAY_COLUMNS`), and reads the schema version. Any other
-    privilege the two roles held on the table, its schema-version table and its
-    id sequence is revoked first, so running this again tightens the
+    read ``idempotency_key``, which ``ON CONFLICT (idempotency_key)`` requires,
+    and ask whether a taken key holds an event of its topic and key (the
+    table's ``same_event`` function, migration 0005); nothing else. The relay
+    reads and deletes rows, updates only the columns it owns
+    (:data:`RELAY_COLUMNS`), and reads the schema version. Any other privilege
+    the two roles held on the table, its schema-version table and its id
+    sequence is revoked first, so running this again tightens the
     table-wide grants of earlier versions. A role that is a superuser, may act
     as the table's owner or as the other role, or still has more than it needs
     through PUBLIC or a role it inherits from is refused, and nothing changes.
@@ -252,6 +254,8 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
             "GRANT SELECT ON {version_table} TO {relay}",
             "GRANT INSERT ({writer_columns}) ON {table} TO {writer}",
             "GRANT SELECT (idempotency_key) ON {table} TO {writer}",
+            # publish()'s question when its idempotency key is taken (migration 0005).
+            "GRANT EXECUTE ON FUNCTION {same_event_func}(text, text, text) TO {writer}",
         ):
             conn.execute(
                 sql.SQL(statement).format(

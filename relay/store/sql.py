@@ -111,6 +111,7 @@ def identifiers(table: TableName) -> dict[str, sql.Composable]:
         "notify_trigger": sql.Identifier(table.derived("notify")),
         "writer_bounds_func": same_schema(table.derived("writer_bounds")),
         "writer_bounds_trigger": sql.Identifier(table.derived("writer_bounds")),
+        "same_event_func": same_schema(table.derived("same_event")),
         "claim_idx": sql.Identifier(table.derived("claim_idx")),
         "key_idx": sql.Identifier(table.derived("key_idx")),
         "failed_idx": sql.Identifier(table.derived("failed_idx")),

@@ -1,4 +1,5 @@
-"""What a writer may put in ``deliver_at`` and ``priority``, bounded by the table itself (migration 0005).
+"""What a writer may put in ``deliver_at`` and ``priority``, bounded by the table itself (migration 0005), and an
+idempotency key another writer took first (publish() says so, on PostgreSQL).
 
 Through plain SQL as the table's owner and through the writer role of
 ``migrate --create-roles``, on real PostgreSQL and MariaDB: a time past the
@@ -9,6 +10,7 @@ bound stay, and the relay may still change them.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 
@@ -16,6 +18,7 @@ import psycopg
 import pymysql
 import pytest
 
+import producers
 from relay.config import TableName
 from relay.store.migrate import create_roles, migrate
 from relay.store.mysql import Target
@@ -156,3 +159,53 @@ def test_mariadb_refuses_times_and_priorities_out_of_bounds(
         conn.close()
     assert outcomes == {**dict.fromkeys(MYSQL_REFUSED, "refused"), **dict.fromkeys(MYSQL_TAKEN, "written")}
     assert mysql_support.execute(mysql_url, "SELECT COUNT(*) FROM outbox") == [(len(MYSQL_TAKEN),)]
+
+
+#: (topic, key) another writer may write under a key first, and whether the owner's publish() of ("orders", "o-1")
+#: then says so: another topic or key is another event; the same ones are a retry, whatever the payload.
+TAKEN_BY = [
+    (("payments", "o-1"), True),
+    (("orders", "o-2"), True),
+    (("orders", None), True),
+    (("Orders", "o-1"), True),
+    (("orders", "o-1"), False),
+]
+
+
+@pytest.mark.parametrize("as_writer", [False, True], ids=["owner", "writer role"])
+def test_postgresql_publish_says_so_when_another_writer_took_its_idempotency_key(
+    database_url: str, pg_writer_role: str, as_writer: bool
+) -> None:
+    outcomes = {}
+    with psycopg.connect(database_url) as conn:
+        if as_writer:
+            conn.execute(f'SET ROLE "{pg_writer_role}"')
+        for n, ((topic, key), _) in enumerate(TAKEN_BY):
+            # The other writer, first: plain SQL, as any writer of the table may.
+            conn.execute(
+                "INSERT INTO outbox (topic, key, payload, idempotency_key) VALUES (%s, %s, '{\"x\": 0}', %s)",
+                (topic, key, f"order-{n}"),
+            )
+            try:
+                producers.publish(conn, "orders", {"x": 1}, key="o-1", idempotency_key=f"order-{n}")
+                outcomes[(topic, key)] = False
+            except producers.IdempotencyKeyTaken as exc:
+                assert f"order-{n}" in str(exc)
+                outcomes[(topic, key)] = True
+        # Neither written nor failed: the caller's transaction goes on.
+        conn.execute("INSERT INTO outbox (topic, payload) VALUES ('after', '{}')")
+        conn.commit()
+    assert outcomes == dict(TAKEN_BY)
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (len(TAKEN_BY) + 1,)
+
+
+def test_postgresql_apublish_says_so_too(database_url: str) -> None:
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url) as conn:
+            await conn.execute("INSERT INTO outbox (topic, payload, idempotency_key) VALUES ('payments', '{}', 'k1')")
+            with pytest.raises(producers.IdempotencyKeyTaken):
+                await producers.apublish(conn, "orders", {}, idempotency_key="k1")
+            assert await producers.apublish(conn, "payments", {"other": "payload"}, idempotency_key="k1") == "k1"
+
+    asyncio.run(main())
