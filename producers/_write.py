@@ -6,6 +6,7 @@ import json
 import re
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -82,12 +83,19 @@ def _taken(params: dict[str, Any]) -> IdempotencyKeyTaken:
     )
 
 
+#: Whether a connection may ask a table's same_event function, by connection and table: asked once.
+_can_ask: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+
+
 def _check_same_event(writer: Any, table: str, params: dict[str, Any]) -> None:
     """Raise :class:`IdempotencyKeyTaken` if the event under the taken key has another topic or key."""
     signature, call = _same_event_for(table)
     conn = writer.connection if isinstance(writer, psycopg.Cursor) else writer
     with psycopg.Cursor(conn, row_factory=tuple_row) as cur:  # whatever rows the caller's cursors make
-        if (cur.execute(_CAN_ASK_SAME_EVENT, [signature]).fetchone() or (False,))[0]:
+        known = _can_ask.setdefault(conn, {})
+        if table not in known:
+            known[table] = bool((cur.execute(_CAN_ASK_SAME_EVENT, [signature]).fetchone() or (False,))[0])
+        if known[table]:
             same = cur.execute(call, [params["idempotency_key"], params["topic"], params["key"]]).fetchone()
             if same and same[0] is False:
                 raise _taken(params)
@@ -98,10 +106,13 @@ async def _acheck_same_event(writer: Any, table: str, params: dict[str, Any]) ->
     signature, call = _same_event_for(table)
     conn = writer.connection if isinstance(writer, psycopg.AsyncCursor) else writer
     async with psycopg.AsyncCursor(conn, row_factory=tuple_row) as cur:
-        if (await (await cur.execute(_CAN_ASK_SAME_EVENT, [signature])).fetchone() or (False,))[0]:
-            same = await (
-                await cur.execute(call, [params["idempotency_key"], params["topic"], params["key"]])
-            ).fetchone()
+        known = _can_ask.setdefault(conn, {})
+        if table not in known:
+            row = await (await cur.execute(_CAN_ASK_SAME_EVENT, [signature])).fetchone()
+            known[table] = bool((row or (False,))[0])
+        if known[table]:
+            args = [params["idempotency_key"], params["topic"], params["key"]]
+            same = await (await cur.execute(call, args)).fetchone()
             if same and same[0] is False:
                 raise _taken(params)
 
