@@ -454,9 +454,9 @@ def publish(
     Kafka ``content-type`` header and the RabbitMQ ``content_type``.
     ``content_type`` is for bytes only, and must be a media type
     (``type/subtype[; name=value]``, RFC 2046): ``ValueError`` otherwise. With an ``idempotency_key`` that
-    the outbox already holds, nothing is written and the key is returned; on
-    PostgreSQL, if the event there has another topic or key (another writer
-    took the key), :class:`IdempotencyKeyTaken` is raised instead.
+    the outbox already holds, nothing is written and the key is returned; if
+    the event there has another topic or key (another writer took the key),
+    :class:`IdempotencyKeyTaken` is raised instead.
     Events with the same ``key`` are delivered in the order they are written;
     ``priority`` orders due events of different keys (higher first);
     ``deliver_at`` (timezone-aware, at most ``max_deliver_ahead`` ahead, a year

@@ -1,5 +1,5 @@
 """What a writer may put in ``deliver_at`` and ``priority``, bounded by the table itself (migration 0005), and an
-idempotency key another writer took first (publish() says so, on PostgreSQL).
+idempotency key another writer took first (publish() says so).
 
 Through plain SQL as the table's owner and through the writer role of
 ``migrate --create-roles``, on real PostgreSQL and MariaDB: a time past the
@@ -209,3 +209,26 @@ def test_postgresql_apublish_says_so_too(database_url: str) -> None:
             assert await producers.apublish(conn, "payments", {"other": "payload"}, idempotency_key="k1") == "k1"
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("as_writer", [False, True], ids=["owner", "writer role"])
+def test_mariadb_publish_says_so_when_another_writer_took_its_idempotency_key(
+    mysql_url: str, mysql_writer_url: str, as_writer: bool
+) -> None:
+    outcomes = {}
+    conn = mysql_support.connect(mysql_writer_url if as_writer else mysql_url, autocommit=False)
+    try:
+        for n, ((topic, key), _) in enumerate(TAKEN_BY):
+            with conn.cursor() as cur:  # the other writer, first
+                cur.execute(mysql_support.INSERT_EVENT, (topic, key, '{"x": 0}', f"order-{n}"))
+            try:
+                producers.publish(conn, "orders", {"x": 1}, key="o-1", idempotency_key=f"order-{n}")
+                outcomes[(topic, key)] = False
+            except producers.IdempotencyKeyTaken as exc:
+                assert f"order-{n}" in str(exc)
+                outcomes[(topic, key)] = True
+        conn.commit()
+    finally:
+        conn.close()
+    assert outcomes == dict(TAKEN_BY)
+    assert mysql_support.execute(mysql_url, "SELECT COUNT(*) FROM outbox") == [(len(TAKEN_BY),)]

@@ -258,6 +258,8 @@ def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: st
         f"GRANT UPDATE ({', '.join(RELAY_COLUMNS)}) ON {ids['table']} TO {relay}",
         f"GRANT SELECT ON {ids['version_table']} TO {relay}",
         f"GRANT INSERT ({', '.join(WRITER_COLUMNS)}) ON {ids['table']} TO {writer}",
+        # publish()'s question when its idempotency key is taken (migration 0006).
+        f"GRANT EXECUTE ON FUNCTION {ids['same_event_func']} TO {writer}",
     ]
     with connect(url, table) as conn, conn.cursor() as cur:
         lock = _take_lock(cur, table)

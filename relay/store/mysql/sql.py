@@ -91,6 +91,7 @@ def identifiers(table: TableName) -> dict[str, str]:
         "payload_check": quote(table.derived("payload_check")),
         "idempotency_key_unique": quote(table.derived("idempotency_key_key")),
         "writer_bounds_trigger": same_schema(table.derived("writer_bounds")),
+        "same_event_func": same_schema(table.derived("same_event")),
     }
 
 
