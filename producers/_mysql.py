@@ -101,7 +101,7 @@ def _same_event_for(table: str) -> str:
     """The call of ``table``'s same_event function (migration 0006) with an event's hexed values."""
     name = TableName.parse(table)
     quoted = ".".join(f"`{part}`" for part in (*name.parts[:-1], name.derived("same_event")))
-    return f"SELECT {quoted}(UNHEX(%(idempotency_key)s), UNHEX(%(topic)s), UNHEX(%(key)s))"
+    return f"SELECT {quoted}(UNHEX(%(idempotency_key)s), UNHEX(%(topic)s))"
 
 
 #: The function is missing (a table older than migration 0006) or the session may not call it:
@@ -113,7 +113,7 @@ def _taken_error(params: dict[str, Any]) -> Exception:
     from producers._write import IdempotencyKeyTaken  # a cycle at import: _write imports this module
 
     return IdempotencyKeyTaken(
-        f"idempotency key {params['idempotency_key']!r} holds an event of another topic or key: another writer of "
+        f"idempotency key {params['idempotency_key']!r} holds an event of another topic: another writer of "
         "the table took it, and nothing was written (docs/operations.md, writers that share a table)"
     )
 

@@ -56,7 +56,7 @@ TABLE_MAX_DELIVER_AHEAD = timedelta(days=366)
 
 
 class IdempotencyKeyTaken(ValueError):
-    """The idempotency key holds an event of another topic or key: another writer of the table took it.
+    """The idempotency key holds an event of another topic: another writer of the table took it.
 
     Nothing was written, and the caller's transaction goes on.
     """
@@ -72,13 +72,13 @@ def _same_event_for(table: str) -> tuple[str, sql.Composed]:
     """The signature of ``table``'s same_event function (for to_regprocedure), and the call."""
     name = TableName.parse(table)
     parts = (*name.parts[:-1], name.derived("same_event"))
-    signature = ".".join('"' + part.replace('"', '""') + '"' for part in parts) + "(text, text, text)"
-    return signature, sql.SQL("SELECT {}(%s, %s, %s)").format(sql.Identifier(*parts))
+    signature = ".".join('"' + part.replace('"', '""') + '"' for part in parts) + "(text, text)"
+    return signature, sql.SQL("SELECT {}(%s, %s)").format(sql.Identifier(*parts))
 
 
 def _taken(params: dict[str, Any]) -> IdempotencyKeyTaken:
     return IdempotencyKeyTaken(
-        f"idempotency key {params['idempotency_key']!r} holds an event of another topic or key: another writer of "
+        f"idempotency key {params['idempotency_key']!r} holds an event of another topic: another writer of "
         "the table took it, and nothing was written (docs/operations.md, writers that share a table)"
     )
 
@@ -88,7 +88,7 @@ _can_ask: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDicti
 
 
 def _check_same_event(writer: Any, table: str, params: dict[str, Any]) -> None:
-    """Raise :class:`IdempotencyKeyTaken` if the event under the taken key has another topic or key."""
+    """Raise :class:`IdempotencyKeyTaken` if the event under the taken key has another topic."""
     signature, call = _same_event_for(table)
     conn = writer.connection if isinstance(writer, psycopg.Cursor) else writer
     with psycopg.Cursor(conn, row_factory=tuple_row) as cur:  # whatever rows the caller's cursors make
@@ -96,7 +96,7 @@ def _check_same_event(writer: Any, table: str, params: dict[str, Any]) -> None:
         if table not in known:
             known[table] = bool((cur.execute(_CAN_ASK_SAME_EVENT, [signature]).fetchone() or (False,))[0])
         if known[table]:
-            same = cur.execute(call, [params["idempotency_key"], params["topic"], params["key"]]).fetchone()
+            same = cur.execute(call, [params["idempotency_key"], params["topic"]]).fetchone()
             if same and same[0] is False:
                 raise _taken(params)
 
@@ -111,7 +111,7 @@ async def _acheck_same_event(writer: Any, table: str, params: dict[str, Any]) ->
             row = await (await cur.execute(_CAN_ASK_SAME_EVENT, [signature])).fetchone()
             known[table] = bool((row or (False,))[0])
         if known[table]:
-            args = [params["idempotency_key"], params["topic"], params["key"]]
+            args = [params["idempotency_key"], params["topic"]]
             same = await (await cur.execute(call, args)).fetchone()
             if same and same[0] is False:
                 raise _taken(params)
@@ -455,7 +455,7 @@ def publish(
     ``content_type`` is for bytes only, and must be a media type
     (``type/subtype[; name=value]``, RFC 2046): ``ValueError`` otherwise. With an ``idempotency_key`` that
     the outbox already holds, nothing is written and the key is returned; if
-    the event there has another topic or key (another writer took the key),
+    the event there has another topic (another writer took the key),
     :class:`IdempotencyKeyTaken` is raised instead.
     Events with the same ``key`` are delivered in the order they are written;
     ``priority`` orders due events of different keys (higher first);

@@ -206,7 +206,7 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
 
     A writer may insert the application's columns (:data:`WRITER_COLUMNS`) and
     read ``idempotency_key``, which ``ON CONFLICT (idempotency_key)`` requires,
-    and ask whether a taken key holds an event of its topic and key (the
+    and ask whether a taken key holds an event of its topic (the
     table's ``same_event`` function, migration 0005); nothing else. The relay
     reads and deletes rows, updates only the columns it owns
     (:data:`RELAY_COLUMNS`), and reads the schema version. Any other privilege
@@ -255,7 +255,7 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
             "GRANT INSERT ({writer_columns}) ON {table} TO {writer}",
             "GRANT SELECT (idempotency_key) ON {table} TO {writer}",
             # publish()'s question when its idempotency key is taken (migration 0005).
-            "GRANT EXECUTE ON FUNCTION {same_event_func}(text, text, text) TO {writer}",
+            "GRANT EXECUTE ON FUNCTION {same_event_func}(text, text) TO {writer}",
         ):
             conn.execute(
                 sql.SQL(statement).format(

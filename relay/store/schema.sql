@@ -97,18 +97,17 @@ CREATE TRIGGER {writer_bounds_trigger} BEFORE INSERT ON {table} FOR EACH ROW
     EXECUTE FUNCTION {writer_bounds_func}();
 
 -- publish() asks this when the idempotency key it was given is taken already:
--- whether the event there has the topic and key it wrote (NULL when it is gone).
+-- whether the event there has the topic it wrote (NULL when it is gone).
 -- Another writer of the table may have taken the key first, and the caller's
 -- event would be lost without a word. SECURITY DEFINER: writers may not read
--- others' topics and keys; they learn only whether theirs match. The payload
--- is not compared: a retry may well carry a recomputed one.
-CREATE OR REPLACE FUNCTION {same_event_func}(given_idempotency_key text, given_topic text, given_key text)
+-- others' topics; they learn only whether theirs matches. Only the topic: a
+-- retry may well carry a recomputed payload, or leave out its key.
+CREATE OR REPLACE FUNCTION {same_event_func}(given_idempotency_key text, given_topic text)
 RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT topic = given_topic AND key IS NOT DISTINCT FROM given_key
-    FROM {table} WHERE idempotency_key = given_idempotency_key
+    SELECT topic = given_topic FROM {table} WHERE idempotency_key = given_idempotency_key
 $$;
 
-REVOKE ALL ON FUNCTION {same_event_func}(text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {same_event_func}(text, text) FROM PUBLIC;
 
 INSERT INTO {version_table} (version, name) VALUES (1, 'initial'), (2, 'cheaper_headers_check'),
     (3, 'failed_index'), (4, 'bytes_payloads'), (5, 'writer_bounds');

@@ -162,13 +162,15 @@ def test_mariadb_refuses_times_and_priorities_out_of_bounds(
 
 
 #: (topic, key) another writer may write under a key first, and whether the owner's publish() of ("orders", "o-1")
-#: then says so: another topic or key is another event; the same ones are a retry, whatever the payload.
+#: then says so: another topic is another event; the same topic is taken for a retry, whatever its key and payload.
 TAKEN_BY = [
     (("payments", "o-1"), True),
-    (("orders", "o-2"), True),
-    (("orders", None), True),
+    (("payments", None), True),
     (("Orders", "o-1"), True),
+    (("orders ", "o-1"), True),
     (("orders", "o-1"), False),
+    (("orders", "o-2"), False),
+    (("orders", None), False),
 ]
 
 

@@ -62,11 +62,9 @@ CREATE TRIGGER {writer_bounds_trigger} BEFORE INSERT ON {table} FOR EACH ROW
         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'deliver_at is more than 366 days from now'; END IF;
 
 -- publish()'s question when its idempotency key is taken (migrations/0006_same_event.sql).
-CREATE FUNCTION {same_event_func}(
-    given_idempotency_key VARBINARY(801), given_topic VARBINARY(1000), given_key VARBINARY(1025)
-) RETURNS BOOLEAN READS SQL DATA SQL SECURITY DEFINER
-    RETURN (SELECT CAST(topic AS BINARY) = given_topic AND `key` <=> given_key FROM {table}
-            WHERE idempotency_key = given_idempotency_key);
+CREATE FUNCTION {same_event_func}(given_idempotency_key VARBINARY(801), given_topic VARBINARY(1000))
+    RETURNS BOOLEAN READS SQL DATA SQL SECURITY DEFINER
+    RETURN (SELECT CAST(topic AS BINARY) = given_topic FROM {table} WHERE idempotency_key = given_idempotency_key);
 
 INSERT INTO {version_table} (version, name) VALUES (1, 'initial'), (2, 'bytes_payloads'), (3, 'topic_check'), (4, 'length_checks'),
     (5, 'writer_bounds'), (6, 'same_event');
