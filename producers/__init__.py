@@ -12,6 +12,6 @@ caller's transaction commits. Plain SQL works just as well::
 
 from __future__ import annotations
 
-from producers._write import MAX_DELIVER_AHEAD, AutocommitWarning, apublish, publish
+from producers._write import MAX_DELIVER_AHEAD, AutocommitWarning, IdempotencyKeyTaken, apublish, publish
 
-__all__ = ["MAX_DELIVER_AHEAD", "AutocommitWarning", "apublish", "publish"]
+__all__ = ["MAX_DELIVER_AHEAD", "AutocommitWarning", "IdempotencyKeyTaken", "apublish", "publish"]

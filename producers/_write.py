@@ -6,6 +6,7 @@ import json
 import re
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -13,6 +14,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from producers import _encoding, _message, _mysql
@@ -45,8 +47,74 @@ CONTENT_TYPE_MAX_BYTES = 255
 #: How far ahead ``deliver_at`` may lie. Further is almost always a mistake (a
 #: unit mix-up, a sentinel like ``datetime(9999, ...)``), and such an event would
 #: hold back every later event of its key until then; pass ``max_deliver_ahead``
-#: to allow more.
+#: to allow less.
 MAX_DELIVER_AHEAD = timedelta(days=365)
+#: What the table itself takes (its writer_bounds trigger, migration 0005): a
+#: day more than publish()'s year, for the clocks of two hosts. No
+#: ``max_deliver_ahead`` reaches past it.
+TABLE_MAX_DELIVER_AHEAD = timedelta(days=366)
+
+
+class IdempotencyKeyTaken(ValueError):
+    """The idempotency key holds an event of another topic: another writer of the table took it.
+
+    Nothing was written, and the caller's transaction goes on.
+    """
+
+
+#: Asked only when the given idempotency key was taken: whether the table has its same_event function
+#: (migration 0005) and this session may call it; a call that fails would abort the caller's transaction.
+_CAN_ASK_SAME_EVENT = "SELECT coalesce(has_function_privilege(to_regprocedure(%s), 'EXECUTE'), false)"
+
+
+@cache
+def _same_event_for(table: str) -> tuple[str, sql.Composed]:
+    """The signature of ``table``'s same_event function (for to_regprocedure), and the call."""
+    name = TableName.parse(table)
+    parts = (*name.parts[:-1], name.derived("same_event"))
+    signature = ".".join('"' + part.replace('"', '""') + '"' for part in parts) + "(text, text)"
+    return signature, sql.SQL("SELECT {}(%s, %s)").format(sql.Identifier(*parts))
+
+
+def _taken(params: dict[str, Any]) -> IdempotencyKeyTaken:
+    return IdempotencyKeyTaken(
+        f"idempotency key {params['idempotency_key']!r} holds an event of another topic: another writer of "
+        "the table took it, and nothing was written (docs/operations.md, writers that share a table)"
+    )
+
+
+#: Whether a connection may ask a table's same_event function, by connection and table: asked once.
+_can_ask: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+
+
+def _check_same_event(writer: Any, table: str, params: dict[str, Any]) -> None:
+    """Raise :class:`IdempotencyKeyTaken` if the event under the taken key has another topic."""
+    signature, call = _same_event_for(table)
+    conn = writer.connection if isinstance(writer, psycopg.Cursor) else writer
+    with psycopg.Cursor(conn, row_factory=tuple_row) as cur:  # whatever rows the caller's cursors make
+        known = _can_ask.setdefault(conn, {})
+        if table not in known:
+            known[table] = bool((cur.execute(_CAN_ASK_SAME_EVENT, [signature]).fetchone() or (False,))[0])
+        if known[table]:
+            same = cur.execute(call, [params["idempotency_key"], params["topic"]]).fetchone()
+            if same and same[0] is False:
+                raise _taken(params)
+
+
+async def _acheck_same_event(writer: Any, table: str, params: dict[str, Any]) -> None:
+    """:func:`_check_same_event` on an async connection or cursor."""
+    signature, call = _same_event_for(table)
+    conn = writer.connection if isinstance(writer, psycopg.AsyncCursor) else writer
+    async with psycopg.AsyncCursor(conn, row_factory=tuple_row) as cur:
+        known = _can_ask.setdefault(conn, {})
+        if table not in known:
+            row = await (await cur.execute(_CAN_ASK_SAME_EVENT, [signature])).fetchone()
+            known[table] = bool((row or (False,))[0])
+        if known[table]:
+            args = [params["idempotency_key"], params["topic"]]
+            same = await (await cur.execute(call, args)).fetchone()
+            if same and same[0] is False:
+                raise _taken(params)
 
 
 @cache
@@ -138,13 +206,15 @@ def _params(
     }
 
 
-#: The table's limits (its CHECK constraints, on both databases; INT for priority).
+#: The table's limits (its CHECK constraints and writer_bounds trigger, on both databases).
 TOPIC_MAX_CHARS = 249
 #: MySQL's ``key`` column (VARBINARY(1024)); on PostgreSQL the key's index would
 #: refuse about 2,700 bytes, aborting the caller's transaction. The same limit on both.
 KEY_MAX_BYTES = 1024
 IDEMPOTENCY_KEY_MAX_CHARS = 200
-PRIORITY_RANGE = range(-(2**31), 2**31)
+#: Priorities the table takes: a writer sharing it cannot go before every other writer's
+#: events with 2**31-1 (docs/operations.md, "Writers that share a table").
+PRIORITY_RANGE = range(-1000, 1001)
 #: MariaDB's JSON holds at most 31 arrays or objects one in another (MySQL 8's 100, PostgreSQL's
 #: more than Python's recursion limit): the same limit on every database.
 JSON_MAX_DEPTH = 31
@@ -243,10 +313,17 @@ def _check_deliver_at(deliver_at: object, max_ahead: timedelta) -> None:
         deliver_at.astimezone(UTC)
     except OverflowError:  # e.g. 0001-01-01 03:00+05:00, before year 1 in UTC
         raise ValueError(f"deliver_at {deliver_at.isoformat()} is out of range in UTC") from None
-    if deliver_at - datetime.now(UTC) > max_ahead:
+    ahead = deliver_at - datetime.now(UTC)
+    if ahead > TABLE_MAX_DELIVER_AHEAD:
+        raise ValueError(
+            f"deliver_at {deliver_at.isoformat()} is more than {TABLE_MAX_DELIVER_AHEAD.days} days ahead, which the "
+            "outbox table refuses: an event that far out would hold back its key's later events until then"
+        )
+    if ahead > max_ahead:
         raise ValueError(
             f"deliver_at {deliver_at.isoformat()} is more than {max_ahead} ahead; an event that far out would hold "
-            "back its key's later events until then (pass max_deliver_ahead= to allow it)"
+            f"back its key's later events until then (max_deliver_ahead= allows up to {TABLE_MAX_DELIVER_AHEAD.days} "
+            "days)"
         )
 
 
@@ -383,11 +460,14 @@ def publish(
     Kafka ``content-type`` header and the RabbitMQ ``content_type``.
     ``content_type`` is for bytes only, and must be a media type
     (``type/subtype[; name=value]``, RFC 2046): ``ValueError`` otherwise. With an ``idempotency_key`` that
-    the outbox already holds, nothing is written and the key is returned.
+    the outbox already holds, nothing is written and the key is returned; if
+    the event there has another topic (another writer took the key),
+    :class:`IdempotencyKeyTaken` is raised instead.
     Events with the same ``key`` are delivered in the order they are written;
     ``priority`` orders due events of different keys (higher first);
     ``deliver_at`` (timezone-aware, at most ``max_deliver_ahead`` ahead, a year
-    by default) holds an event back until that time.
+    by default, never more than the table's 366 days) holds an event back until
+    that time. ``priority`` is from -1000 to 1000, as the table takes it.
 
     A JSON payload holding what ``json`` cannot encode (``Decimal``,
     ``datetime``, ``UUID``, ...) is refused with a ``TypeError`` naming the
@@ -420,7 +500,10 @@ def publish(
     else:
         writer = psycopg.Cursor(conn) if _unfit_for_insert(conn) else conn
         _check_encodes(writer, params)
-        writer.execute(_statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params))
+        given_key = idempotency_key not in (None, "")
+        written = writer.execute(_statement(table, params, given_key=given_key), _for_postgres(params))
+        if given_key and written.rowcount == 0:  # taken: the same event again, or another writer's
+            _check_same_event(writer, table, params)
     return str(params["idempotency_key"])
 
 
@@ -459,7 +542,8 @@ async def apublish(
     else:
         awriter = psycopg.AsyncCursor(conn) if _unfit_for_insert(conn) else conn
         _check_encodes(awriter, params)
-        await awriter.execute(
-            _statement(table, params, given_key=idempotency_key not in (None, "")), _for_postgres(params)
-        )
+        given_key = idempotency_key not in (None, "")
+        written = await awriter.execute(_statement(table, params, given_key=given_key), _for_postgres(params))
+        if given_key and written.rowcount == 0:  # taken: the same event again, or another writer's
+            await _acheck_same_event(awriter, table, params)
     return str(params["idempotency_key"])

@@ -32,6 +32,14 @@ BAD_ARGUMENTS: list[tuple[dict[str, object], type[Exception]]] = [
     ({"idempotency_key": ["id"]}, TypeError),
     ({"priority": 2**31}, ValueError),
     ({"priority": -(2**31) - 1}, ValueError),
+    # Beyond the table's -1000..1000 (its writer_bounds trigger): one writer would go before every other's.
+    ({"priority": 2**31 - 1}, ValueError),
+    ({"priority": -(2**31)}, ValueError),
+    ({"priority": 1001}, ValueError),
+    ({"priority": -1001}, ValueError),
+    # Past the table's 366 days, whatever max_deliver_ahead allows.
+    ({"deliver_at": datetime(9999, 12, 31, tzinfo=UTC)}, ValueError),
+    ({"deliver_at": datetime.now(UTC) + timedelta(days=730), "max_deliver_ahead": timedelta(days=3650)}, ValueError),
     ({"priority": "high"}, TypeError),
     ({"deliver_at": datetime(2030, 1, 1)}, ValueError),
     # Before year 1 in UTC: PostgreSQL would store a BC time no reader loads, MySQL's driver would overflow.

@@ -2,12 +2,17 @@
 
 All steps run in one transaction behind an advisory lock keyed on the table
 (its schema resolved), so two migrations started at once apply each step exactly once, and a
-failed step leaves nothing half-done.
+failed step leaves nothing half-done. Each lock on the table is waited for a
+short while, and the whole tried again with backoff, so that an application's
+open transaction never holds writers up behind a waiting migration for longer
+than that while (:mod:`relay.store.lock_waits`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -15,6 +20,7 @@ from psycopg import sql
 
 from relay.config import NATIVE, TableLayout, TableName
 from relay.errors import SchemaError
+from relay.store import lock_waits
 from relay.store import sql as named
 from relay.store.postgres import privileges
 from relay.store.postgres.connection import check_encoding, connect_kwargs, translate_errors
@@ -26,19 +32,46 @@ _LOCK_NAMESPACE = "outbox-relay migrate "
 DEBEZIUM_FIRST_STEP = 1001
 
 
-def migrate(dsn: str, table: TableName, *, notify: bool | None = None, layout: TableLayout = NATIVE) -> list[int]:
+def migrate(
+    dsn: str,
+    table: TableName,
+    *,
+    notify: bool | None = None,
+    layout: TableLayout = NATIVE,
+    lock_wait_seconds: float = lock_waits.LOCK_WAIT_SECONDS,
+    retry_seconds: float = lock_waits.LOCK_RETRY_SECONDS,
+) -> list[int]:
     """Apply the migrations ``table`` lacks; return the versions applied.
 
     ``notify`` switches the NOTIFY-on-insert trigger on or off (``None`` leaves
     it as it is): the trigger wakes relays at once but makes every inserting
     commit take a global lock. With Debezium's ``layout``, the table is
     Debezium's outbox table (created if missing): see :mod:`relay.store.debezium`.
+    Each lock is waited for at most ``lock_wait_seconds`` (writers queue behind
+    the wait), and the whole is tried again for ``retry_seconds``
+    (:mod:`relay.store.lock_waits`).
     """
-    with translate_errors(dsn, table), psycopg.connect(dsn, **connect_kwargs()) as conn, conn.transaction():
+    return lock_waits.retrying(
+        lambda: _migrate_once(dsn, table, notify=notify, layout=layout, lock_wait_seconds=lock_wait_seconds),
+        retry_seconds=retry_seconds,
+    )
+
+
+def _migrate_once(
+    dsn: str, table: TableName, *, notify: bool | None, layout: TableLayout, lock_wait_seconds: float
+) -> list[int]:
+    with (
+        translate_errors(dsn, table),
+        _naming_lock_holders(dsn, table, lock_wait_seconds),
+        psycopg.connect(dsn, **connect_kwargs()) as conn,
+        conn.transaction(),
+    ):
         check_encoding(conn)
         given, table = table, _resolved(conn, table)
         ids = named.identifiers(table)
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [_LOCK_NAMESPACE + str(table)])
+        # From here on (not for another migrate's advisory lock, which is the wait above): see lock_waits.
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{max(1, round(lock_wait_seconds * 1000))}ms"])
         # Only a schema the name gave: CREATE SCHEMA asks for CREATE on the database even when it exists.
         if given.schema and table.schema:
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(table.schema)))
@@ -77,6 +110,29 @@ def migrate(dsn: str, table: TableName, *, notify: bool | None = None, layout: T
             switch = sql.SQL("ENABLE") if notify else sql.SQL("DISABLE")
             conn.execute(sql.SQL("ALTER TABLE {table} {} TRIGGER {notify_trigger}").format(switch, **ids))
     return applied
+
+
+@contextlib.contextmanager
+def _naming_lock_holders(dsn: str, table: TableName, wait_seconds: float) -> Iterator[None]:
+    """Turn a lock wait that ran out into :class:`LockWaitTimeout`, naming the sessions that hold ``table``."""
+    try:
+        yield
+    except psycopg.errors.LockNotAvailable:
+        raise lock_waits.LockWaitTimeout(table, wait_seconds, _lock_holders(dsn, table)) from None
+
+
+def _lock_holders(dsn: str, table: TableName) -> list[lock_waits.Holder]:
+    """The sessions holding a lock on ``table`` now, oldest transaction first (at most five)."""
+    with psycopg.connect(dsn, **connect_kwargs()) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT a.pid, coalesce(a.usename, ''), coalesce(a.application_name, ''),"
+            " coalesce(a.state, ''), extract(epoch FROM now() - a.xact_start)::float8, a.xact_start"
+            " FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid"
+            " WHERE l.locktype = 'relation' AND l.granted AND l.relation = to_regclass(%s)"
+            " AND a.pid <> pg_backend_pid() ORDER BY a.xact_start NULLS LAST LIMIT 5",
+            [".".join('"' + part.replace('"', '""') + '"' for part in table.parts)],
+        ).fetchall()
+    return [lock_waits.Holder(pid, user, app, state, seconds) for pid, user, app, state, seconds, _ in rows]
 
 
 #: The relations migrate names after the table with IF NOT EXISTS (so that one built by hand first, CONCURRENTLY,
@@ -149,11 +205,13 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
     """Create (if missing) a relay role and a writer role with the least they need, column by column.
 
     A writer may insert the application's columns (:data:`WRITER_COLUMNS`) and
-    read ``idempotency_key``, which ``ON CONFLICT (idempotency_key)`` requires;
-    nothing else. The relay reads and deletes rows, updates only the columns it
-    owns (:data:`RELAY_COLUMNS`), and reads the schema version. Any other
-    privilege the two roles held on the table, its schema-version table and its
-    id sequence is revoked first, so running this again tightens the
+    read ``idempotency_key``, which ``ON CONFLICT (idempotency_key)`` requires,
+    and ask whether a taken key holds an event of its topic (the
+    table's ``same_event`` function, migration 0005); nothing else. The relay
+    reads and deletes rows, updates only the columns it owns
+    (:data:`RELAY_COLUMNS`), and reads the schema version. Any other privilege
+    the two roles held on the table, its schema-version table and its id
+    sequence is revoked first, so running this again tightens the
     table-wide grants of earlier versions. A role that is a superuser, may act
     as the table's owner or as the other role, or still has more than it needs
     through PUBLIC or a role it inherits from is refused, and nothing changes.
@@ -196,6 +254,8 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
             "GRANT SELECT ON {version_table} TO {relay}",
             "GRANT INSERT ({writer_columns}) ON {table} TO {writer}",
             "GRANT SELECT (idempotency_key) ON {table} TO {writer}",
+            # publish()'s question when its idempotency key is taken (migration 0005).
+            "GRANT EXECUTE ON FUNCTION {same_event_func}(text, text) TO {writer}",
         ):
             conn.execute(
                 sql.SQL(statement).format(

@@ -75,5 +75,39 @@ $$;
 CREATE TRIGGER {notify_trigger} AFTER INSERT ON {table}
     FOR EACH STATEMENT EXECUTE FUNCTION {notify_func}({channel});
 
+-- What a writer may put in the columns that order delivery, judged as it is
+-- written (migrations/0005_writer_bounds.sql says why a trigger, not a CHECK):
+-- priority from -1000 to 1000, deliver_at a time at most 366 days from now.
+CREATE OR REPLACE FUNCTION {writer_bounds_func}() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.priority NOT BETWEEN -1000 AND 1000 THEN
+        RAISE EXCEPTION 'priority % is out of range: from -1000 to 1000', NEW.priority
+            USING ERRCODE = 'check_violation', COLUMN = 'priority', TABLE = TG_TABLE_NAME;
+    END IF;
+    RAISE EXCEPTION 'deliver_at % is not a time at most 366 days from now', NEW.deliver_at
+        USING ERRCODE = 'check_violation', COLUMN = 'deliver_at', TABLE = TG_TABLE_NAME;
+END
+$$;
+
+CREATE TRIGGER {writer_bounds_trigger} BEFORE INSERT ON {table} FOR EACH ROW
+    WHEN (NEW.priority NOT BETWEEN -1000 AND 1000
+          OR NEW.deliver_at > statement_timestamp() + interval '366 days'
+          OR NEW.deliver_at = '-infinity')
+    EXECUTE FUNCTION {writer_bounds_func}();
+
+-- publish() asks this when the idempotency key it was given is taken already:
+-- whether the event there has the topic it wrote (NULL when it is gone).
+-- Another writer of the table may have taken the key first, and the caller's
+-- event would be lost without a word. SECURITY DEFINER: writers may not read
+-- others' topics; they learn only whether theirs matches. Only the topic: a
+-- retry may well carry a recomputed payload, or leave out its key.
+CREATE OR REPLACE FUNCTION {same_event_func}(given_idempotency_key text, given_topic text)
+RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT topic = given_topic FROM {table} WHERE idempotency_key = given_idempotency_key
+$$;
+
+REVOKE ALL ON FUNCTION {same_event_func}(text, text) FROM PUBLIC;
+
 INSERT INTO {version_table} (version, name) VALUES (1, 'initial'), (2, 'cheaper_headers_check'),
-    (3, 'failed_index'), (4, 'bytes_payloads');
+    (3, 'failed_index'), (4, 'bytes_payloads'), (5, 'writer_bounds');

@@ -157,7 +157,9 @@ def test_skip_refuses_an_event_that_may_be_in_flight_and_says_why(database_url: 
 def test_status_shows_what_waits_on_a_schedule(database_url: str) -> None:
     with psycopg.connect(database_url) as conn:
         # Plain SQL may write what publish() refuses: a key parked until the year 9999.
-        conn.execute("INSERT INTO outbox (topic, key, payload, deliver_at) VALUES ('t', 'k', '{}', '9999-12-31')")
+        # (Written before the table bounded deliver_at, migration 0005: inserted, then moved.)
+        conn.execute("INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', '{}')")
+        conn.execute("UPDATE outbox SET deliver_at = '9999-12-31'")
         conn.execute("INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', '{}')")
         conn.execute("INSERT INTO outbox (topic, payload, deliver_at) VALUES ('t', '{}', now() + interval '1 day')")
     shown = json.loads(cli("status", "--json", "--database-url", database_url).stdout)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 import psycopg
 
 import producers
+from producers._write import TABLE_MAX_DELIVER_AHEAD
 from relay.config import TableName
 from relay.store.base import Admin
 from relay.store.memory import MemoryStore
@@ -36,6 +37,16 @@ runner: asyncio.Runner | None = None
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     return runner.run(coro) if runner is not None else asyncio.run(coro)
+
+
+def _beyond_the_tables_bound(kw: dict[str, Any]) -> datetime | None:
+    """Take out of ``kw`` a ``deliver_at`` further ahead than the table takes (and allow any other): it is
+    written afterwards, as a relay's update of an older row may leave it."""
+    kw.setdefault("max_deliver_ahead", TABLE_MAX_DELIVER_AHEAD)
+    deliver_at = kw.get("deliver_at")
+    if isinstance(deliver_at, datetime) and deliver_at - datetime.now(UTC) > TABLE_MAX_DELIVER_AHEAD:
+        return kw.pop("deliver_at")  # type: ignore[no-any-return]
+    return None
 
 
 class Harness(Protocol):
@@ -118,9 +129,12 @@ class PostgresHarness:
             return cur.fetchall() if cur.description else []
 
     def insert(self, topic: str, payload: Any, **kw: Any) -> None:
+        far = _beyond_the_tables_bound(kw)
         with psycopg.connect(self.url) as conn:
             # Any deliver_at, as plain SQL may write it: the store must cope with what publish() refuses.
-            producers.publish(conn, topic, payload, max_deliver_ahead=timedelta.max, **kw)
+            written = producers.publish(conn, topic, payload, **kw)
+            if far is not None:  # a row from before the table bounded deliver_at (migration 0005)
+                conn.execute("UPDATE outbox SET deliver_at = %s WHERE idempotency_key = %s", [far, written])
 
     def insert_sent(self, idem: str, *, key: str | None = None, topic: str = "t", sent_ago: float = 0) -> None:
         self._execute(
@@ -186,9 +200,16 @@ class MySQLHarness:
         return mysql_support.execute(self.url, statement, params)
 
     def insert(self, topic: str, payload: Any, **kw: Any) -> None:
+        far = _beyond_the_tables_bound(kw)
         conn = mysql_support.connect(self.url, autocommit=False)
         try:
-            producers.publish(conn, topic, payload, max_deliver_ahead=timedelta.max, **kw)
+            written = producers.publish(conn, topic, payload, **kw)
+            if far is not None:  # a row from before the table bounded deliver_at (migration 0005)
+                with conn.cursor() as cur:
+                    cur.execute(
+                        "UPDATE outbox SET deliver_at = %s WHERE idempotency_key = %s",
+                        (far.astimezone(UTC).replace(tzinfo=None), written.encode()),
+                    )
             conn.commit()
         finally:
             conn.close()

@@ -203,7 +203,9 @@ def test_the_relay_role_reads_the_statistics_the_estimate_needs(pg_admin_url: st
 def test_a_running_relay_shows_what_waits_on_a_schedule_in_its_metrics(database_url: str) -> None:
     with psycopg.connect(database_url) as conn:
         # Plain SQL may write what publish() refuses: a key parked until the year 9999, one event behind it.
-        conn.execute("INSERT INTO outbox (topic, key, payload, deliver_at) VALUES ('t', 'k', '{}', '9999-12-31')")
+        # (Written before the table bounded deliver_at, migration 0005: inserted, then moved.)
+        conn.execute("INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', '{}')")
+        conn.execute("UPDATE outbox SET deliver_at = '9999-12-31'")
         conn.execute("INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', '{}')")
         conn.execute("INSERT INTO outbox (topic, payload, deliver_at) VALUES ('t', '{}', now() + interval '1 day')")
     sink = MemorySink()

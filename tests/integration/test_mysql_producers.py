@@ -354,8 +354,11 @@ def test_values_are_stored_exactly_whatever_the_writer_s_sql_mode_and_charset(
                 idempotency_key=f"{TRICKY['idempotency_key']}a",
                 content_type=TRICKY["content_type"],
             )
-            # The same idempotency key again, as stored: nothing more written.
-            await producers.apublish(aconn, "t", {"n": 1}, idempotency_key=f"{TRICKY['idempotency_key']}0")
+            # The same idempotency key again, as stored: nothing more written (the same topic: a repeat).
+            again = f"{TRICKY['idempotency_key']}0"
+            await producers.apublish(aconn, TRICKY["topic"], {"n": 1}, idempotency_key=again)
+            with pytest.raises(producers.IdempotencyKeyTaken):  # another topic: another writer's event
+                await producers.apublish(aconn, "t", {"n": 1}, idempotency_key=again)
             await aconn.commit()
         finally:
             aconn.close()

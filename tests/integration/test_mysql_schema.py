@@ -29,6 +29,12 @@ CATALOG = {
     "checks": """
         SELECT constraint_name, check_clause FROM information_schema.check_constraints
         WHERE constraint_schema = DATABASE() ORDER BY 1""",
+    "triggers": """
+        SELECT trigger_name, event_manipulation, action_timing, action_statement FROM information_schema.triggers
+        WHERE trigger_schema = DATABASE() ORDER BY 1""",
+    "routines": """
+        SELECT routine_name, routine_type, data_type, routine_definition, security_type, sql_data_access
+        FROM information_schema.routines WHERE routine_schema = DATABASE() ORDER BY 1""",
     "tables": """
         SELECT table_name, engine, table_collation FROM information_schema.tables
         WHERE table_schema = DATABASE() ORDER BY 1""",
@@ -66,13 +72,15 @@ def test_migrate_is_idempotent_and_safe_when_two_run_at_once(mysql_empty_url: st
     for thread in threads:
         thread.join(60)
     assert errors == []
-    assert sorted(results) == [[], [], [1, 2, 3, 4]]
+    assert sorted(results) == [[], [], [1, 2, 3, 4, 5, 6]]
     assert migrate(mysql_empty_url, table) == []
     assert mysql_support.execute(mysql_empty_url, "SELECT version, name FROM outbox_schema_version ORDER BY 1") == [
         (1, "initial"),
         (2, "bytes_payloads"),
         (3, "topic_check"),
         (4, "length_checks"),
+        (5, "writer_bounds"),
+        (6, "same_event"),
     ]
 
 
@@ -103,7 +111,7 @@ def test_two_spellings_of_one_table_migrated_at_once_take_one_lock(mysql_server_
             for thread in threads:
                 thread.join(60)
             assert errors == []
-            assert sorted(results) == [[]] * 5 + [[1, 2, 3, 4]]
+            assert sorted(results) == [[]] * 5 + [[1, 2, 3, 4, 5, 6]]
     finally:
         mysql_support.execute(mysql_server_url, f"DROP DATABASE IF EXISTS `{database}`")
 
@@ -111,7 +119,7 @@ def test_two_spellings_of_one_table_migrated_at_once_take_one_lock(mysql_server_
 def test_a_table_in_another_database_is_created_there(mysql_empty_url: str, mysql_server_url: str) -> None:
     database = mysql_empty_url.rsplit("/", 1)[1] + "_events"
     try:
-        assert migrate(mysql_empty_url, TableName.parse(f"{database}.outbox")) == [1, 2, 3, 4]
+        assert migrate(mysql_empty_url, TableName.parse(f"{database}.outbox")) == [1, 2, 3, 4, 5, 6]
         rows = mysql_support.execute(mysql_empty_url, f"SELECT COUNT(*) FROM `{database}`.`outbox`")
         assert rows == [(0,)]
     finally:
@@ -187,8 +195,8 @@ def test_migrate_upgrades_a_table_of_the_first_version_and_keeps_its_events(
     mysql_support.execute(
         mysql_empty_url, "INSERT INTO outbox (topic, `key`, payload) VALUES ('t', 'k', '{\"n\": 1}'), ('t', NULL, '[]')"
     )
-    assert migrate(mysql_empty_url, table) == [2, 3, 4]
-    assert schema_version(mysql_empty_url, table) == 4
+    assert migrate(mysql_empty_url, table) == [2, 3, 4, 5, 6]
+    assert schema_version(mysql_empty_url, table) == 6
     conn = mysql_support.connect(mysql_empty_url, autocommit=False)
     try:
         producers.publish(conn, "t", b"\x00\xff", key="k", content_type="a/b", idempotency_key="raw")

@@ -158,6 +158,8 @@ def test_producers_publish_as_the_writer_role_including_a_repeated_key(roles_dat
     with psycopg.connect(roles.writer_url) as conn:
         assert producers.publish(conn, "t", {"n": 1}, key="k", headers={"h": "v"}, idempotency_key=key) == key
         assert producers.publish(conn, "t", {"n": 2}, idempotency_key=key) == key  # ON CONFLICT: nothing written
+        with pytest.raises(producers.IdempotencyKeyTaken):  # another topic: another writer's event
+            producers.publish(conn, "other", {"n": 2}, idempotency_key=key)
         later = datetime.now(UTC) + timedelta(hours=1)
         producers.publish(conn, "t", {}, deliver_at=later, priority=-1)
         conn.commit()

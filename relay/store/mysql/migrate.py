@@ -5,7 +5,11 @@ transaction as on PostgreSQL. Instead a named lock (``GET_LOCK``) on the table
 name serialises migrations started at once: the second waits, then finds the
 steps applied and does nothing. Each step's version is recorded right after
 it; a step that fails half-way is reported, and its statements are written to
-be checked by hand (docs/mysql.md).
+be checked by hand (docs/mysql.md). A step's wait for the table's metadata
+lock is short, and the migration tried again with backoff: behind an open
+transaction that wrote an event, a waiting ALTER holds every writer up
+(:mod:`relay.store.lock_waits`). Each step is one statement, so trying it again
+is safe.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import pymysql
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
 from relay.errors import StoreUnavailable
+from relay.store import lock_waits
 from relay.store.mysql import privileges
 from relay.store.mysql import sql as named
 from relay.store.mysql.connection import Target, no_greeting, translate
@@ -106,11 +111,80 @@ def _take_lock(cur: Any, table: TableName) -> str:
     return lock
 
 
-def migrate(url: str, table: TableName) -> list[int]:
-    """Apply the migrations ``table`` lacks; return the versions applied."""
+#: "Lock wait timeout exceeded": a metadata lock (lock_wait_timeout) or a row lock (innodb_lock_wait_timeout).
+_LOCK_WAIT_TIMEOUT = 1205
+
+
+def migrate(
+    url: str,
+    table: TableName,
+    *,
+    lock_wait_seconds: float = lock_waits.LOCK_WAIT_SECONDS,
+    retry_seconds: float = lock_waits.LOCK_RETRY_SECONDS,
+) -> list[int]:
+    """Apply the migrations ``table`` lacks; return the versions applied.
+
+    Each lock is waited for at most ``lock_wait_seconds`` (whole seconds, at
+    least one, as the servers count them), and the whole tried again for
+    ``retry_seconds``.
+    """
+    return lock_waits.retrying(
+        lambda: _migrate_once(url, table, lock_wait_seconds=lock_wait_seconds), retry_seconds=retry_seconds
+    )
+
+
+@contextlib.contextmanager
+def _naming_lock_holders(cur: Any, table: TableName, wait_seconds: int) -> Iterator[None]:
+    """Turn a lock wait that ran out into :class:`LockWaitTimeout`, naming the sessions that hold ``table``."""
+    try:
+        yield
+    except pymysql.MySQLError as exc:
+        if exc.args[:1] != (_LOCK_WAIT_TIMEOUT,):
+            raise
+        raise lock_waits.LockWaitTimeout(table, wait_seconds, _lock_holders(cur, table)) from None
+
+
+def _lock_holders(cur: Any, table: TableName) -> list[lock_waits.Holder]:
+    """The sessions holding ``table`` now, oldest transaction first (at most five): its metadata locks
+    where MariaDB's METADATA_LOCK_INFO plugin is there, otherwise every session with an open InnoDB
+    transaction (one that wrote an event holds the table's metadata lock until it ends)."""
+    schema = table.schema or _current_database(cur)
+    by_lock = (
+        "SELECT DISTINCT p.id, p.user, '', COALESCE(p.command, ''), TIMESTAMPDIFF(SECOND, t.trx_started, NOW())"
+        " FROM information_schema.METADATA_LOCK_INFO AS m"
+        " JOIN information_schema.PROCESSLIST AS p ON p.id = m.thread_id"
+        " LEFT JOIN information_schema.INNODB_TRX AS t ON t.trx_mysql_thread_id = p.id"
+        " WHERE m.table_schema = %s AND m.table_name = %s AND p.id <> CONNECTION_ID()"
+        " ORDER BY t.trx_started LIMIT 5"
+    )
+    # Those whose session is in the table's database, if any: the server's other databases have
+    # transactions of their own.
+    by_transaction = (
+        "SELECT p.id, p.user, '', COALESCE(p.command, ''), TIMESTAMPDIFF(SECOND, t.trx_started, NOW())"
+        " FROM information_schema.INNODB_TRX AS t JOIN information_schema.PROCESSLIST AS p"
+        " ON p.id = t.trx_mysql_thread_id WHERE p.id <> CONNECTION_ID()"
+        " AND (p.db = %s OR NOT EXISTS (SELECT 1 FROM information_schema.INNODB_TRX AS t2"
+        " JOIN information_schema.PROCESSLIST AS p2 ON p2.id = t2.trx_mysql_thread_id"
+        " WHERE p2.db = %s AND p2.id <> CONNECTION_ID()))"
+        " ORDER BY t.trx_started LIMIT 5"
+    )
+    try:
+        cur.execute(by_lock, (schema, table.name))
+    except pymysql.MySQLError:  # no such table: the plugin is not installed (or MySQL 8)
+        cur.execute(by_transaction, (schema, schema))
+    return [
+        lock_waits.Holder(int(session), str(user), str(app), str(command).lower(), None if age is None else float(age))
+        for session, user, app, command, age in cur.fetchall()
+    ]
+
+
+def _migrate_once(url: str, table: TableName, *, lock_wait_seconds: float) -> list[int]:
     ids = named.identifiers(table)
+    # Whole seconds on both servers (MariaDB refuses a fraction).
+    wait = max(1, round(lock_wait_seconds))
     with connect(url, table) as conn, conn.cursor() as cur:
         lock = _take_lock(cur, table)
+        cur.execute("SET SESSION lock_wait_timeout = %s, innodb_lock_wait_timeout = %s", (wait, wait))
         try:
             if table.schema:
                 cur.execute(f"CREATE DATABASE IF NOT EXISTS {named.quote(table.schema)}")
@@ -126,7 +200,8 @@ def migrate(url: str, table: TableName) -> list[int]:
                 if step.version in done:
                     continue
                 for statement in named.statements(named.render(step.template, table)):
-                    cur.execute(statement)
+                    with _naming_lock_holders(cur, table, wait):
+                        cur.execute(statement)
                 cur.execute(
                     f"INSERT INTO {ids['version_table']} (version, name) VALUES (%s, %s)",  # noqa: S608
                     (step.version, step.name),
@@ -183,6 +258,8 @@ def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: st
         f"GRANT UPDATE ({', '.join(RELAY_COLUMNS)}) ON {ids['table']} TO {relay}",
         f"GRANT SELECT ON {ids['version_table']} TO {relay}",
         f"GRANT INSERT ({', '.join(WRITER_COLUMNS)}) ON {ids['table']} TO {writer}",
+        # publish()'s question when its idempotency key is taken (migration 0006).
+        f"GRANT EXECUTE ON FUNCTION {ids['same_event_func']} TO {writer}",
     ]
     with connect(url, table) as conn, conn.cursor() as cur:
         lock = _take_lock(cur, table)

@@ -52,4 +52,19 @@ CREATE TABLE {table} (
     INDEX {failed_idx} (state, `key`)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
-INSERT INTO {version_table} (version, name) VALUES (1, 'initial'), (2, 'bytes_payloads'), (3, 'topic_check'), (4, 'length_checks');
+-- What a writer may put in the columns that order delivery, judged as it is
+-- written (migrations/0005_writer_bounds.sql says why a trigger, not a CHECK).
+CREATE TRIGGER {writer_bounds_trigger} BEFORE INSERT ON {table} FOR EACH ROW
+    -- (One statement, its semicolons inside lines: the script's statements end at a line's end.)
+    IF NEW.priority NOT BETWEEN -1000 AND 1000 THEN
+        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'priority is out of range: from -1000 to 1000'; ELSEIF
+        NEW.deliver_at > UTC_TIMESTAMP(6) + INTERVAL 366 DAY THEN
+        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'deliver_at is more than 366 days from now'; END IF;
+
+-- publish()'s question when its idempotency key is taken (migrations/0006_same_event.sql).
+CREATE FUNCTION {same_event_func}(given_idempotency_key VARBINARY(801), given_topic VARBINARY(1000))
+    RETURNS BOOLEAN READS SQL DATA SQL SECURITY DEFINER
+    RETURN (SELECT CAST(topic AS BINARY) = given_topic FROM {table} WHERE idempotency_key = given_idempotency_key);
+
+INSERT INTO {version_table} (version, name) VALUES (1, 'initial'), (2, 'bytes_payloads'), (3, 'topic_check'), (4, 'length_checks'),
+    (5, 'writer_bounds'), (6, 'same_event');

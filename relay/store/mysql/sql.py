@@ -90,6 +90,8 @@ def identifiers(table: TableName) -> dict[str, str]:
         "state_check": quote(table.derived("state_check")),
         "payload_check": quote(table.derived("payload_check")),
         "idempotency_key_unique": quote(table.derived("idempotency_key_key")),
+        "writer_bounds_trigger": same_schema(table.derived("writer_bounds")),
+        "same_event_func": same_schema(table.derived("same_event")),
     }
 
 
