@@ -5,7 +5,8 @@ event the broker will not acknowledge (``poison``), stages an outage around a
 ``publish`` call, and reads back what reached the broker, per key, in the
 broker's order. Real brokers answer for Kafka (a Tansu of the test's own, so
 it may be frozen and stopped) and RabbitMQ (through a proxy that can stall or
-cut the link); the memory sink uses its own failure injection.
+cut the link); the memory sink uses its own failure injection. A throwaway kind,
+registered by its harness as the relay registers its own, passes the same contract.
 """
 
 from __future__ import annotations
@@ -16,16 +17,19 @@ import os
 import signal
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
-from relay.config import AmqpSinkConfig, KafkaSinkConfig
-from relay.errors import SinkError
-from relay.events import IDEMPOTENCY_HEADER, Event, Failure, Outcome
+from relay.config import AmqpSinkConfig, Format, KafkaSinkConfig, parse_sink_url
+from relay.errors import SinkError, SinkUnavailable
+from relay.events import HELD, IDEMPOTENCY_HEADER, Event, Failure, Outcome
+from relay.holds import KeyHolds
+from relay.sinks import build_sink
 from relay.sinks.base import Sink
 from relay.sinks.memory import MemorySink
+from relay.sinks.registry import SINK_KINDS, SinkKind
 
 Outage = Literal["stall", "gone"]
 #: What a publish during an outage came to: its outcomes, or the error it raised.
@@ -174,6 +178,7 @@ class KafkaHarness(Recorded):
         assert process is not None
         if kind == "stall":
             os.kill(process.pid, signal.SIGSTOP)  # connected, answering nothing
+            await asyncio.sleep(0.2)  # stopped for sure (the warm-up's last answers are in)
         else:
             self.tansu.stop()
         try:
@@ -244,6 +249,117 @@ class RabbitHarness(Recorded):
         self._stack.close()
 
 
+@dataclass(frozen=True, slots=True)
+class ThrowawayConfig:
+    """The throwaway kind's configuration: ``throwaway://NAME``."""
+
+    name: str
+    format: Format = Format.NATIVE
+
+
+class ThrowawaySink:
+    """A sink of a kind registered only by this harness, through the relay's own registry: a list as
+    its broker. It refuses events whose topic is ``REFUSED_TOPIC``; ``stalled`` answers nothing in
+    time, ``available = False`` is a broker gone."""
+
+    name = "throwaway"
+    chains_keys = True
+
+    def __init__(self, config: ThrowawayConfig) -> None:
+        self.config = config
+        self.log: list[Event] = []
+        self.stalled = False
+        self.available = True
+        self._handing_over = asyncio.Lock()
+
+    async def start(self) -> None:
+        await self.check()
+
+    async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
+        if not self.available:
+            if holds is not None:
+                holds.hold(events)
+            raise SinkUnavailable("throwaway broker gone")
+        async with self._handing_over:  # batches reach the broker in call order
+            return [await self._send(event, holds) for event in events]
+
+    async def _send(self, event: Event, holds: KeyHolds | None) -> Outcome:
+        if holds is not None and not holds.admit(event):
+            return HELD
+        outcome: Outcome = None
+        if self.stalled:
+            outcome = Failure("throwaway: no acknowledgement in time", timed_out=True)
+        elif event.topic == REFUSED_TOPIC:
+            outcome = Failure("throwaway: refused", permanent=True)
+        if outcome is None:
+            self.log.append(event)
+        elif holds is not None:
+            holds.hold([event])
+        await asyncio.sleep(0)  # a later publish call may come in meanwhile
+        return outcome
+
+    async def check(self) -> None:
+        if not self.available:
+            raise SinkUnavailable("throwaway broker gone")
+
+    async def close(self) -> None:
+        pass
+
+
+REFUSED_TOPIC = "refuse-me"
+THROWAWAY = SinkKind(
+    name="throwaway",
+    schemes=("throwaway",),
+    config_type=ThrowawayConfig,
+    parse=lambda url: ThrowawayConfig(url.split("://", 1)[1]),
+    build=lambda config, **_: ThrowawaySink(config),
+    grace_seconds=lambda: 0.5,
+    refuses_header=lambda name: "no x- headers" if name.startswith("x-") else None,
+    binding_header=lambda name: False,
+)
+
+
+class ThrowawayHarness(Recorded):
+    """A sink kind registered in the test, built through ``parse_sink_url`` and ``build_sink`` as the
+    relay builds its own."""
+
+    kind = "throwaway"
+
+    def __init__(self) -> None:
+        super().__init__()
+        SINK_KINDS.register(THROWAWAY)
+        self._sinks: list[ThrowawaySink] = []
+
+    def sink(self) -> Sink:
+        sink = build_sink(parse_sink_url("throwaway://contract"), publish_timeout_seconds=PUBLISH_TIMEOUT_SECONDS)
+        assert isinstance(sink, ThrowawaySink)
+        self._sinks.append(sink)
+        return sink
+
+    def event(self, key: str | None, *, chained: bool) -> Event:
+        return self.keep(make_event("throwaway-topic", key, chained=chained))
+
+    def poison(self, event: Event) -> Event:
+        return self.keep(replace(event, topic=REFUSED_TOPIC))
+
+    async def outage(self, kind: Outage, publish: Callable[[], Awaitable[list[Outcome]]]) -> Result:
+        for sink in self._sinks:
+            sink.stalled, sink.available = kind == "stall", kind != "gone"
+        try:
+            return await publish()
+        except SinkError as exc:
+            return exc
+        finally:
+            for sink in self._sinks:
+                sink.stalled, sink.available = False, True
+
+    def received(self, count: int) -> dict[str, list[str]]:
+        return self.by_key([e.idempotency_key for sink in self._sinks for e in sink.log])
+
+    def close(self) -> None:
+        SINK_KINDS.unregister(THROWAWAY.name)
+
+
 @contextlib.contextmanager
 def harness_for(kind: str, amqp_url: Callable[[], str]) -> Iterator[SinkHarness]:
     """The harness of sink ``kind``, closed on exit."""
@@ -254,6 +370,8 @@ def harness_for(kind: str, amqp_url: Callable[[], str]) -> Iterator[SinkHarness]
         harness = KafkaHarness()
     elif kind == "rabbitmq":
         harness = RabbitHarness(amqp_url())
+    elif kind == "throwaway":
+        harness = ThrowawayHarness()
     else:
         raise ValueError(f"no sink harness {kind!r}")
     try:
