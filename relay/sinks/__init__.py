@@ -16,9 +16,12 @@ def build_sink(config: SinkConfig, *, publish_timeout_seconds: float, event_sour
     library is imported only when its sink is built.
 
     ``event_source`` is the CloudEvents ``source`` of a sink whose format is CloudEvents."""
-    return SINK_KINDS.of(config).build(
-        config, publish_timeout_seconds=publish_timeout_seconds, event_source=event_source
-    )
+    kind = SINK_KINDS.of(config)
+    sink = kind.build(config, publish_timeout_seconds=publish_timeout_seconds, event_source=event_source)
+    if sink.chains_keys != kind.chains_keys:
+        # The loop claims a key's next events ahead on the sink's word: the two must agree.
+        raise TypeError(f"the {kind.name} sink says chains_keys={sink.chains_keys}, its registration the opposite")
+    return sink
 
 
 def header_refusal(config: SinkConfig, name: str) -> str | None:

@@ -76,3 +76,10 @@ def test_a_scheme_or_name_taken_cannot_be_registered_again(throwaway: SinkKind) 
     for clash in (throwaway, replace(throwaway, name="other"), replace(throwaway, name="x", schemes=("amqps",))):
         with pytest.raises(ValueError, match="clashes"):
             SINK_KINDS.register(clash)
+
+
+def test_a_sink_that_contradicts_its_registration_on_chaining_keys_is_not_built(throwaway: SinkKind) -> None:
+    SINK_KINDS.unregister(throwaway.name)
+    SINK_KINDS.register(replace(throwaway, chains_keys=False))
+    with pytest.raises(TypeError, match="chains_keys"):
+        build_sink(parse_sink_url("throwaway://x"), publish_timeout_seconds=1.0)
