@@ -551,7 +551,7 @@ class Relay:
             verdict.held.setdefault(delay, []).extend(verdict.timed_out)
         elif verdict.sent:
             # Only an acknowledgement says the broker answers in time: a batch all held,
-            # unavailable or refused says nothing of it (see relay.outcomes).
+            # unavailable or refused says nothing of it (see relay.sinks.base).
             self._publish_acknowledged()
         settlement = await settle_within_lease(
             self.store,

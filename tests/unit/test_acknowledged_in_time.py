@@ -3,7 +3,7 @@
 A batch whose outcomes are all held, unavailable or refused says nothing of the
 broker's health: it neither grows the shrunk batch size back nor ends the
 timeouts' backoff (it did, and the log said the broker acknowledged in time
-again 3 ms after a timeout). See relay.outcomes and docs/how-it-works.md.
+again 3 ms after a timeout). See relay.sinks.base and docs/how-it-works.md.
 """
 
 from __future__ import annotations
