@@ -29,6 +29,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import FrameType
+from typing import cast
 from urllib.parse import parse_qsl, urlsplit
 
 from devservers import Tansu, embedded_postgres, free_port
@@ -37,8 +38,9 @@ from devservers.postgres import LOGICAL_DECODING
 from examples.consumer import KafkaTap, RabbitTap
 from examples.shop import Deliveries, Ledger, Report, Shop, percentile, summarize
 from relay.cli import streams
-from relay.config import DEFAULT_TABLE, KafkaSinkConfig, parse_sink_url, redact_url
+from relay.config import DEFAULT_TABLE, AmqpSinkConfig, KafkaSinkConfig, parse_sink_url, redact_url
 from relay.errors import ConfigError
+from relay.sinks import sink_kind_name
 
 logger = logging.getLogger(__name__)
 
@@ -126,10 +128,13 @@ def _demo(stack: contextlib.ExitStack, args: argparse.Namespace) -> bool:
     print(f"  migrate    {_relay_cli('migrate', '--database-url', database_url, *SOURCE_FLAGS)}")
     ledger, deliveries = Ledger(), Deliveries()
     # Consume before anything is published, so the consumer's start is no cut-off.
-    if isinstance(sink_config, KafkaSinkConfig):
-        stack.enter_context(KafkaTap(sink_config, deliveries, from_start=fresh_broker))
+    kind = sink_kind_name(sink_config)
+    if kind == "kafka":
+        stack.enter_context(KafkaTap(cast(KafkaSinkConfig, sink_config), deliveries, from_start=fresh_broker))
+    elif kind == "amqp":
+        stack.enter_context(RabbitTap(cast(AmqpSinkConfig, sink_config), deliveries))
     else:
-        stack.enter_context(RabbitTap(sink_config, deliveries))
+        raise SystemExit(f"demo: no read-back for a {kind} sink; use kafka:// or amqp://")
     relay = stack.enter_context(RelayProcess(database_url, sink, workdir / "relay.log"))
     print(f"  relay      pid {relay.pid}, ready on /readyz after {relay.wait_ready():.1f}s")
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from relay.config import (
     NATIVE,
     Format,
-    KafkaSinkConfig,
     RelaySettings,
     RouteConfig,
     SinkConfig,
@@ -28,7 +27,7 @@ from relay.health import HealthServer
 from relay.loop import Relay
 from relay.retention import purge_forever
 from relay.signals import stop_on_signals
-from relay.sinks import build_router, build_sink, header_refusal
+from relay.sinks import build_router, build_sink, header_refusal, publish_grace_seconds, sink_kind_name
 from relay.sinks.base import Sink
 from relay.store.adapters import build_store
 from relay.store.base import Admin
@@ -86,10 +85,10 @@ class RunConfig:
         for config in self._sinks():
             for column, header in self.layout.field_headers:
                 if why := header_refusal(config, header):
-                    where = f"for the {_kind(config)} sink"
+                    where = f"for the {sink_kind_name(config)} sink"
                     raise ConfigError(f"invalid field header '{column}={header[:80]}' {where}: {why}")
         slowest = max(self._sinks(), key=publish_grace_seconds)
-        self.settings.check_lease(publish_grace_seconds(slowest), _kind(slowest))
+        self.settings.check_lease(publish_grace_seconds(slowest), sink_kind_name(slowest))
 
     def _sinks(self) -> list[SinkConfig]:
         if self.routes:
@@ -124,30 +123,8 @@ class RunConfig:
 
 def _shape(config: SinkConfig) -> str:
     """The kind of sink, with its format unless native: ``kafka (cloudevents)``."""
-    kind = _kind(config)
+    kind = sink_kind_name(config)
     return kind if config.format is Format.NATIVE else f"{kind} ({config.format.value})"
-
-
-def _kind(config: SinkConfig) -> str:
-    return type(config).__name__.removesuffix("SinkConfig").lower()
-
-
-def publish_grace_seconds(config: SinkConfig) -> float:
-    """How long a publish to this kind of sink may run past ``--publish-timeout``.
-
-    Kafka waits a margin more for the delivery reports that librdkafka sends
-    when it times messages out at the publish timeout. RabbitMQ may close a
-    connection that confirmed nothing: up to a close timeout for the broker's
-    Close-Ok, then as long again for the aborted stream.
-    """
-    # Imported here: a relay loads only the broker clients of the sinks it is configured with.
-    if isinstance(config, KafkaSinkConfig):
-        from relay.sinks.kafka import WAIT_MARGIN_SECONDS
-
-        return WAIT_MARGIN_SECONDS
-    from relay.sinks.rabbitmq import CLOSE_TIMEOUT_SECONDS
-
-    return 2 * CLOSE_TIMEOUT_SECONDS
 
 
 def build_source_relay(config: RunConfig) -> Relay | LogRelay:

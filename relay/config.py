@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from relay import uri_reference
@@ -264,26 +265,35 @@ class AmqpSinkConfig:
         )
 
 
-SinkConfig = KafkaSinkConfig | AmqpSinkConfig
+class SinkConfig(Protocol):
+    """A sink URL parsed by its kind (see :mod:`relay.sinks.registry`): ``KafkaSinkConfig``,
+    ``AmqpSinkConfig`` or a registered kind's own. Frozen and comparable; its repr shows no secret."""
+
+    @property
+    def format(self) -> Format:
+        """The message shape (``format=`` in the URL)."""
+        ...
 
 
 def parse_sink_url(url: str) -> SinkConfig:
-    """Parse ``kafka://...`` or ``amqp(s)://...`` into a sink configuration."""
+    """Parse a sink URL (``kafka://...``, ``amqp(s)://...`` or a registered kind's) into its configuration."""
+    from relay.sinks.registry import SINK_KINDS  # the kinds import this module
+
     url = url.strip()
     if not url:
         raise ConfigError("no sink configured: set --sink or RELAY_SINK (kafka://... or amqp://...), or --route")
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    problem = ambiguity(url)
-    if problem is not None and scheme in ("kafka", "amqp", "amqps"):
-        raise ConfigError(f"invalid sink URL {shown_before_space(url)!r}: it {problem}")
-    if scheme == "kafka":
-        return _parse_kafka(url)
-    if scheme in ("amqp", "amqps"):
-        return _parse_amqp(url)
     if not scheme:
         # No scheme://: nothing tells a host from a password set in the URL's place, so none of it is shown.
         raise ConfigError("invalid sink URL: it has no scheme://; use kafka://... or amqp://...")
-    raise ConfigError(f"unknown sink scheme {scheme!r} in {redact_url(url)!r}: use kafka:// or amqp://")
+    kind = SINK_KINDS.for_scheme(scheme)
+    if kind is None:
+        known = " or ".join(f"{s}://" for s in SINK_KINDS.schemes())
+        raise ConfigError(f"unknown sink scheme {scheme!r} in {redact_url(url)!r}: use {known}")
+    problem = ambiguity(url)
+    if problem is not None:
+        raise ConfigError(f"invalid sink URL {shown_before_space(url)!r}: it {problem}")
+    return kind.parse(url)
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,7 +380,7 @@ def resolve_routes(routes: Sequence[str], sink: str | None) -> tuple[RouteConfig
     return tuple(resolved)
 
 
-def _parse_kafka(url: str) -> KafkaSinkConfig:
+def parse_kafka_url(url: str) -> KafkaSinkConfig:
     # urlsplit cannot take a host list with ports, so split the netloc by hand.
     rest = url.split("://", 1)[1]
     netloc, _, query = rest.partition("?")
@@ -417,7 +427,7 @@ def _once(url: str, name: str, given: set[str]) -> None:
     given.add(name)
 
 
-def _parse_amqp(url: str) -> AmqpSinkConfig:
+def parse_amqp_url(url: str) -> AmqpSinkConfig:
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - urlsplit checks the port lazily

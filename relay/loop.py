@@ -549,7 +549,9 @@ class Relay:
         if verdict.timed_out:
             delay = self._publish_timed_out(len(verdict.timed_out), len(claim.events))
             verdict.held.setdefault(delay, []).extend(verdict.timed_out)
-        else:
+        elif verdict.sent:
+            # Only an acknowledgement says the broker answers in time: a batch all held,
+            # unavailable or refused says nothing of it (see relay.sinks.base).
             self._publish_acknowledged()
         settlement = await settle_within_lease(
             self.store,

@@ -1,4 +1,7 @@
-"""Sorting a published batch's outcomes into what its settle records."""
+"""Sorting a published batch's outcomes into what its settle records.
+
+What each outcome means and costs is said once, on the sink port: :mod:`relay.sinks.base`.
+"""
 
 from __future__ import annotations
 

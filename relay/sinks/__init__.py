@@ -4,44 +4,48 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from relay.config import AmqpSinkConfig, KafkaSinkConfig, RouteConfig, SinkConfig
+from relay.config import RouteConfig, SinkConfig
 from relay.sinks.base import Sink
 from relay.sinks.formats import DEFAULT_EVENT_SOURCE, gives_way
+from relay.sinks.registry import SINK_KINDS
 from relay.sinks.routing import Route, RoutingSink
 
 
 def build_sink(config: SinkConfig, *, publish_timeout_seconds: float, event_source: str = DEFAULT_EVENT_SOURCE) -> Sink:
-    """The adapter for ``config``; broker libraries are imported only when used.
+    """The sink of ``config``, built by its kind (:mod:`relay.sinks.registry`); a kind's broker
+    library is imported only when its sink is built.
 
     ``event_source`` is the CloudEvents ``source`` of a sink whose format is CloudEvents."""
-    if isinstance(config, KafkaSinkConfig):
-        from relay.sinks.kafka import KafkaSink
-
-        return KafkaSink(config, publish_timeout_seconds=publish_timeout_seconds, event_source=event_source)
-    if isinstance(config, AmqpSinkConfig):
-        from relay.sinks.rabbitmq import RabbitMQSink
-
-        return RabbitMQSink(config, publish_timeout_seconds=publish_timeout_seconds, event_source=event_source)
-    raise TypeError(f"no sink for {config!r}")
+    kind = SINK_KINDS.of(config)
+    sink = kind.build(config, publish_timeout_seconds=publish_timeout_seconds, event_source=event_source)
+    if sink.chains_keys != kind.chains_keys:
+        # The loop claims a key's next events ahead on the sink's word: the two must agree.
+        raise TypeError(f"the {kind.name} sink says chains_keys={sink.chains_keys}, its registration the opposite")
+    return sink
 
 
 def header_refusal(config: SinkConfig, name: str) -> str | None:
     """Why a sink of ``config`` could never send a header ``name`` that every event carries (a
     ``--field-header``'s), or None: checked at start, not found out event by event."""
-    amqp = isinstance(config, AmqpSinkConfig)
-    if amqp:
-        from relay.sinks.rabbitmq.limits import RESERVED, reserved, too_long
-
-        if reserved(name):
-            return f"the header {name!r} is {RESERVED}"
-        if too_long(name):
-            return f"the header name {name[:40]!r}... is longer than RabbitMQ's 255 bytes"
-    if gives_way(config.format, name, amqp=amqp):
+    kind = SINK_KINDS.of(config)
+    if why := kind.refuses_header(name):
+        return why
+    if gives_way(config.format, name, kind.binding_header):
         return (
             f"with format={config.format.value} the header {name!r} is CloudEvents' own (or the relay's),"
             " so the column's value would never be sent; pick another name"
         )
     return None
+
+
+def publish_grace_seconds(config: SinkConfig) -> float:
+    """How long a publish to the sink of ``config`` may run past ``--publish-timeout`` (its kind's grace)."""
+    return SINK_KINDS.of(config).grace_seconds()
+
+
+def sink_kind_name(config: SinkConfig) -> str:
+    """The name of the kind of ``config`` (``kafka``, ``amqp``), for messages."""
+    return SINK_KINDS.of(config).name
 
 
 def build_router(
@@ -60,4 +64,13 @@ def build_router(
     return RoutingSink(chosen)
 
 
-__all__ = ["Route", "RoutingSink", "Sink", "build_router", "build_sink"]
+__all__ = [
+    "Route",
+    "RoutingSink",
+    "Sink",
+    "build_router",
+    "build_sink",
+    "header_refusal",
+    "publish_grace_seconds",
+    "sink_kind_name",
+]

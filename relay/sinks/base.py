@@ -1,4 +1,40 @@
-"""The sink port: where claimed events are published."""
+"""The sink port: where claimed events are published, and what a sink's answers mean.
+
+``Sink.publish`` answers each event with one :data:`relay.events.Outcome`.
+``None`` is the only acknowledgement; every other answer is a
+:class:`relay.events.Failure` of one kind, or the whole call raises. What each
+costs (relay/outcomes.py sorts them, relay/loop.py settles them):
+
+==========================  ======================  =======  ========================  ============  ==================
+answer                      the event               attempt  due again                 batch shrinks metrics
+==========================  ======================  =======  ========================  ============  ==================
+``None`` (acknowledged)     sent                    --       --                        grows back    published, latency
+``HELD`` (``held``)         not tried: its key      no       at once, after the key's  no            none
+                            is on hold                       earlier event
+``unavailable``             not tried: its route's  no       ``retry_after_seconds``   no            none
+                            broker is down
+``timed_out``               maybe stored            no       timeout backoff           halves        failed attempts
+``permanent`` (refused)     never deliverable       yes      dead-lettered now         no            failed, dead
+failed (none of these)      refused this time       yes      backoff by attempts;      no            failed attempts
+                                                             dead at --max-attempts
+raises ``SinkTimeout``      all maybe stored        no       timeout backoff           halves        failed attempts
+raises ``SinkUnavailable``  none acknowledged       no       at once; claims wait for  no            none
+                                                             ``check()`` to pass
+==========================  ======================  =======  ========================  ============  ==================
+
+A sink raises rather than returns only for the whole batch, when no event
+of it was acknowledged: ``SinkUnavailable`` when the broker could not be
+reached (connection refused or lost before any confirm), ``SinkTimeout`` when
+it was reached but acknowledged nothing in time. Before raising, it holds the
+key of every event of the batch. A problem of one event is a ``Failure``, never
+a raise; any other exception is a bug and stops the relay.
+
+*Acknowledged in time*: a publish that returned with at least one event
+acknowledged and none ``timed_out``. Only that grows a batch size shrunk by
+timeouts back and ends the timeouts' backoff: a batch whose events are all
+held, unavailable, refused or failed says nothing of whether the broker
+answers in time, so it leaves both as they are.
+"""
 
 from __future__ import annotations
 

@@ -130,22 +130,23 @@ def _own_headers(event: Event, clashes: Callable[[str], bool]) -> list[tuple[str
     return pairs
 
 
-def _kafka_clash(name: str) -> bool:
+def kafka_binding_header(name: str) -> bool:
+    """Whether a row header ``name`` gives way to the Kafka binding's own in a CloudEvents format."""
     # A row's idempotency-key (in any case) gives way to the relay's, as in the native shape:
     # Kafka headers are a list, and a consumer reading the first of two would take the row's.
     lower = name.lower()
     return lower in (CONTENT_TYPE_HEADER, IDEMPOTENCY_HEADER) or lower.startswith(KAFKA_PREFIX)
 
 
-def _amqp_clash(name: str) -> bool:
+def amqp_binding_header(name: str) -> bool:
+    """Whether a row header ``name`` gives way to the AMQP binding's own in a CloudEvents format."""
     return name.startswith(AMQP_ATTRIBUTE_PREFIXES) or is_idempotency_header(name)
 
 
-def gives_way(chosen: Format, name: str, *, amqp: bool) -> bool:
-    """Whether a row header ``name`` gives way to the binding's own in format ``chosen`` (it is never sent)."""
-    if chosen is Format.NATIVE:
-        return False
-    return _amqp_clash(name) if amqp else _kafka_clash(name)
+def gives_way(chosen: Format, name: str, binding_header: Callable[[str], bool]) -> bool:
+    """Whether a row header ``name`` gives way to the binding's own in format ``chosen`` (it is never sent);
+    ``binding_header`` is the sink kind's (its encoder family, see :mod:`relay.sinks.registry`)."""
+    return chosen is not Format.NATIVE and binding_header(name)
 
 
 def kafka_native(event: Event) -> KafkaMessage:
@@ -258,7 +259,7 @@ def kafka_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> KafkaEn
 
         def kafka_structured(event: Event) -> KafkaMessage:
             headers: list[tuple[str, str | bytes | None]] = [(CONTENT_TYPE_HEADER, STRUCTURED_CONTENT_TYPE)]
-            headers += _own_headers(event, _kafka_clash)
+            headers += _own_headers(event, kafka_binding_header)
             return wrap(event), headers
 
         return kafka_structured
@@ -282,7 +283,7 @@ def kafka_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> KafkaEn
             headers.append(("ce_partitionkey", event.key))
         if event.headers:
             headers += [(KAFKA_PREFIX + name, value) for name, value in _trace_context(event.headers)]
-            headers += [(name, value) for name, value in event.headers.items() if not _kafka_clash(name)]
+            headers += [(name, value) for name, value in event.headers.items() if not kafka_binding_header(name)]
         headers.append((IDEMPOTENCY_HEADER, event.idempotency_key))
         return event.payload, headers
 
@@ -301,7 +302,7 @@ def amqp_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> AmqpEnco
         wrap = envelope_encoder(source)
 
         def amqp_structured(event: Event) -> AmqpMessage:
-            return wrap(event), STRUCTURED_CONTENT_TYPE, dict(_own_headers(event, _amqp_clash))
+            return wrap(event), STRUCTURED_CONTENT_TYPE, dict(_own_headers(event, amqp_binding_header))
 
         return amqp_structured
 
@@ -319,7 +320,7 @@ def amqp_encoder(chosen: Format, source: str = DEFAULT_EVENT_SOURCE) -> AmqpEnco
             headers["cloudEvents:partitionkey"] = event.key
         if event.headers:
             headers.update((AMQP_PREFIX + name, value) for name, value in _trace_context(event.headers))
-            headers.update((name, value) for name, value in event.headers.items() if not _amqp_clash(name))
+            headers.update((name, value) for name, value in event.headers.items() if not amqp_binding_header(name))
         headers[IDEMPOTENCY_HEADER] = event.idempotency_key
         return event.payload, _amqp_content_type(event), headers
 

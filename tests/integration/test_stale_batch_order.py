@@ -24,10 +24,11 @@ import psycopg
 import pytest
 
 import producers
-from relay.app import RunConfig, build_relay, publish_grace_seconds, start
+from relay.app import RunConfig, build_relay, start
 from relay.config import CLAIM_RESERVE_SECONDS, SETTLE_RESERVE_SECONDS, RelaySettings, TableName, parse_sink_url
 from relay.events import Event
 from relay.loop import Relay
+from relay.sinks import publish_grace_seconds
 from relay.store.adapters import build_admin, build_store
 from relay.store.base import Claim, RequeueFilter, Started, Store
 from tests import mysql_support
