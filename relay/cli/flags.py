@@ -206,6 +206,25 @@ class Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class KeyOnce(Once):
+    """The key selector, given once, in either of its spellings: ``--key TEXT``, or ``--key-hex HEX``
+    for a key shown as ``key_hex=`` (:func:`key_hex`). One selector, so one action: both set ``key``."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if option_string == "--key-hex":
+            try:
+                values = key_hex(values)
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"argument --key-hex: {exc}")
+        super().__call__(parser, namespace, values, option_string)
+
+
 #: The longest role name PostgreSQL keeps whole (it cuts longer ones at 63 bytes without a word).
 MAX_ROLE_NAME_BYTES = 63
 

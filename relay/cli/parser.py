@@ -10,6 +10,7 @@ from relay import __version__, config
 from relay.cli.flags import (
     PROG,
     TIME_FORMS,
+    KeyOnce,
     Once,
     RouteList,
     age,
@@ -18,7 +19,6 @@ from relay.cli.flags import (
     env_switch,
     env_value,
     event_id,
-    key_hex,
     port,
     positive_int,
     role_name,
@@ -318,8 +318,9 @@ def _add_admin_commands(commands: Commands) -> None:
     which = requeue.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", type=event_id, action=Once, help="one event by id")
     which.add_argument("--topic", type=topic, action=Once, help="every dead-lettered event of a topic")
-    which.add_argument("--key", action=Once, help="every dead-lettered event of a key ('' is a key)")
-    which.add_argument("--key-hex", type=key_hex, action=Once, dest="key", metavar="HEX", help=_KEY_HEX_HELP)
+    which.add_argument(
+        "--key", "--key-hex", action=KeyOnce, help=f"every dead-lettered event of a key ('' is a key); {_KEY_HEX_HELP}"
+    )
     which.add_argument("--all", action="store_true", help="every dead-lettered event")
     env_switch(requeue, "--json", default=False, help="print the requeued ids as JSON")
     _dry_run(requeue, "requeue")
@@ -366,8 +367,7 @@ def _add_admin_commands(commands: Commands) -> None:
     )
     replay.add_argument("--until", type=timestamp, action=Once, metavar="TIME", help="sent before this time (as since)")
     keys = replay.add_mutually_exclusive_group()
-    keys.add_argument("--key", action=Once, help="only this key ('' is a key)")
-    keys.add_argument("--key-hex", type=key_hex, action=Once, dest="key", metavar="HEX", help=_KEY_HEX_HELP)
+    keys.add_argument("--key", "--key-hex", action=KeyOnce, help=f"only this key ('' is a key); {_KEY_HEX_HELP}")
     replay.add_argument("--topic", type=topic, action=Once, help="only this topic")
     replay.add_argument("--all", action="store_true", help="every kept event (required when no filter is given)")
     env_switch(replay, "--json", default=False, help="print the replayed ids as JSON")
@@ -375,7 +375,7 @@ def _add_admin_commands(commands: Commands) -> None:
 
 
 _KEY_HEX_HELP = (
-    "the key given as the hex of its bytes, as dead and inspect show a key that is not printable text "
+    "--key-hex takes the hex of its bytes, as dead and inspect show a key that is not printable text "
     "(bytes that are not UTF-8, a control character): key_hex=..."
 )
 
