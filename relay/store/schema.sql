@@ -1,7 +1,9 @@
 -- The full current schema of an outbox table, equivalent to applying every
 -- migration in migrations/ in order (a test checks that they agree).
 -- outbox-relay migrate applies the migrations; this file is for reading and
--- for tools that want the whole schema at once.
+-- for tools that want the whole schema at once. Render it with a schema-qualified
+-- table name, as migrate does: the same_event function's body runs with a search_path
+-- of pg_catalog only (SECURITY DEFINER), so it must name the table's schema.
 
 CREATE TABLE IF NOT EXISTS {version_table} (
     version    integer     PRIMARY KEY,

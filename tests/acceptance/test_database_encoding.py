@@ -35,7 +35,7 @@ def foreign_database(request: pytest.FixtureRequest, pg_admin_url: str) -> Itera
         )
     url = _url_for(name)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(render(schema_template(), TableName.parse("outbox")))
+        conn.execute(render(schema_template(), TableName.parse("public.outbox")))  # qualified, as migrate renders it
         conn.execute("INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', '{}')")
     yield url, encoding
     with psycopg.connect(pg_admin_url, autocommit=True) as conn:
