@@ -70,8 +70,8 @@ class RunConfig:
     slot: str | None = None
 
     def __post_init__(self) -> None:
-        if self.source_kind == "log" and (self.layout.debezium or self.database_url.startswith(("mysql", "mariadb"))):
-            raise ConfigError("--source log needs PostgreSQL and the native table layout")
+        if self.source_kind == "log" and self.database_url.startswith(("mysql", "mariadb")):
+            raise ConfigError("--source log needs PostgreSQL")
         if self.sink is None and not self.routes:
             raise ConfigError("no sink configured: set --sink or --route (RELAY_SINK, RELAY_ROUTES)")
         if self.event_source is not None:
@@ -172,6 +172,7 @@ def _build_log_relay(config: RunConfig) -> LogRelay:
         sink,
         config.settings,
         publish_grace_seconds=config.publish_grace_seconds,
+        layout=config.layout,
     )
 
 

@@ -56,8 +56,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     dsn, table = database(args)
     layout = table_layout(args)
     _, slot = source_and_slot(args)
-    if slot is not None and (layout.debezium or dsn.startswith(("mysql", "mariadb"))):
-        raise ConfigError("--source log needs PostgreSQL and the native table layout")
+    if slot is not None and dsn.startswith(("mysql", "mariadb")):
+        raise ConfigError("--source log needs PostgreSQL")
     if slot is not None:
         from relay.sources.log.slot import check_server
 

@@ -201,3 +201,49 @@ def test_an_envelope_reads_back_as_the_event_it_describes(payload: object) -> No
         assert event.payload == payload and event.content_type == "application/octet-stream"
     else:
         assert json.loads(event.payload) == payload and event.content_type is None
+
+
+DEBEZIUM_COLUMNS = ("id", "aggregatetype", "aggregateid", "type", "payload", "relay_seq", "relay_state",
+                    "relay_last_error", "relay_created_at")  # fmt: skip
+DEBEZIUM_TYPES = (2950, 1043, 1043, 1043, 3802, 20, 25, 25, 1184)
+
+
+def _debezium_row(**values: str | None) -> tuple[bytes | None, ...]:
+    base: dict[str, str | None] = {
+        "id": "0b6f4f9e-2d0a-4a55-9a43-1c3b2e0d7d11", "aggregatetype": "order", "aggregateid": "42", "type": "Made",
+        "payload": '{"a": 1}', "relay_seq": "7", "relay_state": "pending", "relay_last_error": None,
+        "relay_created_at": "2026-12-06 21:40:00+00",
+    }  # fmt: skip
+    base.update(values)
+    return tuple(None if base[name] is None else str(base[name]).encode() for name in DEBEZIUM_COLUMNS)
+
+
+def test_debezium_rows_become_the_adapters_events() -> None:
+    from relay.config import TableLayout
+    from relay.sources.log.debezium import DebeziumRowReader
+
+    relation = pgoutput.Relation(1, "public", "outbox", DEBEZIUM_COLUMNS, DEBEZIUM_TYPES)
+    reader = DebeziumRowReader(relation, TableLayout.parse("debezium", field_headers=["type=eventType"]))
+    event = reader.event(_debezium_row(), NOW)
+    assert event is not None
+    assert (event.id, event.topic, event.key, event.payload, event.content_type) == (
+        7, "outbox.event.order", "42", b'{"a": 1}', None,
+    )  # fmt: skip
+    assert event.headers == {"id": event.idempotency_key, "eventType": "Made"}
+    assert event.idempotency_key == "0b6f4f9e-2d0a-4a55-9a43-1c3b2e0d7d11"
+    # As the view: a null aggregatetype is an empty topic (dead-lettered), an empty one fills in nothing.
+    assert (reader.event(_debezium_row(aggregatetype=None), NOW) or event).topic == ""
+    assert (reader.event(_debezium_row(aggregatetype=""), NOW) or event).topic == "outbox.event."
+    nulls = reader.event(_debezium_row(payload=None, type=None, aggregateid=None), NOW)
+    assert nulls is not None and (nulls.payload, nulls.key, nulls.headers) == (b"", None, {"id": nulls.idempotency_key})
+    assert reader.event(_debezium_row(relay_state="sent"), NOW) is None
+    assert reader.event(_debezium_row(relay_last_error="parked"), NOW) is None
+    with pytest.raises(ValueError, match="lacks"):
+        DebeziumRowReader(pgoutput.Relation(1, "public", "outbox", DEBEZIUM_COLUMNS[:5]), TableLayout("debezium"))
+    with pytest.raises(ValueError, match="no column"):
+        DebeziumRowReader(relation, TableLayout.parse("debezium", field_headers=["tenant=t"]))
+    with pytest.raises(ValueError, match="payload must be"):
+        DebeziumRowReader(
+            pgoutput.Relation(1, "public", "outbox", DEBEZIUM_COLUMNS, (*DEBEZIUM_TYPES[:4], 23, *DEBEZIUM_TYPES[5:])),
+            TableLayout("debezium"),
+        )

@@ -12,7 +12,6 @@ holds across the two paths.
 
 from __future__ import annotations
 
-import json
 import logging
 
 from relay.backoff import Backoff
@@ -38,7 +37,7 @@ async def deliver_handed_over(
     events = [
         Event(
             id=row[0], topic=row[1], key=row[2], payload=row[3].encode() if row[3] is not None else bytes(row[4]),
-            headers=json.loads(row[6]) if row[6] else {}, idempotency_key=row[7], attempts=row[8] + 1,
+            headers=store.headers(row[6], row[7]), idempotency_key=row[7], attempts=row[8] + 1,
             created_at=row[9], content_type=row[5],
         )
         for row in rows

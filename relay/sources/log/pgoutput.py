@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 PG_EPOCH_OFFSET_US = 946_684_800_000_000
@@ -85,6 +85,8 @@ class Relation:
     namespace: str
     name: str
     columns: tuple[str, ...]
+    #: Each column's type oid (the Debezium layout reads its payload by type).
+    types: tuple[int, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +165,13 @@ def parse_message(data: bytes) -> Decoded:
         at += 1  # replica identity
         (count,) = _INT16.unpack_from(data, at)
         at += 2
-        columns = []
+        columns, types = [], []
         for _ in range(count):
             column, at = _cstring(data, at + 1)  # flags, then the name
+            types.append(_UINT32.unpack_from(data, at)[0])
             at += 8  # type oid, type modifier
             columns.append(column)
-        return Relation(oid, namespace, name, tuple(columns))
+        return Relation(oid, namespace, name, tuple(columns), tuple(types))
     if kind == 0x4D:  # 'M'
         transactional = bool(data[1])
         (lsn,) = _LSN.unpack_from(data, 2)

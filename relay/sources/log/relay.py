@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from relay.backoff import Backoff, OutageBackoff, sleep_unless_stopped
-from relay.config import RelaySettings, TableName
+from relay.config import NATIVE, RelaySettings, TableLayout, TableName
 from relay.errors import SinkTimeout, SinkUnavailable, StoreUnavailable
 from relay.events import Event, Outcome
 from relay.holds import KeyHolds
@@ -39,6 +39,7 @@ from relay.metrics import Metrics
 from relay.outcomes import judge
 from relay.sinks.base import Sink
 from relay.sources.log import pgoutput
+from relay.sources.log.debezium import DebeziumRowReader
 from relay.sources.log.decode import HEARTBEAT_PREFIX, MESSAGE_PREFIX, BadEnvelope, RowReader, message_event
 from relay.sources.log.handover import deliver_handed_over
 from relay.sources.log.pgoutput import Keepalive, format_lsn
@@ -113,8 +114,10 @@ class LogRelay:
         metrics: Metrics | None = None,
         publish_grace_seconds: float = 0.0,
         leader_timeout_seconds: float = LEADER_TIMEOUT_SECONDS,
+        layout: TableLayout = NATIVE,
     ) -> None:
         self.sink = sink
+        self.layout = layout
         self.settings = settings
         self.table = table
         self.slot = slot
@@ -123,7 +126,7 @@ class LogRelay:
         self._leader_timeout = leader_timeout_seconds
         self._grace = publish_grace_seconds
         #: The ordinary connection: the lock, fencing, dead letters (``/readyz`` checks it as the store).
-        self.store = TableLink(dsn, table, slot, leader_timeout_seconds=leader_timeout_seconds)
+        self.store = TableLink(dsn, table, slot, leader_timeout_seconds=leader_timeout_seconds, layout=layout)
         self.state = SlotState()
         self._backoff = Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds)
         self._outage = OutageBackoff()
@@ -287,7 +290,7 @@ class LogRelay:
         stream = self._stream
         assert stream is not None
         window = self._window
-        rows: dict[int, RowReader | None] = {}
+        rows: dict[int, RowReader | DebeziumRowReader | None] = {}
         schema_name = self.table.parts if len(self.table.parts) == 2 else ("public", self.table.parts[0])
         transaction: Transaction | None = None
         commit_time = datetime.now(UTC)
@@ -326,9 +329,21 @@ class LogRelay:
                 self._more.set()
             elif isinstance(message, pgoutput.Relation):
                 ours = (message.namespace, message.name) == schema_name
-                rows[message.oid] = RowReader(message) if ours else None
+                if not ours:
+                    rows[message.oid] = None
+                else:
+                    rows[message.oid] = (
+                        DebeziumRowReader(message, self.layout) if self.layout.debezium else RowReader(message)
+                    )
             elif isinstance(message, pgoutput.Message):
-                if message.transactional and message.prefix == MESSAGE_PREFIX and transaction is not None:
+                if message.transactional and message.prefix == MESSAGE_PREFIX and self.layout.debezium:
+                    # Debezium's table has no place for a message's topic: its dead letter could not be kept.
+                    logger.warning(
+                        "outbox message at %s not delivered: the Debezium table layout relays the table's rows only",
+                        format_lsn(lsn),
+                        extra={"action": "message_ignored"},
+                    )
+                elif message.transactional and message.prefix == MESSAGE_PREFIX and transaction is not None:
                     self._ready.append(window.add(self._message(message, commit_time), transaction, row=False))
                 elif message.prefix == HEARTBEAT_PREFIX and transaction is None and window.idle() and not self._ready:
                     self._idle_end = max(self._idle_end, lsn)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -23,9 +24,12 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from relay.config import TableName
+from relay.config import NATIVE, TableLayout, TableName
 from relay.errors import ConfigError, StoreUnavailable
 from relay.events import Event
+from relay.sources.log import debezium
+from relay.store.debezium import identifiers
+from relay.store.postgres.store import debezium_headers
 
 MIN_SERVER_VERSION = 140000
 SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
@@ -204,14 +208,24 @@ LIMIT %(limit)s
 class TableLink:
     """The relay's ordinary connection: the leader's lock, fencing, and its writes to the outbox table."""
 
-    def __init__(self, dsn: str, table: TableName, slot: str, *, leader_timeout_seconds: float) -> None:
+    def __init__(
+        self, dsn: str, table: TableName, slot: str, *, leader_timeout_seconds: float, layout: TableLayout = NATIVE
+    ) -> None:
         self._dsn = dsn
         self._table = table
         self._slot = slot
         self._key = lock_key(slot)
         self._timeout = leader_timeout_seconds
         self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._target = sql.Identifier(*table.parts)
+        self._layout = layout
+        # Debezium's table is read and written through its view, which has the native column names.
+        self._target = sql.Identifier(*layout.relation(table).parts)
+        # A frozen leader's session ends, and its lock with it, after this long idle.
+        self._options = f"-c idle_session_timeout={int(self._timeout * 1000)} -c statement_timeout=30000"
+        if layout.debezium:
+            # The template is validated (letters, digits, ._- and braces): nothing to escape.
+            self._options += f" -c outbox_relay.topic_template={layout.topic_template}"
+            self._options += " -c outbox_relay.columns_in_headers=on"
 
     async def connect(self, connect_timeout: float) -> None:
         await self.close()
@@ -220,8 +234,7 @@ class TableLink:
                 self._dsn,
                 autocommit=True,
                 connect_timeout=max(1, round(connect_timeout)),
-                # A frozen leader's session ends, and its lock with it, after this long idle.
-                options=f"-c idle_session_timeout={int(self._timeout * 1000)} -c statement_timeout=30000",
+                options=self._options,
             )
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"cannot reach the database: {exc}") from None
@@ -328,6 +341,12 @@ class TableLink:
             "attempts": attempts,
             "last_error": reason,
         }
+        if self._layout.debezium:
+            # Only the table's rows are read on this layout: each is written in place (relay.sources.log.debezium).
+            query = debezium.DEAD_LETTER if state == "failed" else debezium.PARK
+            await self._run(sql.SQL(query).format(view=self._target, seq_name=identifiers(self._table)["seq_name"]),
+                            params)  # fmt: skip
+            return
         if row and state == "failed":
             await self._run(sql.SQL(_UPSERT).format(table=self._target), params)
             return
@@ -351,6 +370,13 @@ class TableLink:
         """Due rows handed over to the table (parked, or requeued dead letters) that go next: the first of
         each key whose earlier handed-over rows are all gone or skipped, by id."""
         return await self._run(sql.SQL(_HANDED_OVER).format(table=self._target), {"limit": limit})
+
+    def headers(self, row_headers: str | None, idempotency_key: str) -> dict[str, str]:
+        """A handed-over row's message headers: its own, or on Debezium's layout the ``id`` and field headers."""
+        found = json.loads(row_headers) if row_headers else {}
+        if self._layout.debezium:
+            return debezium_headers(found, idempotency_key, self._layout.field_headers)
+        return found
 
     async def settle_handed_over(self, sent: Sequence[int], retry: Sequence[tuple[int, float, str]],
                                  dead: Sequence[tuple[int, str]]) -> None:  # fmt: skip
