@@ -70,7 +70,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     applied = migrate(dsn, table, notify=args.notify, layout=layout)
     print(f"{table}: applied {', '.join(map(str, applied))}" if applied else f"{table}: up to date")
     if args.create_roles:
-        create_roles(dsn, table, relay_role=args.relay_role, writer_role=args.writer_role)
+        create_roles(dsn, table, relay_role=args.relay_role, writer_role=args.writer_role, log_source=slot is not None)
         print(f"{table}: roles {args.relay_role} (relay) and {args.writer_role} (writer) granted")
     if slot is not None:
         from relay.sources.log.slot import prepare

@@ -77,8 +77,9 @@ def migrate(url: str, table: TableName, *, notify: bool | None = None, layout: T
     return migrate_postgres(url, table, notify=notify, layout=layout)
 
 
-def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: str) -> None:
-    """Create the relay and writer roles with the least they need (see ``migrate --create-roles``)."""
+def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: str, log_source: bool = False) -> None:
+    """Create the relay and writer roles with the least they need (see ``migrate --create-roles``);
+    ``log_source``: a relay of ``--source log`` (PostgreSQL only), which also inserts rows."""
     if is_mysql_url(url):
         _mysql()
         from relay.store.mysql.migrate import create_roles as roles_mysql
@@ -87,4 +88,4 @@ def create_roles(url: str, table: TableName, *, relay_role: str, writer_role: st
         return
     from relay.store.migrate import create_roles as roles_postgres
 
-    roles_postgres(url, table, relay_role=relay_role, writer_role=writer_role)
+    roles_postgres(url, table, relay_role=relay_role, writer_role=writer_role, log_source=log_source)

@@ -199,9 +199,15 @@ RELAY_COLUMNS = (
     "state", "attempts", "last_error", "lease_owner", "claim_token", "lease_expires_at", "published_at", "failed_at",
     "deliver_at",
 )  # fmt: skip
+#: What a log source relay inserts (relay.sources.log.slot): dead letters of messages and of rows the
+#: table no longer holds, and events parked behind a dead letter, each a row of its own.
+LOG_RELAY_INSERT_COLUMNS = (
+    "id", "topic", "key", "payload", "payload_bytes", "content_type", "headers", "idempotency_key", "created_at",
+    "state", "attempts", "last_error", "failed_at",
+)  # fmt: skip
 
 
-def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: str) -> None:
+def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: str, log_source: bool = False) -> None:
     """Create (if missing) a relay role and a writer role with the least they need, column by column.
 
     A writer may insert the application's columns (:data:`WRITER_COLUMNS`) and
@@ -215,7 +221,10 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
     table-wide grants of earlier versions. A role that is a superuser, may act
     as the table's owner or as the other role, or still has more than it needs
     through PUBLIC or a role it inherits from is refused, and nothing changes.
-    Both roles are NOLOGIN: grant them to your login users.
+    Both roles are NOLOGIN: grant them to your login users. With ``log_source``
+    (``--source log``) the relay may also insert rows (:data:`LOG_RELAY_INSERT_COLUMNS`);
+    the REPLICATION attribute it needs is not passed on by membership, so it
+    is the login user's to have (docs/log-source.md).
     """
     ids = named.identifiers(table)
 
@@ -256,6 +265,7 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
             "GRANT SELECT (idempotency_key) ON {table} TO {writer}",
             # publish()'s question when its idempotency key is taken (migration 0005).
             "GRANT EXECUTE ON FUNCTION {same_event_func}(text, text) TO {writer}",
+            *(["GRANT INSERT ({log_relay_columns}) ON {table} TO {relay}"] if log_source else []),
         ):
             conn.execute(
                 sql.SQL(statement).format(
@@ -263,6 +273,7 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
                     writer=writer,
                     relay_columns=columns(RELAY_COLUMNS),
                     writer_columns=columns(WRITER_COLUMNS),
+                    log_relay_columns=columns(LOG_RELAY_INSERT_COLUMNS),
                     **{**ids, "schema": schema},
                 )
             )
@@ -280,7 +291,12 @@ def create_roles(dsn: str, table: TableName, *, relay_role: str, writer_role: st
             relay_role,
             table=names["table"],
             version_table=names["version_table"],
-            allowed={"SELECT": None, "DELETE": None, "UPDATE": frozenset(RELAY_COLUMNS)},
+            allowed={
+                "SELECT": None,
+                "DELETE": None,
+                "UPDATE": frozenset(RELAY_COLUMNS),
+                **({"INSERT": frozenset(LOG_RELAY_INSERT_COLUMNS)} if log_source else {}),
+            },
             version_table_allowed=frozenset({"SELECT"}),
         )
         privileges.refuse_excess(
