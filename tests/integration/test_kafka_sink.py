@@ -347,8 +347,16 @@ def test_nul_characters_in_headers_arrive_whole_or_the_event_is_refused_alone(
 
     outcomes = asyncio.run(go())
 
-    assert outcomes[: len(carried)] == [None] * len(carried)
-    name_refused, held, nul_only_name, delivered = outcomes[len(carried) :]
+    # CloudEvents attributes (id, datacontenttype, partitionkey) may hold no control character: those
+    # events are refused for good in the CloudEvents formats; header values are no attributes.
+    attribute_borne = {"idempotency key", "content type", "key"} if chosen is not Format.NATIVE else set()
+    for name, outcome in zip(NUL_CARRIED, outcomes, strict=False):
+        if name in attribute_borne:
+            assert outcome is not None and outcome.permanent and "CloudEvents attribute" in outcome.error, name
+        else:
+            assert outcome is None, name
+    carried = [e for name, e in zip(NUL_CARRIED, carried, strict=True) if name not in attribute_borne]
+    name_refused, held, nul_only_name, delivered = outcomes[len(NUL_CARRIED) :]
     for failure in (name_refused, nul_only_name):
         assert failure is not None and failure.permanent and "contains a NUL character" in failure.error
     assert held is not None and held.held
