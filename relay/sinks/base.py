@@ -70,7 +70,8 @@ class Sink(Protocol):
     failed, timed out, or raised for) as soon as it knows, and before it hands
     over the events of a later ``publish`` call. It must never let a later
     event of a key be acknowledged once an earlier one handed to it can no
-    longer be (see :mod:`relay.holds`).
+    longer be (see :mod:`relay.holds`). :mod:`relay.sinks.keyorder` does
+    this for every sink; a sink adds only what its broker needs.
     """
 
     name: str

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from relay.errors import SinkUnavailable
 from relay.events import HELD, Event, Outcome
 from relay.holds import KeyHolds
+from relay.sinks.keyorder import Turns
 
 
 class MemorySink:
@@ -32,20 +33,21 @@ class MemorySink:
 
     async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
         """Record ``events``; acknowledge those ``fail`` lets through (and ``holds`` admits)."""
-        if not self.available and holds is not None:
-            holds.hold(events)
+        turns = Turns(events, holds)
+        if not self.available:
+            turns.hold(range(len(events)))
         await self.check()
         outcomes: list[Outcome] = []
-        for event in events:
-            if holds is not None and not holds.admit(event):
+        for index, event in enumerate(events):
+            if not turns.admit(index):
                 outcomes.append(HELD)
                 continue
             self.attempted.append(event)
             outcome = self.fail(event) if self.fail else None
             if outcome is None:
                 self.delivered.append(event)
-            elif holds is not None:
-                holds.hold([event])
+            else:
+                turns.hold((index,))
             outcomes.append(outcome)
         return outcomes
 

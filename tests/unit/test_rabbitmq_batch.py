@@ -18,6 +18,7 @@ import pytest
 
 from relay.events import HELD, Event, Failure
 from relay.holds import KeyHolds
+from relay.sinks.keyorder import KeyOrder
 from relay.sinks.rabbitmq.batch import Batch
 
 pytestmark = pytest.mark.timeout(30)
@@ -127,14 +128,14 @@ def test_what_never_got_its_turn_goes_back_held(loop: asyncio.AbstractEventLoop)
     assert isinstance(first, Failure) and first.timed_out
     assert batch.outcomes[1:3] == [HELD, HELD] and batch.outcomes[3] is None
     assert holds.held("a")
-    assert batch.unacknowledged() == events[:3]
+    assert [e for e, o in zip(events, batch.outcomes, strict=True) if o is not None] == events[:3]
 
 
 def chained_batches(loop: asyncio.AbstractEventLoop, keys: list[list[str | None]], holds: KeyHolds) -> list[Batch]:
     """Batches as the sink takes them from claims that go on from the ones before: a key's events in a
     later batch are chained, and its first there waits for its last in the batches before (as in publish)."""
     batches: list[Batch] = []
-    tails: dict[str, tuple[Batch, int]] = {}
+    tails = KeyOrder()
     seen: set[str] = set()
     n = 0
     for layout in keys:
@@ -145,8 +146,8 @@ def chained_batches(loop: asyncio.AbstractEventLoop, keys: list[list[str | None]
             if key is not None:
                 seen.add(key)
         batch = Batch(events, loop, holds)
-        batch.after(tails)
-        tails.update((key, (batch, index)) for key, index in batch.last_of_each_key().items())
+        tails.enter(batch.turns)
+        batch.after()
         batches.append(batch)
     return batches
 
@@ -232,6 +233,5 @@ def test_a_batch_that_ends_in_an_exception_releases_the_next_one_to_its_holds(
     first, second = chained_batches(loop, [["a"], ["a"]], holds)
     first.sent.update(first.take_ready())
     assert second.take_ready() == []
-    holds.hold(first.unacknowledged())  # as the sink does before it re-raises
-    first.fail_watchers()
+    first.turns.end()  # as the sink does on its way out of a publish that raised
     assert second.take_ready() == [0] and not holds.admit(second.events[0])

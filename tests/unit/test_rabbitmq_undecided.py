@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from relay.config import AmqpSinkConfig, parse_sink_url
 from relay.events import Event, Failure, Outcome
 from relay.holds import KeyHolds
+from relay.sinks.keyorder import KeyOrder
 from relay.sinks.rabbitmq.batch import Batch
 from relay.sinks.rabbitmq.sink import UNDECIDED, RabbitMQSink, undecided_failed
 
@@ -47,14 +48,17 @@ def test_a_later_batch_waiting_on_an_undecided_event_goes_on() -> None:
     loop = asyncio.new_event_loop()
     try:
         holds = KeyHolds()
+        keys = KeyOrder()
         earlier = Batch(events(["c", "d"]), loop, holds)
-        earlier.resolve(earlier.take_ready()[1], None, settled=True)  # "d" confirmed, "c" never decided
-        later = Batch(events(["c", "d"]), loop, holds)
-        later.after({"c": (earlier, 0), "d": (earlier, 1)})
-        assert later.waiting == {0}
-        assert undecided_failed(earlier, list(earlier.outcomes)) == [UNDECIDED, None]
-        assert later.waiting == set()
-        assert sorted(later.take_ready()) == [0, 1]
-        assert holds.held("c") and not holds.held("d")
+        with keys.entered(earlier.turns):
+            earlier.resolve(earlier.take_ready()[1], None, settled=True)  # "d" confirmed, "c" never decided
+            later = Batch(events(["c", "d"]), loop, holds)
+            with keys.entered(later.turns):
+                later.after()
+                assert later.waiting == {0}
+                assert undecided_failed(earlier, list(earlier.outcomes)) == [UNDECIDED, None]
+                assert later.waiting == set()
+                assert sorted(later.take_ready()) == [0, 1]
+                assert holds.held("c") and not holds.held("d")
     finally:
         loop.close()

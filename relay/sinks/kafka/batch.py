@@ -1,8 +1,8 @@
 """The delivery state of one ``publish`` call, shared with librdkafka's delivery reports.
 
 Every event the batch will not report acknowledged puts its key on hold as
-soon as that is known (see :mod:`relay.holds`), so a later event of the key is
-not handed to the producer after it.
+soon as that is known (:meth:`relay.sinks.keyorder.Turns.hold`), so a later
+event of the key is not handed to the producer after it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, Message
 from relay.events import HELD, Event, Failure, Outcome
 from relay.holds import KeyHolds
 from relay.sinks.kafka.errors import classify, is_unreachable
+from relay.sinks.keyorder import Turns
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +34,8 @@ class Batch:
     """
 
     __slots__ = (
-        "_events",
         "_finished",
         "_future",
-        "_holds",
         "_lock",
         "_loop",
         "_remaining",
@@ -44,6 +43,7 @@ class Batch:
         "held",
         "results",
         "timed_out",
+        "turns",
         "unreachable",
     )
 
@@ -51,8 +51,8 @@ class Batch:
         self._lock = threading.Lock()
         self._loop = loop
         self._future: asyncio.Future[None] = loop.create_future()
-        self._events = events
-        self._holds = holds
+        #: The events' place in their keys' order: admitted (produce thread) and held (either thread) there.
+        self.turns = Turns(events, holds)
         self._remaining = len(events)
         self._finished = False
         self.results: list[Outcome] = [NOT_REPORTED] * len(events)
@@ -139,8 +139,8 @@ class Batch:
             return list(self.results)
 
     def _hold_locked(self, indices: list[int]) -> None:
-        if self._holds is not None and indices:
-            self._holds.hold(self._events[i] for i in indices)
+        if indices:
+            self.turns.hold(indices)
 
     def _finish_locked(self) -> None:
         self._finished = True

@@ -12,7 +12,7 @@ the idempotent producer keeps each partition's messages in order, librdkafka
 never expires a message (``message.timeout.ms=0``, so no gap opens in the
 middle of a run), ``enable.gapless.guarantee`` turns any other gap into a
 fatal error, and whatever a batch does not get acknowledged holds its key (see
-:mod:`relay.holds`). When a publish deadline passes with messages
+:mod:`relay.sinks.keyorder`). When a publish deadline passes with messages
 unacknowledged, or the producer fails for good, it is retired and a new one
 takes over (see :mod:`.client`). docs/delivery.md has the rules.
 """
@@ -40,6 +40,7 @@ from relay.sinks.kafka.batch import Batch
 from relay.sinks.kafka.client import Client
 from relay.sinks.kafka.errors import MAX_ERROR_CHARS, classify, describe, error_of, is_fatal, is_unreachable
 from relay.sinks.kafka.settings import producer_config
+from relay.sinks.keyorder import Turns
 
 logger = logging.getLogger(__name__)
 
@@ -231,8 +232,8 @@ class KafkaSink:
             where = self._config.bootstrap_servers
             raise SinkUnavailable(f"cannot reach kafka at {where} within {timeout_seconds:g}s: {reason}") from None
 
-    def _admit(self, event: Event, holds: KeyHolds) -> bool:
-        """Whether ``event`` may be handed over now (produce thread).
+    def _admit(self, turns: Turns, index: int) -> bool:
+        """Whether event ``index`` may be handed over now (produce thread).
 
         Kafka keeps order only within a partition: a chained event goes only
         to the topic of its key's last event handed to this sink (the same
@@ -240,13 +241,14 @@ class KafkaSink:
         this sink did not see (another route's, or forgotten), is held instead:
         the relay gives it back, and claims it again once its key settled.
         """
-        if not holds.admit(event):
+        if not turns.admit(index):
             return False
+        event = turns.events[index]
         key = event.key
         if key is None:
             return True
         if event.chained and self._topics.get(key) != event.topic:
-            holds.hold((event,))
+            turns.hold((index,))
             return False
         if len(self._topics) >= TOPIC_MEMORY_KEYS and key not in self._topics:
             self._topics.clear()
@@ -269,7 +271,7 @@ class KafkaSink:
             with client.lock:
                 if client.broken is not None:
                     return  # retire() failed this batch
-                if holds is not None and not self._admit(event, holds):
+                if holds is not None and not self._admit(batch.turns, index):
                     batch.refuse(index)
                     continue
                 if refused is not None:

@@ -8,9 +8,10 @@ events whose turn has come are *ready*; the others of their key wait behind.
 
 A key's events continue across batches the same way: the first event of a key
 in a batch that goes on from an earlier batch of the same sink (``chained``)
-waits for the confirm of that batch's last event of the key (:meth:`Batch.after`),
-and is then admitted by the holds like any other: a failure there has put the
-key on hold, so it is answered ``HELD`` without being sent.
+waits for the confirm of that batch's last event of the key (:meth:`Batch.after`,
+on the tails of :mod:`relay.sinks.keyorder`), and is then admitted by the holds
+like any other: a failure there has put the key on hold, so it is answered
+``HELD`` without being sent.
 
 An event is *unresolved* until it gets an outcome. An outcome is *settled*
 when the broker decided it (ack, nack, return, a size rejection) or the event
@@ -27,10 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 from relay.events import HELD, Event, Failure, Outcome
 from relay.holds import KeyHolds
+from relay.sinks.keyorder import Turns
 
 
 class Batch:
@@ -40,24 +42,24 @@ class Batch:
         "_changed",
         "_loop",
         "_next",
-        "_watchers",
         "done",
         "events",
-        "holds",
         "outcomes",
         "ready",
         "refused",
         "sent",
         "settled_indices",
         "suspects",
+        "turns",
         "unresolved",
         "waiting",
     )
 
     def __init__(self, events: Sequence[Event], loop: asyncio.AbstractEventLoop, holds: KeyHolds | None) -> None:
         self._loop = loop
-        self.holds = holds
         self.events = events
+        #: The events' place in their keys' order: admitted, held and followed there.
+        self.turns = Turns(events, holds)
         self.outcomes: list[Outcome] = [None] * len(events)
         self.unresolved: set[int] = set(range(len(events)))
         #: Handed to the channel, waiting for the broker's confirm.
@@ -74,8 +76,6 @@ class Batch:
         self._changed: asyncio.Future[None] | None = None
         #: First events of their key here, waiting for an earlier batch's last event of it (see after()).
         self.waiting: set[int] = set()
-        #: Per event, what to call once its outcome is final: acknowledged (True) or not.
-        self._watchers: dict[int, list[Callable[[bool], None]]] = {}
         last: dict[str, int] = {}
         for index, event in enumerate(events):
             key = event.key
@@ -91,29 +91,21 @@ class Batch:
         if not events:
             self.done.set_result(None)
 
-    def last_of_each_key(self) -> dict[str, int]:
-        """The index of each key's last event in the batch."""
-        return {event.key: index for index, event in enumerate(self.events) if event.key is not None}
-
-    def after(self, earlier: Mapping[str, tuple[Batch, int]]) -> None:
-        """Hold back each key's first event here until event ``index`` of batch ``batch`` is final, for
-        ``earlier[key] = (batch, index)``: the key's last event in the batches handed out before this one.
+    def after(self) -> None:
+        """Hold back each key's first event here until the key's tail in the batches handed out before
+        this one is final (``turns.before``, filled as the sink entered the batch in its key order).
 
         Then it is ready: the holds admit it if that event was acknowledged (and
         the key not held otherwise), and answer it ``HELD`` if not, since every
         outcome but an acknowledgement holds the key (see :meth:`_follow`).
         """
-        waiting: dict[int, tuple[Batch, int]] = {}
-        for first in self.ready:
-            key = self.events[first].key
-            if key is not None and key in earlier and not earlier[key][0].final(earlier[key][1]):
-                waiting[first] = earlier[key]
+        waiting = self.turns.before
         if not waiting:
             return
         self.ready = [i for i in self.ready if i not in waiting]
         self.waiting.update(waiting)
-        for first, (batch, index) in waiting.items():
-            batch.watch(index, functools.partial(self._release, first))
+        for first, (turns, index) in waiting.items():
+            turns.follow(index, functools.partial(self._release, first))
 
     def _release(self, first: int, _acknowledged: bool) -> None:
         """The event ``first`` waited for is final: ``first``'s turn has come (the holds decide the rest)."""
@@ -121,28 +113,6 @@ class Batch:
         if first in self.unresolved:
             self.ready.append(first)
             self._wake()
-
-    def final(self, index: int) -> bool:
-        """Whether event ``index`` has its last outcome (a suspect's may still change)."""
-        return index not in self.unresolved and index not in self.suspects
-
-    def watch(self, index: int, callback: Callable[[bool], None]) -> None:
-        """Call ``callback(acknowledged)`` once event ``index`` is final (now, if it is)."""
-        if self.final(index):
-            callback(self.outcomes[index] is None)
-        else:
-            self._watchers.setdefault(index, []).append(callback)
-
-    def fail_watchers(self) -> None:
-        """The batch ends without outcomes for some events (an exception): their watchers learn "not acknowledged"."""
-        watchers, self._watchers = self._watchers, {}
-        for callbacks in watchers.values():
-            for callback in callbacks:
-                callback(False)
-
-    def _final(self, index: int, *, acknowledged: bool) -> None:
-        for callback in self._watchers.pop(index, ()):
-            callback(acknowledged)
 
     @property
     def settled(self) -> int:
@@ -224,12 +194,6 @@ class Batch:
             self._follow(index, acknowledged=False)
         self.suspects.clear()
 
-    def unacknowledged(self) -> list[Event]:
-        """The events the broker has not acknowledged (so far)."""
-        unresolved = self.unresolved
-        return [e for i, (e, o) in enumerate(zip(self.events, self.outcomes, strict=True))
-                if o is not None or i in unresolved]  # fmt: skip
-
     def _set(self, index: int, outcome: Outcome, *, settled: bool) -> bool:
         if index not in self.unresolved:
             return False
@@ -256,13 +220,10 @@ class Batch:
             if later >= 0 and later in self.unresolved:
                 self.ready.append(later)
                 self._wake()
-            self._final(index, acknowledged=True)
+            self.turns.settle(index, acknowledged=True)
             return
-        event = self.events[index]
-        if event.key is not None and self.holds is not None:
-            self.holds.hold([event])
-        self._final(index, acknowledged=False)
+        self.turns.settle(index, acknowledged=False)  # holds the key before a later batch is woken
         while later >= 0:
             self._set(later, HELD, settled=False)
-            self._final(later, acknowledged=False)
+            self.turns.settle(later, acknowledged=False)
             later = self._next[later]

@@ -33,7 +33,7 @@ async def hand_off(link: Link | None, batch: Batch, indices: list[int]) -> None:
     Each is first admitted by the batch's holds (``HELD`` if not) and
     checked against what the broker would refuse (a permanent failure)."""
     events = batch.events
-    holds = batch.holds
+    turns = batch.turns
     channel = link.channel if link is not None else None
     for start in range(0, len(indices), YIELD_EVERY_MESSAGES):
         if start:
@@ -46,8 +46,7 @@ async def hand_off(link: Link | None, batch: Batch, indices: list[int]) -> None:
         unsent: list[int] = []
         with link.corked() if link is not None else contextlib.nullcontext():
             for index in indices[start : start + YIELD_EVERY_MESSAGES]:
-                event = events[index]
-                if holds is not None and not holds.admit(event):
+                if not turns.admit(index):
                     batch.resolve(index, HELD, settled=False)
                     continue
                 refused = batch.refused.get(index)
@@ -58,7 +57,7 @@ async def hand_off(link: Link | None, batch: Batch, indices: list[int]) -> None:
                     unsent.append(index)
                     continue
                 try:
-                    link.publish(channel, event)
+                    link.publish(channel, events[index])
                 except ValueError as exc:
                     # A name too long for AMQP, or headers too large for a frame:
                     # publish_frames encodes every frame before writing any, so

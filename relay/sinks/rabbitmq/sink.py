@@ -22,6 +22,7 @@ from relay.holds import KeyHolds
 from relay.secrets import Scrubber, redact_url
 from relay.sinks.base import scrubbed
 from relay.sinks.formats import DEFAULT_EVENT_SOURCE, amqp_encoder, refusal_of
+from relay.sinks.keyorder import KeyOrder
 from relay.sinks.rabbitmq.batch import Batch
 from relay.sinks.rabbitmq.handoff import hand_off
 from relay.sinks.rabbitmq.limits import refusal
@@ -90,8 +91,8 @@ class RabbitMQSink:
         self._connect_lock = asyncio.Lock()
         self._send_lock = asyncio.Lock()
         self._inflight: set[Batch] = set()
-        #: Per key, the last event handed to a ``publish`` still under way: (its batch, its index).
-        self._tails: dict[str, tuple[Batch, int]] = {}
+        #: Per key, the last event handed to a ``publish`` still under way.
+        self._keys = KeyOrder()
         self._closed = False
 
     async def start(self) -> None:
@@ -108,22 +109,12 @@ class RabbitMQSink:
         other keys' events, and those without a key, go without waiting (see
         :mod:`.batch`)."""
         batch = Batch(events, asyncio.get_running_loop(), holds)
-        # Before anything is awaited, so that publish calls chain in the order they were made.
-        lasts = batch.last_of_each_key()
-        batch.after(self._tails)
-        self._tails.update((key, (batch, index)) for key, index in lasts.items())
-        try:
+        # Entered before anything is awaited, so that publish calls chain in the order they were made.
+        # Should it raise, nothing of the batch is reported: its keys are held on the way out, before
+        # a later batch waiting on one of its events goes on.
+        with self._keys.entered(batch.turns):
+            batch.after()
             return undecided_failed(batch, await self._publish(batch))
-        except BaseException:
-            # Nothing of the batch is reported: its keys are held before a later batch goes.
-            if holds is not None:
-                holds.hold(batch.unacknowledged())
-            batch.fail_watchers()
-            raise
-        finally:
-            for key, index in lasts.items():
-                if self._tails.get(key) == (batch, index):
-                    del self._tails[key]
 
     async def _publish(self, batch: Batch) -> list[Outcome]:
         loop = asyncio.get_running_loop()
@@ -390,7 +381,5 @@ def undecided_failed(batch: Batch, outcomes: list[Outcome]) -> list[Outcome]:
         len(outcomes),
         extra={"action": "rabbitmq_undecided", "batch_size": len(outcomes)},
     )
-    if batch.holds is not None:
-        batch.holds.hold(batch.events[i] for i in left)
-    batch.fail_watchers()  # a later batch waiting for one of them goes on, to HELD
+    batch.turns.end()  # their keys held; a later batch waiting for one of them goes on, to HELD
     return [UNDECIDED if i in left else outcome for i, outcome in enumerate(outcomes)]
