@@ -6,7 +6,8 @@ event the broker will not acknowledge (``poison``), stages an outage around a
 broker's order. Real brokers answer for Kafka (a Tansu of the test's own, so
 it may be frozen and stopped) and RabbitMQ (through a proxy that can stall or
 cut the link); the memory sink uses its own failure injection. A throwaway kind,
-registered by its harness as the relay registers its own, passes the same contract.
+registered by its harness as the relay registers its own, passes the same contract,
+and so does a :class:`~relay.sinks.routing.RoutingSink` over two memory sinks.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from relay.events import HELD, IDEMPOTENCY_HEADER, Event, Failure, Outcome
 from relay.holds import KeyHolds
 from relay.sinks import build_sink
 from relay.sinks.base import Sink
+from relay.sinks.keyorder import Turns
 from relay.sinks.memory import MemorySink
 from relay.sinks.registry import SINK_KINDS, SinkKind
+from relay.sinks.routing import Route, RoutingSink
 
 Outage = Literal["stall", "gone"]
 #: What a publish during an outage came to: its outcomes, or the error it raised.
@@ -146,6 +149,28 @@ class MemoryHarness(Recorded):
 
     def close(self) -> None:
         pass
+
+
+class RoutingHarness(MemoryHarness):
+    """A :class:`RoutingSink` over two memory sinks, by topic: a key's events all go to one of them
+    (the claim hands out a key's run to one topic), and the keys ``a``, ``b``, ``p`` to both."""
+
+    kind = "routing"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._keyless = 0
+
+    def sink(self) -> Sink:
+        left, right = MemorySink(fail=self._fail), MemorySink(fail=self._fail)
+        self._sinks += [left, right]
+        return RoutingSink([Route("left-*", left, "left"), Route("right-*", right, "right")])
+
+    def event(self, key: str | None, *, chained: bool) -> Event:
+        if key is None:
+            self._keyless += 1
+        side = sum(map(ord, key)) if key is not None else self._keyless
+        return self.keep(make_event("right-t" if side % 2 else "left-t", key, chained=chained))
 
 
 class KafkaHarness(Recorded):
@@ -276,16 +301,17 @@ class ThrowawaySink:
         await self.check()
 
     async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
+        turns = Turns(events, holds)  # the shared key-order piece (relay.sinks.keyorder), as a sink author uses it
         if not self.available:
-            if holds is not None:
-                holds.hold(events)
+            turns.hold(range(len(events)))
             raise SinkUnavailable("throwaway broker gone")
         async with self._handing_over:  # batches reach the broker in call order
-            return [await self._send(event, holds) for event in events]
+            return [await self._send(turns, index) for index in range(len(events))]
 
-    async def _send(self, event: Event, holds: KeyHolds | None) -> Outcome:
-        if holds is not None and not holds.admit(event):
+    async def _send(self, turns: Turns, index: int) -> Outcome:
+        if not turns.admit(index):
             return HELD
+        event = turns.events[index]
         outcome: Outcome = None
         if self.stalled:
             outcome = Failure("throwaway: no acknowledgement in time", timed_out=True)
@@ -293,8 +319,8 @@ class ThrowawaySink:
             outcome = Failure("throwaway: refused", permanent=True)
         if outcome is None:
             self.log.append(event)
-        elif holds is not None:
-            holds.hold([event])
+        else:
+            turns.hold((index,))
         await asyncio.sleep(0)  # a later publish call may come in meanwhile
         return outcome
 
@@ -372,6 +398,8 @@ def harness_for(kind: str, amqp_url: Callable[[], str]) -> Iterator[SinkHarness]
         harness = RabbitHarness(amqp_url())
     elif kind == "throwaway":
         harness = ThrowawayHarness()
+    elif kind == "routing":
+        harness = RoutingHarness()
     else:
         raise ValueError(f"no sink harness {kind!r}")
     try:

@@ -1,15 +1,20 @@
 """The sink contract (:class:`relay.sinks.base.Sink`), run against every sink.
 
-Each test runs once per sink kind (the ``sh`` fixture). Batches are published
-as the relay's pipeline does: the next batch's ``publish`` is called before the
-first returns, with one :class:`relay.holds.KeyHolds` shared, and events after
-the first of a key in the relay's hands ``chained``.
+Each test runs once per sink kind (the ``sh`` fixture): memory, Kafka,
+RabbitMQ, a throwaway kind registered as the relay registers its own, and a
+routing sink over two memory sinks. Batches are published as the relay's
+pipeline does: the next batch's ``publish`` is called before the first
+returns, with one :class:`relay.holds.KeyHolds` shared, and events after the
+first of a key in the relay's hands ``chained``.
+
+The key-order checks fail for every sink once the shared per-key piece
+(:mod:`relay.sinks.keyorder`) keeps no holds: see the last test.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -17,12 +22,17 @@ from relay.errors import SinkError
 from relay.events import HELD, Event, Outcome
 from relay.holds import KeyHolds
 from relay.sinks.base import Sink
+from relay.sinks.keyorder import Turns
 from tests.conformance.sink_harness import SinkHarness, harness_for
 
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(params=["memory", "kafka", "rabbitmq", "throwaway"])
+#: Every kind under the contract; each chains keys.
+KINDS = ["memory", "kafka", "rabbitmq", "throwaway", "routing"]
+
+
+@pytest.fixture(params=KINDS)
 def sh(request: pytest.FixtureRequest) -> Iterator[SinkHarness]:
     with harness_for(request.param, lambda: request.getfixturevalue("amqp_url")) as harness:
         yield harness
@@ -56,6 +66,27 @@ def publish_together(sh: SinkHarness, batches: list[list[Event]], holds: KeyHold
             await sink.close()
 
     return asyncio.run(scenario())
+
+
+def assert_no_overtaking(calls: list[tuple[list[Event], list[Outcome] | BaseException]]) -> None:
+    """The order contract, over ``publish`` calls in the order made: no event of a key is acknowledged
+    after an earlier one of its key was not (a call that raised acknowledged nothing), unless it is
+    not chained, which starts its key afresh."""
+    broken: dict[str, str] = {}  # key -> the first of its events not acknowledged
+    for events, result in calls:
+        for index, event in enumerate(events):
+            key = event.key
+            if key is None:
+                continue
+            if not event.chained:
+                broken.pop(key, None)
+            acknowledged = isinstance(result, list) and result[index] is None
+            if not acknowledged:
+                broken.setdefault(key, event.idempotency_key)
+            elif key in broken:
+                raise AssertionError(
+                    f"key {key!r}: {event.idempotency_key} acknowledged after {broken[key]} was not (it overtook)"
+                )
 
 
 def expected(events: list[Event], outcomes: list[Outcome]) -> dict[str, list[str]]:
@@ -97,6 +128,7 @@ def test_event_n_of_a_key_fails_so_its_later_events_and_next_batch_are_held_and_
     assert len(one) == len(first) and len(two) == len(second)
     failure = one[poisoned]
     assert failure is not None and not failure.held, failure
+    assert_no_overtaking([(first, one), (second, two)])
     for index, (event, outcome) in enumerate(zip(first, one, strict=True)):
         if index == poisoned:
             continue
@@ -163,12 +195,15 @@ def assert_unacknowledged(result: list[Outcome] | SinkError, events: list[Event]
         assert holds.held(key), (key, result)
 
 
-def test_close_with_batches_in_flight_answers_each_call_and_holds_what_was_not_acknowledged(
+def test_close_with_batches_in_flight_answers_each_call_and_acknowledges_nothing_behind_what_it_did_not(
     sh: SinkHarness,
 ) -> None:
     holds = KeyHolds()
     seen: set[str] = set()
-    batches = [interleaved(sh, ["a", "b", "c"], 10, seen, keyless=5) for _ in range(3)]
+    batches = [interleaved(sh, ["a", "p", "b"], 10, seen, keyless=5) for _ in range(3)]
+    # p's second event is never acknowledged: nothing of p after it may be, in its batch or the next two.
+    poisoned = [i for i, e in enumerate(batches[0]) if e.key == "p"][1]
+    batches[0][poisoned] = sh.poison(batches[0][poisoned])
 
     async def scenario() -> list[list[Outcome] | BaseException]:
         sink = await started(sh)
@@ -180,11 +215,35 @@ def test_close_with_batches_in_flight_answers_each_call_and_holds_what_was_not_a
 
     results = asyncio.run(scenario())
 
+    assert_no_overtaking(list(zip(batches, results, strict=True)))
     for batch, result in zip(batches, results, strict=True):
         if isinstance(result, BaseException):
             assert isinstance(result, SinkError), result
+            # A raise gives the whole batch back: every key of it is held.
+            assert all(holds.held(e.key) for e in batch if e.key is not None), result
             continue
         assert len(result) == len(batch)
         for event, outcome in zip(batch, result, strict=True):
             if outcome is not None and event.key is not None:
                 assert holds.held(event.key), (event.key, outcome)
+    assert holds.held("p")
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        test_event_n_of_a_key_fails_so_its_later_events_and_next_batch_are_held_and_other_keys_go_on,
+        test_close_with_batches_in_flight_answers_each_call_and_acknowledges_nothing_behind_what_it_did_not,
+    ],
+    ids=["event-n-fails", "close-in-flight"],
+)
+def test_the_key_order_checks_fail_when_the_sink_keeps_no_holds(
+    sh: SinkHarness, check: Callable[[SinkHarness], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The per-key piece every sink uses admits everything and holds nothing: the sink's own way of
+    # chaining (RabbitMQ's wait for the confirm before, Kafka's single produce thread) is left as it is.
+    monkeypatch.setattr(Turns, "admit", lambda self, index: True)
+    monkeypatch.setattr(Turns, "hold", lambda self, indices: None)
+
+    with pytest.raises(AssertionError, match="it overtook"):
+        check(sh)
