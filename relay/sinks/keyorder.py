@@ -57,7 +57,7 @@ Follower = Callable[[bool], None]
 class Turns:
     """One ``publish`` call's events, as their keys' order sees them."""
 
-    __slots__ = ("_final", "_followers", "before", "events", "holds")
+    __slots__ = ("_final", "_followers", "_lasts", "before", "events", "holds")
 
     def __init__(self, events: Sequence[Event], holds: KeyHolds | None) -> None:
         self.events = events
@@ -69,6 +69,8 @@ class Turns:
         #: The events that are final: acknowledged (True) or not.
         self._final: dict[int, bool] = {}
         self._followers: dict[int, list[Follower]] = {}
+        #: Each key's last event here: the tails this call took (KeyOrder).
+        self._lasts: dict[str, int] = {}
 
     def admit(self, index: int) -> bool:
         """Whether event ``index`` may go to the broker now; False: answer it ``HELD``, do not send it."""
@@ -87,7 +89,12 @@ class Turns:
         """Event ``index`` is final: unless acknowledged its key is held, then its followers are told."""
         if not acknowledged:
             self.hold((index,))
-        self._finish(index, acknowledged)
+        if index in self._final:
+            return
+        self._final[index] = acknowledged
+        if self._followers:
+            for follower in self._followers.pop(index, ()):
+                follower(acknowledged)
 
     def follow(self, index: int, follower: Follower) -> None:
         """Call ``follower(acknowledged)`` once event ``index`` is final (now, if it is)."""
@@ -98,17 +105,15 @@ class Turns:
 
     def end(self) -> None:
         """The call ends: every event not final yet is settled not acknowledged (its key held first)."""
+        if len(self._final) == len(self.events):
+            return
         left = [i for i in range(len(self.events)) if i not in self._final]
         self.hold(left)
+        self._final.update(dict.fromkeys(left, False))
+        followers, self._followers = self._followers, {}
         for index in left:
-            self._finish(index, False)
-
-    def _finish(self, index: int, acknowledged: bool) -> None:
-        if index in self._final:
-            return
-        self._final[index] = acknowledged
-        for follower in self._followers.pop(index, ()):
-            follower(acknowledged)
+            for follower in followers.pop(index, ()):
+                follower(False)
 
 
 class KeyOrder:
@@ -122,22 +127,24 @@ class KeyOrder:
 
         Each key's first event in it learns the key's tail (``turns.before``),
         unless that is final already; each key's last event in it becomes the tail."""
+        tails, lasts, before = self._tails, turns._lasts, turns.before
         for index, event in enumerate(turns.events):
             key = event.key
             if key is None:
                 continue
-            tail = self._tails.get(key)
-            # A key's first event here (the tail is another call's) follows the tail, unless it is final.
-            if tail is not None and tail[0] is not turns and not tail[0].final(tail[1]):
-                turns.before[index] = tail
-            self._tails[key] = (turns, index)
+            if key not in lasts:  # the key's first event here follows its tail, unless that is final
+                tail = tails.get(key)
+                if tail is not None and not tail[0].final(tail[1]):
+                    before[index] = tail
+            lasts[key] = index
+        tails.update((key, (turns, index)) for key, index in lasts.items())
 
     def leave(self, turns: Turns) -> None:
         """The call of ``turns`` is over: its unfinished events are ended (:meth:`Turns.end`), its tails removed."""
         turns.end()
-        for index, event in enumerate(turns.events):
-            if event.key is not None and self._tails.get(event.key) == (turns, index):
-                del self._tails[event.key]
+        for key, index in turns._lasts.items():
+            if self._tails.get(key) == (turns, index):
+                del self._tails[key]
 
     @contextlib.contextmanager
     def entered(self, turns: Turns) -> Iterator[Turns]:

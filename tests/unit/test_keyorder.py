@@ -59,8 +59,8 @@ def test_a_call_left_unfinished_holds_its_keys_and_wakes_its_followers_not_ackno
         earlier.settle(1, acknowledged=True)
         later = Turns(events(["a", "b"], chained=True, start=3), holds)
         order.enter(later)
-        for index, (turns, tail) in later.before.items():
-            turns.follow(tail, lambda acknowledged, index=index: woken.append(acknowledged))
+        for turns, tail in later.before.values():
+            turns.follow(tail, woken.append)
         raise TimeoutError  # the publish call ends without outcomes for "a" and the keyless event
 
     assert woken == [False]  # "a" only: "b" was acknowledged before the later call was entered
