@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from relay import cli
+from relay.batch import Deliveries
 from relay.events import Event, Outcome
-from relay.loop import Relay
 from relay.store.base import Claim
 from relay.store.postgres.store import _Leased
 
@@ -35,10 +35,10 @@ def main() -> int:
     path = Path(os.environ[ACK_LOG_ENV])
     acked: dict[str, float] = {}
     claimed: dict[str, float] = {}
-    judge = Relay._judge
+    judge = Deliveries.judge
     build = _Leased.events
 
-    def stamping(self: Relay, events: Sequence[Event], outcomes: Sequence[Outcome]) -> object:
+    def stamping(self: Deliveries, events: Sequence[Event], outcomes: Sequence[Outcome]) -> object:
         now = time.monotonic()
         for event, outcome in zip(events, outcomes, strict=False):
             if outcome is None:
@@ -52,7 +52,7 @@ def main() -> int:
             claimed.setdefault(event.idempotency_key, now)
         return result
 
-    Relay._judge = stamping  # type: ignore[method-assign,assignment]
+    Deliveries.judge = stamping  # type: ignore[method-assign,assignment]
     _Leased.events = stamped_events  # type: ignore[method-assign]
     try:
         return cli.main(sys.argv[1:])

@@ -40,7 +40,7 @@ def category(thread: str, functions: list[str]) -> str:
         return "claim: sorting + building Event objects"
     if "PostgresStore.settle" in names:
         return "settle: DELETE (params, send, wait)"
-    if "Relay._judge" in names:
+    if names & {"Deliveries.judge", "Costs.verdict"}:
         if any(f.startswith(_METRICS_MARKERS) for f in functions):
             return "metrics (prometheus_client, per event)"
         return "judging outcomes"

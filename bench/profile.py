@@ -93,8 +93,8 @@ def _instrument(relay: Any, timers: Timers) -> list[str]:
     store.start_claim = timers.wrap_async("claim: query until its rows are in", store.start_claim)
     store.settle = timers.wrap_async("settle (whole call)", store.settle)
     sink.publish = timers.wrap_async("publish (produce + wait for acks)", sink.publish)
-    if hasattr(relay, "_judge"):
-        relay._judge = timers.wrap("judge outcomes + metrics", relay._judge)
+    if hasattr(relay, "deliveries"):
+        relay.deliveries.judge = timers.wrap("judge outcomes + metrics", relay.deliveries.judge)
     else:
         missing.append("judge")
     if hasattr(store, "_fetch"):

@@ -360,7 +360,7 @@ def test_a_stale_batch_sends_nothing_of_a_key_past_what_a_reaper_dead_lettered_m
     relay = build_relay(
         RunConfig(database_url=outbox.url, table=TableName.parse("outbox"), sink=sink, settings=settings)
     )
-    relay._latest_publish_start = LATEST_PUBLISH_START_SECONDS
+    relay.deliveries.latest_publish_start = LATEST_PUBLISH_START_SECONDS
     store = StalledFirstBatch(relay.store, outbox, settings.lease_seconds)
     relay.store = cast(Store, store)
     before_dead = attempts.index(MAX_ATTEMPTS - 1)

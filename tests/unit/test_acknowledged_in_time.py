@@ -69,7 +69,7 @@ def after_a_timeout(second: Callable[[Sequence[Event]], list[Outcome]]) -> Relay
         for _ in range(2):
             claim = await store.claim(3, max_attempts=FAST.max_attempts)
             assert len(claim.events) == 3
-            await relay._publish_and_settle(claim, time.monotonic(), asyncio.Event())
+            await relay.deliveries.deliver(relay.deliveries.take(claim, time.monotonic()))
 
     asyncio.run(scenario())
     return relay
@@ -83,11 +83,11 @@ def after_a_timeout(second: Callable[[Sequence[Event]], list[Outcome]]) -> Relay
 def test_a_batch_with_nothing_acknowledged_does_not_end_the_timeouts(
     second: Callable[[Sequence[Event]], list[Outcome]], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="relay.loop"):
+    with caplog.at_level(logging.INFO, logger="relay.batch"):
         relay = after_a_timeout(second)
 
-    assert relay._timeouts.failures == 1
-    assert relay._limits.shrunk_by_timeouts
+    assert relay.costs.timeouts.failures == 1
+    assert relay.limits.shrunk_by_timeouts
     assert not [r for r in caplog.records if getattr(r, "action", None) == "timeouts_over"]
 
 
@@ -95,9 +95,9 @@ def test_a_batch_with_nothing_acknowledged_does_not_end_the_timeouts(
 def test_a_batch_the_broker_acknowledged_counts_as_in_time(
     second: Callable[[Sequence[Event]], list[Outcome]], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="relay.loop"):
+    with caplog.at_level(logging.INFO, logger="relay.batch"):
         relay = after_a_timeout(second)
 
-    assert not relay._limits.shrunk_by_timeouts
-    assert relay._timeouts.failures == 0
+    assert not relay.limits.shrunk_by_timeouts
+    assert relay.costs.timeouts.failures == 0
     assert [r for r in caplog.records if getattr(r, "action", None) == "timeouts_over"]

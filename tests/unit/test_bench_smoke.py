@@ -176,7 +176,7 @@ def test_stacks_are_sorted_into_phases() -> None:
     text = (
         "thread (1): MainThread;run (a.py:1);PostgresStore.claim (p.py:1);PostgresStore._fetch (p.py:2);"
         "AsyncCursor.fetchall (c.py:3) 6\n"
-        "thread (1): MainThread;run (a.py:1);Relay._judge (l.py:1);Histogram.observe (m.py:1) 2\n"
+        "thread (1): MainThread;run (a.py:1);Deliveries.judge (l.py:1);Histogram.observe (m.py:1) 2\n"
         "thread (2): kafka-produce_0;KafkaSink._produce_all (k.py:1) 2\n"
     )
     by_category, by_thread, samples = attribution.categorize_collapsed(text)

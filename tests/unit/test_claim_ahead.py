@@ -242,7 +242,7 @@ def test_a_batch_that_renews_its_lease_is_not_overtaken_by_the_batch_claimed_aft
         for i in range(40):
             store.insert("t", {"i": i}, key=f"k{i % keys}")
         relay = Relay(store, sink, replace(FAST, batch_size=8))
-        relay._latest_publish_start = 0.03  # a lease short enough for the slow claim to outlast
+        relay.deliveries.latest_publish_start = 0.03  # a lease short enough for the slow claim to outlast
         asyncio.run(run_until(relay, lambda sink=sink: len(sink.delivered) >= 40, timeout=20))  # type: ignore[misc]
         assert store.renewed, "the first batch was expected to renew its lease"
         for k in range(keys):

@@ -161,12 +161,12 @@ def test_a_claim_does_not_go_on_from_the_events_of_a_key_on_hold() -> None:
         store.insert("t", {"i": i}, key="hot" if i % 2 else "cold")
     relay = Relay(store, MemorySink(), PIPELINED)
     claim = asyncio.run(store.claim(10, max_attempts=3))
-    relay._flying[claim.token] = (claim, 0.0)
-    assert {e.key for c in relay._chain(0.0) for e in c.events} == {"hot", "cold"}
+    relay.deliveries.flying[claim.token] = (claim, 0.0)
+    assert {e.key for c in relay.deliveries.chain(0.0) for e in c.events} == {"hot", "cold"}
     # Once a key is on hold, its next runs would only come back held: the claim starts it afresh
     # (from its oldest event, in flight here, so not at all) instead of chaining on.
     relay.holds.hold([e for e in claim.events if e.key == "hot"])
-    chain = relay._chain(0.0)
+    chain = relay.deliveries.chain(0.0)
     assert [c.token for c in chain] == [claim.token]
     assert {e.key for c in chain for e in c.events} == {"cold"}
     assert not asyncio.run(store.claim(10, max_attempts=3, chain=chain)).events
@@ -203,10 +203,11 @@ def test_a_recurring_key_is_gone_on_with_unless_it_is_on_hold() -> None:
     relay = Relay(store, MemorySink(), PIPELINED)
     relay.sink.chains_keys = True
     claim = asyncio.run(store.claim(2, max_attempts=3))  # one event of k0 and one of k1
-    relay._flying[claim.token] = (claim, 0.0)
-    assert not chained_keys(relay._chain(0.0))  # nothing recurs yet: neither key is gone on with
-    relay._recent_keys.append(frozenset({"k0", "k1", "gone"}))
-    assert set(chained_keys(relay._chain(0.0))) == {"k0", "k1"}
+    relay.deliveries.flying[claim.token] = (claim, 0.0)
+    assert not chained_keys(relay.deliveries.chain(0.0))  # nothing recurs yet: neither key is gone on with
+    relay.deliveries.recent_keys.append(frozenset({"k0", "k1", "gone"}))
+    assert set(chained_keys(relay.deliveries.chain(0.0))) == {"k0", "k1"}
     relay.holds.hold([e for e in claim.events if e.key == "k1"])
-    assert set(chained_keys(relay._chain(0.0))) == {"k0"}
-    assert [e.key for e in asyncio.run(store.claim(10, max_attempts=3, chain=relay._chain(0.0))).events] == ["k0"]
+    assert set(chained_keys(relay.deliveries.chain(0.0))) == {"k0"}
+    chain = relay.deliveries.chain(0.0)
+    assert [e.key for e in asyncio.run(store.claim(10, max_attempts=3, chain=chain)).events] == ["k0"]

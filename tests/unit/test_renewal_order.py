@@ -122,7 +122,8 @@ def write(store: StalledStore, keys: dict[str, Sequence[int]]) -> dict[int, tupl
 def relay_for(store: StalledStore, batch_size: int) -> tuple[Relay, MemorySink]:
     sink = MemorySink()
     relay = Relay(store, sink, replace(FAST, batch_size=batch_size, max_attempts=MAX_ATTEMPTS))
-    relay._latest_publish_start = LATEST_PUBLISH_START_SECONDS  # a lease short enough for the stall to outlast
+    # A lease short enough for the stall to outlast.
+    relay.deliveries.latest_publish_start = LATEST_PUBLISH_START_SECONDS
     return relay, sink
 
 

@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relay.backoff import Backoff, OutageBackoff
+from relay.batch.costs import judge
 from relay.config import RelaySettings
 from relay.errors import SinkTimeout, SinkUnavailable
 from relay.events import Event, Outcome
 from relay.holds import KeyHolds
 from relay.metrics import Metrics
-from relay.outcomes import judge
 from relay.sinks.base import Sink
 from relay.sources.log.handover import deliver_handed_over
 from relay.sources.log.slot import TableLink

@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 
 from relay.backoff import Backoff
+from relay.batch.costs import judge
 from relay.config import RelaySettings
 from relay.errors import SinkTimeout, SinkUnavailable
 from relay.events import Event
 from relay.holds import KeyHolds
 from relay.metrics import Metrics
-from relay.outcomes import judge
 from relay.sinks.base import Sink
 from relay.sources.log.slot import TableLink
 
