@@ -29,7 +29,7 @@ from relay.config import RelaySettings
 from relay.errors import ClaimTimeout, SinkUnavailable, StoreUnavailable
 from relay.events import Event
 from relay.metrics import Metrics
-from relay.progress import Progress
+from relay.progress import refresh_gauges
 from relay.sinks.base import Sink
 from relay.sources.port import Source, Started
 from relay.sources.table import TableSource
@@ -37,8 +37,6 @@ from relay.store.base import Store
 
 logger = logging.getLogger(__name__)
 
-AGE_INTERVAL_SECONDS = 5.0
-COUNTS_INTERVAL_SECONDS = 30.0
 #: While the loop waits for batches in hand, it beats this often.
 BEAT_SECONDS = 1.0
 #: The longest a store or sink call may take before the loop counts as wedged. Each call
@@ -130,7 +128,7 @@ class Relay:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Relay until ``stop`` is set, then finish the batches in hand."""
-        gauges = asyncio.create_task(self._refresh_gauges(stop), name="gauges")
+        gauges = asyncio.create_task(refresh_gauges(self.store, self.metrics, self.costs, stop), name="gauges")
         try:
             if not self._opened:
                 await self._connect(stop)
@@ -168,32 +166,6 @@ class Relay:
             await asyncio.gather(gauges, return_exceptions=True)
             await self._give_back_ahead()
             await self._drain()
-
-    async def _refresh_gauges(self, stop: asyncio.Event) -> None:
-        """Keep the table gauges fresh: the age often (an index probe), the counts less often (bounded reads),
-        and sooner after this relay put an event back to retry (a misroute shows in seconds); log progress."""
-        next_counts = 0.0
-        progress = Progress(self.metrics.sent_events, time.monotonic())
-        while not stop.is_set():
-            try:
-                if time.monotonic() >= next_counts or self.costs.retried:
-                    self.costs.retried = False
-                    next_counts = max(next_counts, time.monotonic() + COUNTS_INTERVAL_SECONDS)
-                    status = await self.store.gauges()
-                    self.metrics.observe_status(status)
-                    progress.observe(status, sent=self.metrics.sent_events, now=time.monotonic())
-                else:
-                    self.metrics.oldest_pending_age.set(await self.store.oldest_pending_age())
-            except StoreUnavailable as exc:
-                logger.info("gauges not refreshed: %s", exc, extra={"action": "gauges_retry"})
-            except Exception as exc:  # noqa: BLE001 - gauges that stop for good would hide every backlog
-                # Any other failure (a row no query expected) is said, and the next round tries again:
-                # the alerts on these gauges must not go quiet while the relay goes on.
-                logger.warning(
-                    "gauges not refreshed (%s): %s", type(exc).__name__, exc, extra={"action": "gauges_failed"}
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), AGE_INTERVAL_SECONDS)
 
     async def open(self) -> None:
         """Connect the source and the sink; raise the source's or the sink's error if either cannot be used.

@@ -1,4 +1,5 @@
-"""The relay's progress line: at INFO, now and then while it delivers, what it did and what waits.
+"""The table gauges kept fresh, and the relay's progress line: at INFO, now and then while it delivers,
+what it did and what waits.
 
 An operator tailing the log of a busy relay sees it work (events a second,
 the backlog, the oldest pending age) without scraping ``/metrics``; an idle
@@ -7,11 +8,20 @@ relay says nothing.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 
-from relay.store.base import Status
+from relay.batch.costs import Costs
+from relay.errors import StoreUnavailable
+from relay.metrics import Metrics
+from relay.store.base import Status, Store
 
 logger = logging.getLogger(__name__)
+
+AGE_INTERVAL_SECONDS = 5.0
+COUNTS_INTERVAL_SECONDS = 30.0
 
 #: The shortest time between two progress lines.
 PROGRESS_INTERVAL_SECONDS = 30.0
@@ -58,3 +68,29 @@ class Progress:
                 "retrying": status.retrying,
             },
         )
+
+
+async def refresh_gauges(store: Store, metrics: Metrics, costs: Costs, stop: asyncio.Event) -> None:
+    """Keep the table gauges fresh until ``stop``: the age often (an index probe), the counts less often
+    (bounded reads), and sooner after this relay put an event back to retry (``costs.retried``: a misroute
+    shows in seconds); log progress."""
+    next_counts = 0.0
+    progress = Progress(metrics.sent_events, time.monotonic())
+    while not stop.is_set():
+        try:
+            if time.monotonic() >= next_counts or costs.retried:
+                costs.retried = False
+                next_counts = max(next_counts, time.monotonic() + COUNTS_INTERVAL_SECONDS)
+                status = await store.gauges()
+                metrics.observe_status(status)
+                progress.observe(status, sent=metrics.sent_events, now=time.monotonic())
+            else:
+                metrics.oldest_pending_age.set(await store.oldest_pending_age())
+        except StoreUnavailable as exc:
+            logger.info("gauges not refreshed: %s", exc, extra={"action": "gauges_retry"})
+        except Exception as exc:  # noqa: BLE001 - gauges that stop for good would hide every backlog
+            # Any other failure (a row no query expected) is said, and the next round tries again:
+            # the alerts on these gauges must not go quiet while the relay goes on.
+            logger.warning("gauges not refreshed (%s): %s", type(exc).__name__, exc, extra={"action": "gauges_failed"})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), AGE_INTERVAL_SECONDS)

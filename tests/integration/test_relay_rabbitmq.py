@@ -10,7 +10,6 @@ import psycopg
 import pytest
 
 import producers
-from relay import loop
 from tests.acceptance.cli import cli
 from tests.integration.rabbit_support import temp_exchange, temp_queue, unique_name
 from tests.relay_support import RelayThread, outbox_counts, wait_until
@@ -82,7 +81,7 @@ def test_a_misrouted_event_shows_as_retrying_within_seconds_and_retry_sends_it_a
     database_url: str, amqp_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The relay reads its gauges at its usual pace, only faster: a retry shows at the next turn.
-    monkeypatch.setattr(loop, "AGE_INTERVAL_SECONDS", 0.2)
+    monkeypatch.setattr("relay.progress.AGE_INTERVAL_SECONDS", 0.2)
     nowhere = unique_name("nowhere")
     with psycopg.connect(database_url) as conn:
         producers.publish(conn, nowhere, {"n": 1}, key="k", idempotency_key="misrouted")

@@ -29,6 +29,7 @@ from relay.config import CLAIM_RESERVE_SECONDS, SETTLE_RESERVE_SECONDS, RelaySet
 from relay.events import Event
 from relay.loop import Relay
 from relay.sinks import publish_grace_seconds
+from relay.sources.table import TableSource
 from relay.store.adapters import build_admin, build_store
 from relay.store.base import Claim, RequeueFilter, Started, Store
 from tests import mysql_support
@@ -209,7 +210,7 @@ def late_first_claim_relay(outbox: Outbox, sink_url: str) -> tuple[Relay, LateFi
     latest = settings.latest_publish_start_seconds(grace)
     assert latest == CLAIM_RESERVE_SECONDS
     late = LateFirstClaim(relay.store, late_seconds=latest + LATE_BY_SECONDS)
-    relay.store = cast(Store, late)
+    relay.store = cast(TableSource, relay.source).store = cast(Store, late)
     return relay, late
 
 
@@ -362,7 +363,7 @@ def test_a_stale_batch_sends_nothing_of_a_key_past_what_a_reaper_dead_lettered_m
     )
     relay.deliveries.latest_publish_start = LATEST_PUBLISH_START_SECONDS
     store = StalledFirstBatch(relay.store, outbox, settings.lease_seconds)
-    relay.store = cast(Store, store)
+    relay.store = cast(TableSource, relay.source).store = cast(Store, store)
     before_dead = attempts.index(MAX_ATTEMPTS - 1)
 
     async def scenario() -> None:

@@ -255,10 +255,8 @@ class _GaugesFailTwice(MemoryStore):
 
 def test_the_gauges_go_on_after_a_failure_no_outage_explains(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stopped for good, they would read 0 while a backlog waits: the alerts on them would never fire."""
-    import relay.loop
-
-    monkeypatch.setattr(relay.loop, "AGE_INTERVAL_SECONDS", 0.01)
-    monkeypatch.setattr(relay.loop, "COUNTS_INTERVAL_SECONDS", 0.01)
+    monkeypatch.setattr("relay.progress.AGE_INTERVAL_SECONDS", 0.01)
+    monkeypatch.setattr("relay.progress.COUNTS_INTERVAL_SECONDS", 0.01)
     store = _GaugesFailTwice()
     later = datetime.now(UTC) + timedelta(hours=1)
     for i in range(3):

@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from relay import loop
 from relay.events import Event, Failure, Outcome
 from relay.loop import Relay
 from relay.metrics import OTHER_TOPICS, Metrics
@@ -68,8 +67,8 @@ def test_the_progress_line_says_the_rate_the_backlog_and_the_oldest_age(caplog: 
 
 
 def _speed_up_gauges(monkeypatch: pytest.MonkeyPatch, *, counts: float, progress: float) -> None:
-    monkeypatch.setattr(loop, "AGE_INTERVAL_SECONDS", 0.01)
-    monkeypatch.setattr(loop, "COUNTS_INTERVAL_SECONDS", counts)
+    monkeypatch.setattr("relay.progress.AGE_INTERVAL_SECONDS", 0.01)
+    monkeypatch.setattr("relay.progress.COUNTS_INTERVAL_SECONDS", counts)
     monkeypatch.setattr("relay.progress.PROGRESS_INTERVAL_SECONDS", progress)
 
 
