@@ -15,8 +15,9 @@ of that key chained (:meth:`KeyHolds.hold_lost`): they are not a fresh start.
 
 Sinks call :meth:`KeyHolds.admit` as they hand each event to the broker, in
 order, and :meth:`KeyHolds.hold` for each event they will not report
-acknowledged, before a later batch is handed over. The loop holds the keys
-of a batch it gives back without publishing. Thread-safe: a sink may call it
+acknowledged, before a later batch is handed over. The batch room
+(:class:`relay.batch.life.Deliveries`, their one owner) holds the keys of a
+batch it gives back without publishing. Thread-safe: a sink may call it
 from its delivery thread.
 """
 

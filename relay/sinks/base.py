@@ -3,7 +3,7 @@
 ``Sink.publish`` answers each event with one :data:`relay.events.Outcome`.
 ``None`` is the only acknowledgement; every other answer is a
 :class:`relay.events.Failure` of one kind, or the whole call raises. What each
-costs (relay/outcomes.py sorts them, relay/loop.py settles them):
+costs (relay/batch/costs.py sorts and charges them, relay/batch/life.py settles them):
 
 ==========================  ======================  =======  ========================  ============  ==================
 answer                      the event               attempt  due again                 batch shrinks metrics

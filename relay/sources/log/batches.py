@@ -5,7 +5,7 @@
 window entry marked, a table row's id kept for the bulk delete), or
 ``blocked`` behind its key's first failure until due again, or written into
 the outbox table (a dead letter, or parked behind one). The outcomes are
-judged as the table relay judges them (:func:`relay.outcomes.judge`); a key's
+judged as the table relay judges them (:func:`relay.batch.costs.judge`); a key's
 later events wait behind its first failed one, other keys go on. The relay
 (:mod:`relay.sources.log.relay`) drives it and confirms what the window says
 is done.
