@@ -111,19 +111,27 @@ def judge(
 
 
 class Costs:
-    """The table relay's account of what its batches' answers cost, across batches: the timeouts'
-    backoff and the batch shrink, a broker found down, and when claims may resume."""
+    """A relay's account of what its batches' answers cost, across batches: the timeouts' backoff and
+    the batch shrink, a broker found down, and when claims may resume. Both sources use it."""
 
     def __init__(
-        self, settings: RelaySettings, metrics: Metrics, limits: BatchLimits, *, publish_grace_seconds: float = 0.0
+        self,
+        settings: RelaySettings,
+        metrics: Metrics,
+        limits: BatchLimits,
+        *,
+        publish_grace_seconds: float = 0.0,
+        timeouts: OutageBackoff | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
+        """``timeouts`` and ``backoff``: a relay's own, if it shares them with other rooms."""
         self.settings = settings
         self.metrics = metrics
         self.limits = limits
-        self.backoff = Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds)
+        self.backoff = backoff or Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds)
         self._publish_bound = settings.publish_timeout_seconds + publish_grace_seconds
         #: Publishes that timed out in a row: the loop backs off as for an outage.
-        self.timeouts = OutageBackoff()
+        self.timeouts = timeouts or OutageBackoff()
         #: A publish raised ``SinkUnavailable``: no claims until the broker answers a check.
         self.sink_down = False
         #: No claim before this (monotonic): the timeouts' backoff.

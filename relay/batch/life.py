@@ -11,6 +11,7 @@ confirms and takes back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -30,6 +31,9 @@ from relay.sources.port import Claim, Source
 from relay.tracing import batch_span
 
 logger = logging.getLogger(__name__)
+
+#: What a publish gave: an outcome for each event, or what the sink raised for the whole batch.
+Published = list[Outcome] | SinkTimeout | SinkUnavailable
 
 #: How many batches done with whose keys count as recent: a key that comes back within them recurs.
 RECENT_BATCHES = 2
@@ -65,6 +69,20 @@ class Batch:
 
     def __post_init__(self) -> None:
         self.taken = self.claim
+
+
+async def hand_to_sink(sink: Sink, events: Sequence[Event], holds: KeyHolds, *, traced: bool = True) -> Published:
+    """Publish ``events`` with ``holds``: each event's outcome, or the ``SinkTimeout`` or ``SinkUnavailable``
+    raised for the whole batch. Either way, every key not acknowledged is held before this returns: the
+    sink held them already, and one that forgot must not break their order. With ``traced``, in a span."""
+    try:
+        with batch_span(events, system=sink.name) if traced else contextlib.nullcontext():
+            outcomes = await sink.publish(events, holds)
+    except (SinkTimeout, SinkUnavailable) as exc:
+        holds.hold(events)
+        return exc
+    holds.hold([e for e, outcome in zip(events, outcomes, strict=False) if outcome is not None])
+    return outcomes
 
 
 class Deliveries:
@@ -231,19 +249,13 @@ class Deliveries:
         started = time.monotonic()
         batch.state = State.HANDED
         batch.turn.set()
-        try:
-            with batch_span(events, system=self.sink.name):
-                outcomes = await self.sink.publish(events, self.holds)
-        except SinkTimeout as exc:
-            self.holds.hold(events)
-            return self.costs.whole_batch_timed_out(events, exc)
-        except SinkUnavailable as exc:
-            self.holds.hold(events)
-            return self.costs.broker_unavailable(events, exc)
+        published = await hand_to_sink(self.sink, events, self.holds)
+        if isinstance(published, SinkTimeout):
+            return self.costs.whole_batch_timed_out(events, published)
+        if isinstance(published, SinkUnavailable):
+            return self.costs.broker_unavailable(events, published)
         self.costs.check_publish_time(time.monotonic() - started)
-        # The sink held these keys already; a sink that forgot must not break their order.
-        self.holds.hold([e for e, outcome in zip(events, outcomes, strict=False) if outcome is not None])
-        return self.judge(events, outcomes)
+        return self.judge(events, published)
 
     def judge(self, events: Sequence[Event], outcomes: Sequence[Outcome]) -> Verdict:
         """The sink's answers for ``events``, sorted and charged (:meth:`Costs.verdict`)."""

@@ -11,9 +11,11 @@ Two sources, chosen with ``--source`` (``RELAY_SOURCE``):
   logical messages with the prefix ``outbox``, in commit order; a position is
   confirmed once every event below it was acknowledged or dead-lettered.
 
-The log source has its own relay for now (issue 38): its reader and window do
-not fit the take/confirm of the port yet. Both relays publish through the
-same sinks, judge outcomes with :func:`relay.batch.costs.judge`, keep dead letters
+The log source has its own relay for now (issue 38): its reader and window
+confirm a position, not a batch, and do not fit the port's take and confirm
+yet. Both relays hand their batches to the same sinks and charge the answers
+in the same room (:func:`relay.batch.life.hand_to_sink`,
+:class:`relay.batch.costs.Costs`), keep dead letters
 in the outbox table (where ``dead``, ``requeue`` and ``skip`` find them), and
 expose ``alive()``, ``metrics``, ``sink`` and ``store`` to the health server.
 """

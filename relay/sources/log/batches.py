@@ -5,8 +5,9 @@
 window entry marked, a table row's id kept for the bulk delete), or
 ``blocked`` behind its key's first failure until due again, or written into
 the outbox table (a dead letter, or parked behind one). The outcomes are
-judged as the table relay judges them (:func:`relay.batch.costs.judge`); a key's
-later events wait behind its first failed one, other keys go on. The relay
+handed to the sink, judged and charged as the table relay's are, in the batch
+room (:func:`relay.batch.life.hand_to_sink`, :class:`relay.batch.costs.Costs`);
+a key's later events wait behind its first failed one, other keys go on. The relay
 (:mod:`relay.sources.log.relay`) drives it and confirms what the window says
 is done.
 """
@@ -18,14 +19,15 @@ import bisect
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relay.backoff import Backoff, OutageBackoff
-from relay.batch.costs import judge
+from relay.batch.costs import Costs
+from relay.batch.life import Published, hand_to_sink
+from relay.batching import BatchLimits
 from relay.config import RelaySettings
 from relay.errors import SinkTimeout, SinkUnavailable
-from relay.events import Event, Outcome
+from relay.events import Event
 from relay.holds import KeyHolds
 from relay.metrics import Metrics
 from relay.sinks.base import Sink
@@ -35,7 +37,7 @@ from relay.sources.log.window import Pending, Window
 
 logger = logging.getLogger(__name__)
 
-Sent = Sequence[Outcome] | SinkTimeout | SinkUnavailable
+Sent = Published
 
 
 def _read_order(pending: Pending) -> int:
@@ -74,7 +76,9 @@ class Batches:
         self.metrics = metrics
         self.depth = depth
         self._backoff = backoff
-        self._timeouts = timeouts
+        # What each answer costs: as the table relay's, over this relay's timeouts and its own batch limits.
+        limits = BatchLimits(settings.batch_size, settings.batch_bytes)
+        self._costs = Costs(settings, metrics, limits, timeouts=timeouts, backoff=backoff)
         self._sink_outage = sink_outage
         self.ready: deque[Pending] = deque()
         self.blocked: dict[object, _Blocked] = {}
@@ -121,7 +125,7 @@ class Batches:
         batch: list[Pending] = []
         size = 0
         ready = self.ready
-        limit, max_bytes = self.settings.batch_size, self.settings.batch_bytes
+        limit, max_bytes = self._costs.limits.count, self._costs.limits.max_bytes
         while ready and len(batch) < limit and size < max_bytes:
             pending = ready.popleft()
             key = pending.event.key
@@ -155,10 +159,8 @@ class Batches:
         return to_sink
 
     async def _send(self, events: list[Event]) -> Sent:
-        try:
-            return await self.sink.publish(events, self._holds)
-        except (SinkTimeout, SinkUnavailable) as exc:
-            return exc
+        # Not traced yet: the log relay's batches carry no producer spans to link.
+        return await hand_to_sink(self.sink, events, self._holds, traced=False)
 
     async def settle(self, to_sink: list[Pending], result: Sent) -> None:
         """Judge a published batch's outcomes, in the order the batches were handed to the sink."""
@@ -169,33 +171,24 @@ class Batches:
                 self._flying_keys[event.key] -= 1
                 if not self._flying_keys[event.key]:
                     del self._flying_keys[event.key]
-        if isinstance(result, SinkTimeout):
+        if isinstance(result, SinkTimeout | SinkUnavailable):
             for event in events:
                 event.attempts -= 1
-            self._holds.hold(events)
-            delay = self._timeouts.next_delay()
-            logger.warning("no acknowledgement in time, %d events again in %.1fs: %s", len(events), delay, result)
-            self._block(to_sink, now + delay)
-            return
-        if isinstance(result, SinkUnavailable):
-            for event in events:
-                event.attempts -= 1
-            self._holds.hold(events)
-            logger.warning("broker unavailable: %s", result, extra={"action": "sink_retry"})
-            self._block(to_sink, 0.0)
-            self.sink_down = True
+            if isinstance(result, SinkTimeout):
+                (delay,) = self._costs.whole_batch_timed_out(events, result).held
+                self._block(to_sink, now + delay)
+            else:
+                self._costs.broker_unavailable(events, result)
+                self._block(to_sink, 0.0)
+                self.sink_down = True
             return
         outcomes = result
         self._sink_outage.reset()
-        self._holds.hold([e for e, outcome in zip(events, outcomes, strict=False) if outcome is not None])
-        verdict = judge(events, outcomes, self.settings, self._backoff, self.metrics)
+        # Timed-out events come back held, after the timeouts' backoff.
+        verdict = self._costs.verdict(events, outcomes)
         dead = {d.id: d.error for d in verdict.dead}
         retry = {r.id: r.delay_seconds for r in verdict.retry}
         held = {i: delay for delay, ids in verdict.held.items() for i in ids}
-        timed_out = set(verdict.timed_out)
-        if not timed_out:
-            self._timeouts.reset()
-        timeout_delay = self._timeouts.next_delay() if timed_out else 0.0
         for pending, outcome in zip(to_sink, outcomes, strict=True):
             event = pending.event
             if outcome is None:
@@ -208,7 +201,7 @@ class Batches:
             else:
                 if event.id not in retry:
                     event.attempts -= 1  # held back, timed out: no attempt spent
-                delay = retry.get(event.id, held.get(event.id, timeout_delay if event.id in timed_out else 0.0))
+                delay = retry.get(event.id, held.get(event.id, 0.0))
                 self._block([pending], now + delay)
 
     async def sweep(self, stop: asyncio.Event) -> None:
