@@ -63,7 +63,7 @@ class Metrics:
         )
         self.retrying = RetryingTopics(max_topics)
         r.register(self.retrying)
-        #: Events acknowledged, all topics: what the progress line counts (see relay/loop.py).
+        #: Events acknowledged, all topics: what the progress line counts (see relay/progress.py).
         self.sent_events = 0
         self.publish_latency = Histogram(
             "outbox_relay_publish_latency_seconds",
