@@ -29,6 +29,7 @@ from relay.retention import purge_forever
 from relay.signals import stop_on_signals
 from relay.sinks import build_router, build_sink, header_refusal, publish_grace_seconds, sink_kind_name
 from relay.sinks.base import Sink
+from relay.sources.table import TableSource
 from relay.store.adapters import build_store
 from relay.store.base import Admin
 
@@ -145,12 +146,15 @@ def build_relay(config: RunConfig) -> Relay:
         listen=config.settings.listen,
         layout=config.layout,
     )
+    # The table is the source the loop takes batches from; the store also keeps the gauges and the reaper.
+    source = TableSource(store, max_attempts=config.settings.max_attempts)
+    grace = config.publish_grace_seconds
     timeout = config.settings.publish_timeout_seconds
     if config.sink is not None and not config.routes:
         sink: Sink = build_sink(config.sink, publish_timeout_seconds=timeout, event_source=config.source)
-        return Relay(store, sink, config.settings, publish_grace_seconds=config.publish_grace_seconds)
+        return Relay(store, sink, config.settings, publish_grace_seconds=grace, source=source)
     router = build_router(config.routes, publish_timeout_seconds=timeout, event_source=config.source)
-    relay = Relay(store, router, config.settings, publish_grace_seconds=config.publish_grace_seconds)
+    relay = Relay(store, router, config.settings, publish_grace_seconds=grace, source=source)
     relay.metrics.track_sinks(router.states)
     return relay
 
