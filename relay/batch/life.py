@@ -50,7 +50,7 @@ class State(enum.Enum):
     JUDGED = "judged"
     #: Its outcomes recorded by the source (or its lease ended trying).
     SETTLED = "settled"
-    #: Given back unpublished: its lease nearly over, or it ended before reaching the sink.
+    #: Given back unpublished, its keys held: its lease was nearly over and could not be renewed.
     GIVEN_BACK = "given back"
 
 
