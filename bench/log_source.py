@@ -6,7 +6,11 @@ python -m bench.log_source --events 50000       # a quick look
 python -m bench.log_source --kafka              # the drains to Kafka (Tansu) instead of an in-memory sink
 
 Measured, each to an acknowledging in-memory sink (the relay's own cost, no broker):
-- drain of a backlog in the slot (streaming) vs the table source's drain of the same rows vs L_db;
+- drain of a backlog in the slot (streaming) vs the table source's drain of the same rows vs L_db, for
+  each spread of keys (null keys, one key per event, 1,000 keys, 1 key);
+- L_log, the floor of the log's side: a bare loop that reads the slot's stream and counts the inserts
+  (no parsing, no events, no sink); with ``--kafka`` also L_kafka, the bare producer loop;
+- the relay's own latency at 500 events/s: a writer's COMMIT to the event handed to the sink, p50/p99;
 - the server's decoding alone through ``pg_logical_slot_peek_binary_changes`` (the polling design's floor);
 - relay CPU per 1,000 events, log vs table;
 - WAL bytes per event: the writer (one event per transaction: a row, a message, a bare jsonb INSERT) and
@@ -30,7 +34,7 @@ from typing import Any
 import psycopg
 
 import producers
-from bench.baselines import l_db
+from bench.baselines import l_db, l_kafka
 from bench.services import DISTINCT_KEYS, SEED_SQL
 from devservers import Tansu
 from devservers.postgres import LOGICAL_DECODING, embedded_postgres
@@ -40,11 +44,15 @@ from relay.sinks import build_sink
 from relay.sinks.base import Sink
 from relay.sinks.memory import MemorySink
 from relay.sources.log.relay import LogRelay
-from relay.sources.log.slot import prepare
+from relay.sources.log.slot import prepare, publication_name
+from relay.sources.log.stream import ReplicationStream
 from relay.store.adapters import build_store
 from relay.store.migrate import migrate
 
 TABLE = TableName.parse("outbox")
+#: The spreads of keys each drain is measured on: name -> keys (0: null keys; None: one key per event).
+SPREADS: dict[str, int | None] = {"null keys": 0, "one key per event": None, "1,000 keys": 1000, "1 key": 1}
+LATENCY_RATE = 500.0
 
 
 def _url(server: str, name: str) -> str:
@@ -70,12 +78,15 @@ def _lsn(url: str) -> int:
     return int(row[0])
 
 
-def _seed(url: str, events: int) -> None:
+def _seed(url: str, events: int, keys: int | None = DISTINCT_KEYS) -> None:
+    """``events`` rows in transactions of 20,000, over ``keys`` keys (0: null keys; None: one key per event)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        sql = SEED_SQL.format(keys=DISTINCT_KEYS)
         step = 20_000
         for first in range(0, events, step):
-            conn.execute(sql, {"topic": "bench", "keyed": True, "n": min(step, events - first)})
+            # generate_series restarts at 1 in each step: with one key per event, the key counts on from first.
+            spread = keys if keys is not None else events * 2
+            sql = SEED_SQL.format(keys=spread).replace("(g %% ", f"((g + {first}) %% ", 1)
+            conn.execute(sql, {"topic": "bench", "keyed": keys != 0, "n": min(step, events - first)})
 
 
 def _cpu() -> float:
@@ -153,6 +164,70 @@ async def _drain_table(url: str, events: int, kafka: str | None = None) -> dict[
     return {"seconds": elapsed, "rate": events / elapsed, "cpu_per_1000": spent / events * 1000, "wal": wal / events}
 
 
+async def _l_log(url: str, events: int) -> dict[str, float]:
+    """The bare loop on the log's side: read the slot's stream until ``events`` inserts came; nothing else."""
+    slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+    stream = ReplicationStream(url, slot, publication_name(slot), sender_timeout_seconds=60.0)
+    cpu, started = _cpu(), time.perf_counter()
+    await stream.start(10.0)
+    seen = 0
+    while seen < events:
+        frame = await stream.read(5.0)
+        if isinstance(frame, tuple) and frame[1][:1] == b"I":
+            seen += 1
+    elapsed = time.perf_counter() - started
+    spent = _cpu() - cpu
+    await stream.close()
+    return {"seconds": elapsed, "rate": events / elapsed, "cpu_per_1000": spent / events * 1000}
+
+
+class _TimedSink(MemorySink):
+    """An in-memory sink that notes when each event was handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed: dict[int, float] = {}
+
+    async def publish(self, events: Any, holds: Any) -> Any:
+        now = time.perf_counter()
+        for event in events:
+            self.handed.setdefault(event.id, now)
+        return await super().publish(events, holds)
+
+
+async def _latency(url: str, rate: float, seconds: float) -> dict[str, float]:
+    """A writer commits one event per transaction at ``rate``; the time from its COMMIT to the sink, p50/p99."""
+    sink = _TimedSink()
+    slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+    relay = LogRelay(url, TABLE, slot, sink, _settings())
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    committed: dict[int, float] = {}
+    count = int(rate * seconds)
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        while not relay.state.leading:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+        started = time.perf_counter()
+        for i in range(count):
+            delay = started + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            cursor = await conn.execute(
+                "INSERT INTO outbox (topic, key, payload) VALUES ('bench', %s, '{\"n\": 1}') RETURNING id",
+                [f"k{i % 100}"],
+            )
+            row = await cursor.fetchone()
+            assert row is not None
+            committed[row[0]] = time.perf_counter()
+    while len(sink.handed) < count:
+        await asyncio.sleep(0.05)
+    stop.set()
+    await task
+    waits = sorted((sink.handed[i] - at) * 1000 for i, at in committed.items())
+    return {"events": count, "p50_ms": waits[len(waits) // 2], "p99_ms": waits[int(len(waits) * 0.99)]}
+
+
 def _peek(url: str) -> dict[str, float]:
     slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
     with psycopg.connect(url, autocommit=True) as conn:
@@ -217,35 +292,66 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--writes", type=int, default=5_000, help="single-event transactions per writer kind")
     parser.add_argument("--big", type=int, default=100_000, help="events of the one big transaction")
+    parser.add_argument("--latency-seconds", type=float, default=10.0, help="the latency run at 500 events/s")
     parser.add_argument("--kafka", action="store_true", help="drain to Kafka (Tansu) instead of an in-memory sink")
+    parser.add_argument("--drains-only", action="store_true", help="the drains and floors, nothing else")
     args = parser.parse_args(argv)
     n = args.events
-    results: dict[str, Any] = {"events": n}
+    results: dict[str, Any] = {"events": n, "drains": {}}
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(embedded_postgres(LOGICAL_DECODING))
         kafka = stack.enter_context(Tansu()).bootstrap if args.kafka else None
         results["sink"] = "kafka (Tansu)" if kafka else "in-memory"
-        log_url = _database(server, "log_drain", slot=True)
-        _seed(log_url, n)
-        results["peek"] = _peek(log_url)
-        results["log"] = asyncio.run(_drain_log(log_url, n, kafka))
         db_url = _database(server, "l_db", slot=False)
         _seed(db_url, n)
         results["l_db"] = l_db(db_url, n)
-        table_url = _database(server, "table_drain", slot=False)
-        _seed(table_url, n)
-        results["table"] = asyncio.run(_drain_table(table_url, n, kafka))
-        results["writers"] = _writer_costs(_database(server, "writers", slot=True), args.writes)
-        results["big_transaction"] = _big_transaction_memory(server, args.big)
-    log, table, ldb = results["log"], results["table"], results["l_db"]
-    writers = results["writers"]
-    bare = writers["bare jsonb INSERT"]
+        floor_url = _database(server, "l_log", slot=True)
+        _seed(floor_url, n)
+        results["l_log"] = asyncio.run(_l_log(floor_url, n))
+        if kafka is not None:
+            results["l_kafka"] = l_kafka(kafka, "bench-floor", n)
+        for i, (name, keys) in enumerate(SPREADS.items()):
+            log_url = _database(server, f"log_drain_{i}", slot=True)
+            _seed(log_url, n, keys)
+            if i == 0:
+                results["peek"] = _peek(log_url)
+            table_url = _database(server, f"table_drain_{i}", slot=False)
+            _seed(table_url, n, keys)
+            results["drains"][name] = {
+                "log": asyncio.run(_drain_log(log_url, n, kafka)),
+                "table": asyncio.run(_drain_table(table_url, n, kafka)),
+            }
+        if not args.drains_only:
+            latency_url = _database(server, "latency", slot=True)
+            results["latency"] = asyncio.run(_latency(latency_url, LATENCY_RATE, args.latency_seconds))
+            results["writers"] = _writer_costs(_database(server, "writers", slot=True), args.writes)
+            results["big_transaction"] = _big_transaction_memory(server, args.big)
     print(json.dumps(results, indent=2, default=float))
-    print(f"log drain {log['rate']:,.0f}/s = {log['rate'] / ldb['rate']:.2f} x L_db ({ldb['rate']:,.0f}/s), "
-          f"{log['rate'] / table['rate']:.2f} x the table source ({table['rate']:,.0f}/s)")  # fmt: skip
+    _summary(results)
+
+
+def _summary(results: dict[str, Any]) -> None:
+    ldb, llog = results["l_db"], results["l_log"]
+    print(f"L_db {ldb['rate']:,.0f}/s; L_log {llog['rate']:,.0f}/s = {llog['rate'] / ldb['rate']:.2f} x L_db "
+          f"({llog['cpu_per_1000']:.3f} s CPU per 1,000)")  # fmt: skip
+    if "l_kafka" in results:
+        print(f"L_kafka {results['l_kafka']['rate']:,.0f}/s = {results['l_kafka']['rate'] / ldb['rate']:.2f} x L_db")
     print(f"server decoding alone (peek): {results['peek']['rate']:,.0f} changes/s")
-    print(f"relay CPU per 1,000 events: log {log['cpu_per_1000']:.3f}s, table {table['cpu_per_1000']:.3f}s "
-          f"= {log['cpu_per_1000'] / table['cpu_per_1000']:.2f}")  # fmt: skip
+    for name, drain in results["drains"].items():
+        log, table = drain["log"], drain["table"]
+        print(f"{name}: log {log['rate']:,.0f}/s = {log['rate'] / ldb['rate']:.2f} x L_db, "
+              f"{log['rate'] / llog['rate']:.2f} x L_log, {log['rate'] / table['rate']:.2f} x the table source "
+              f"({table['rate']:,.0f}/s); CPU per 1,000: log {log['cpu_per_1000']:.3f} s, "
+              f"table {table['cpu_per_1000']:.3f} s = {log['cpu_per_1000'] / table['cpu_per_1000']:.2f}")  # fmt: skip
+    if "latency" in results:
+        latency = results["latency"]
+        print(f"relay latency at {LATENCY_RATE:.0f}/s, COMMIT to the sink: p50 {latency['p50_ms']:.1f} ms, "
+              f"p99 {latency['p99_ms']:.1f} ms")  # fmt: skip
+    if "writers" not in results:
+        return
+    writers, drain = results["writers"], results["drains"]["1,000 keys"]
+    log, table = drain["log"], drain["table"]
+    bare = writers["bare jsonb INSERT"]
     row_total = writers["publish() row"]["wal"] + log["wal"]
     message_total = writers["publish(via='message')"]["wal"]
     table_total = writers["publish() row"]["wal"] + table["wal"]
