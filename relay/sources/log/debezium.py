@@ -23,7 +23,7 @@ from typing import LiteralString
 from relay.config import TableLayout
 from relay.events import Event
 from relay.sources.log.decode import parse_timestamptz
-from relay.sources.log.pgoutput import Relation
+from relay.sources.log.pgoutput import Relation, pick_columns
 
 #: Type oids of the payload types the Debezium layout relays (as relay.store.debezium.PAYLOAD_COLUMNS).
 _JSON_TYPES = frozenset({114, 3802})  # json, jsonb
@@ -64,6 +64,11 @@ class DebeziumRowReader:
         self._index = index
         self._template = layout.topic_template
         self._fields = tuple((index[column], header) for column, header in layout.field_headers)
+        self._places = tuple(range(len(relation.columns)))
+
+    def event_at(self, data: bytes, at: int, commit_time: datetime) -> Event | None:
+        """The event of the insert whose TupleData starts at ``at`` of ``data``."""
+        return self.event(tuple(pick_columns(data, at, self._places, len(self._places))), commit_time)
 
     def event(self, values: tuple[bytes | None, ...], commit_time: datetime) -> Event | None:
         """The event of an inserted row; None for a row not pending (inserted as already sent, or dead)."""

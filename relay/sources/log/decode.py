@@ -29,7 +29,7 @@ from decimal import Decimal
 from typing import Any
 
 from relay.events import Event
-from relay.sources.log.pgoutput import Relation, format_lsn
+from relay.sources.log.pgoutput import Relation, format_lsn, pick_columns
 
 #: The prefix of the logical messages that are outbox events.
 MESSAGE_PREFIX = "outbox"
@@ -62,44 +62,57 @@ def _bytea(text: str) -> bytes:
     return bytes.fromhex(text[2:])
 
 
+#: The columns an event is built from, in the order :meth:`RowReader.event_at` picks them.
+_NEEDED = ("id", "topic", "key", "payload", "headers", "idempotency_key", "created_at")
+_OPTIONAL = ("state", "last_error", "payload_bytes", "content_type")
+
+
 class RowReader:
     """Builds events from the outbox table's inserted rows, its columns found by name once per relation."""
 
     def __init__(self, relation: Relation) -> None:
         index = {name: i for i, name in enumerate(relation.columns)}
-        missing = {"id", "topic", "key", "payload", "headers", "idempotency_key", "created_at"} - index.keys()
+        missing = set(_NEEDED) - index.keys()
         if missing:
             raise ValueError(f"the outbox table {relation.namespace}.{relation.name} lacks {sorted(missing)}")
-        self._positions = tuple(
-            index.get(name, -1)
-            for name in ("id", "topic", "key", "payload", "headers", "idempotency_key", "created_at", "state",
-                         "last_error", "payload_bytes", "content_type")
-        )  # fmt: skip
+        picked = _NEEDED + _OPTIONAL
+        #: Each column's place among the picked ones (-1: not needed, skipped while parsing).
+        self.places = tuple(picked.index(name) if name in picked else -1 for name in relation.columns)
+        self._positions = tuple(index.get(name, -1) for name in picked)
+        self._has_state = "state" in index
+        # The last created_at read, and its datetime: a transaction's rows mostly share one (now()).
+        self._created: tuple[bytes | None, datetime | None] = (None, None)
 
     def event(self, values: tuple[bytes | None, ...], commit_time: datetime) -> Event | None:
-        """The event of an inserted row; None for a row the relay wrote (not an event of the log)."""
-        i_id, i_topic, i_key, i_payload, i_headers, i_idem, i_created, i_state, i_error, i_bytes, i_type = (
-            self._positions
-        )
-        if (i_state >= 0 and values[i_state] != b"pending") or (i_error >= 0 and values[i_error] is not None):
+        """The event of an inserted row (every column's value); None for a row the relay wrote."""
+        return self._event([values[i] if i >= 0 else None for i in self._positions], commit_time)
+
+    def event_at(self, data: bytes, at: int, commit_time: datetime) -> Event | None:
+        """The event of the insert whose TupleData starts at ``at`` of ``data``, read in one pass."""
+        return self._event(pick_columns(data, at, self.places, len(self._positions)), commit_time)
+
+    def _event(self, values: list[bytes | None], commit_time: datetime) -> Event | None:
+        row_id, topic, key, payload, headers, idempotency_key, created, state, error, raw, content_type = values
+        if (state != b"pending" and self._has_state) or error is not None:
             return None
-        payload = values[i_payload]
         if payload is None:
-            raw = values[i_bytes] if i_bytes >= 0 else None
             payload = _bytea(raw.decode() if raw is not None else "\\x")
-        content_type = values[i_type] if i_type >= 0 else None
-        headers = values[i_headers]
-        key = values[i_key]
-        created = values[i_created]
+        if not created:
+            created_at = commit_time
+        elif created == self._created[0]:
+            created_at = self._created[1] or commit_time
+        else:
+            created_at = parse_timestamptz(created.decode())
+            self._created = (created, created_at)
         return Event(
-            id=int(values[i_id] or 0),
-            topic=(values[i_topic] or b"").decode(),
+            id=int(row_id or 0),
+            topic=topic.decode() if topic else "",
             key=key.decode() if key is not None else None,
             payload=payload,
             headers=json.loads(headers) if headers and headers != b"{}" else {},
-            idempotency_key=(values[i_idem] or b"").decode(),
+            idempotency_key=idempotency_key.decode() if idempotency_key else "",
             attempts=0,
-            created_at=parse_timestamptz(created.decode()) if created else commit_time,
+            created_at=created_at,
             content_type=content_type.decode() if content_type is not None else None,
         )
 

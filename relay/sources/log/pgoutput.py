@@ -29,6 +29,14 @@ _INT32 = struct.Struct("!i")
 _UINT32 = struct.Struct("!I")
 _INT16 = struct.Struct("!h")
 _LSN = struct.Struct("!Q")
+_unpack_uint32 = _UINT32.unpack_from
+
+#: Where an XLogData frame's pgoutput message starts (after ``w``, start LSN, end LSN, send time).
+XLOG_HEADER = 25
+#: Frame kinds and the pgoutput message kind the reader takes apart itself (the commonest by far).
+XLOG_DATA = 0x77  # 'w'
+KEEPALIVE = 0x6B  # 'k'
+INSERT = 0x49  # 'I'
 
 
 class ProtocolError(Exception):
@@ -117,6 +125,44 @@ def parse_frame(frame: bytes | memoryview) -> tuple[int, bytes] | Keepalive:
         wal_end, _sent, reply = _KEEPALIVE.unpack_from(frame, 1)
         return Keepalive(wal_end, reply)
     raise ProtocolError(f"unexpected replication frame {chr(kind)!r}")
+
+
+def xlog_start(frame: bytes) -> int:
+    """An XLogData frame's start LSN."""
+    return int(_LSN.unpack_from(frame, 1)[0])
+
+
+def insert_relation(data: bytes, at: int) -> int:
+    """The relation oid of the insert message at ``at``; its TupleData starts at ``at + 6``."""
+    if data[at + 5] != 0x4E:  # 'N'
+        raise ProtocolError(f"unexpected insert tuple marker {chr(data[at + 5])!r}")
+    return int(_unpack_uint32(data, at + 1)[0])
+
+
+def pick_columns(data: bytes, at: int, places: tuple[int, ...], size: int) -> list[bytes | None]:
+    """The TupleData at ``at``, in one pass: column ``i``'s text bytes at ``places[i]`` of a list of ``size``
+    (None for a null), the columns whose place is -1 skipped without a copy.
+
+    ``places`` covers every column of the relation: a message with more columns than it is refused.
+    """
+    count = (data[at] << 8) | data[at + 1]
+    if count > len(places):
+        raise ProtocolError(f"an insert of {count} columns, its relation has {len(places)}")
+    at += 2
+    values: list[bytes | None] = [None] * size
+    unpack = _unpack_uint32
+    for place in places[:count] if count < len(places) else places:
+        kind = data[at]
+        if kind == 0x74:  # 't'
+            start = at + 5
+            at = start + unpack(data, at + 1)[0]
+            if place >= 0:
+                values[place] = data[start:at]
+        elif kind == 0x6E or kind == 0x75:  # 'n' null; 'u' an unchanged TOASTed value, never in an insert
+            at += 1
+        else:
+            raise ProtocolError(f"unexpected tuple column kind {chr(kind)!r}")
+    return values
 
 
 def _cstring(data: bytes, at: int) -> tuple[str, int]:

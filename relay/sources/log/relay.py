@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 from relay.backoff import Backoff, OutageBackoff, sleep_unless_stopped
 from relay.config import NATIVE, RelaySettings, TableLayout, TableName
@@ -36,12 +36,12 @@ from relay.metrics import Metrics
 from relay.sinks.base import Sink
 from relay.sources.log import pgoutput
 from relay.sources.log.batches import Batches
-from relay.sources.log.debezium import DebeziumRowReader
-from relay.sources.log.decode import HEARTBEAT_PREFIX, MESSAGE_PREFIX, BadEnvelope, RowReader, message_event
-from relay.sources.log.pgoutput import Keepalive, format_lsn
+from relay.sources.log.decode import BadEnvelope, message_event
+from relay.sources.log.pgoutput import format_lsn
+from relay.sources.log.reader import FrameReader
 from relay.sources.log.slot import TableLink, publication_name
 from relay.sources.log.stream import ReplicationStream, SlotBusy, SlotMissing
-from relay.sources.log.window import Transaction, Window
+from relay.sources.log.window import Window
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,6 @@ SWEEP_SECONDS = 1.0
 WINDOW_EVENTS_PER_BATCH = 8
 WINDOW_BYTES = 64 * 1024 * 1024
 CONNECT_TIMEOUT_SECONDS = 10.0
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 class Fenced(StoreUnavailable):
@@ -131,10 +130,12 @@ class LogRelay:
         self._room = asyncio.Event()
         self._more = asyncio.Event()
         self._confirmed = 0
-        self._idle_end = 0
         self._last_confirm = 0.0
         self._stream: ReplicationStream | None = None
-        self._reading_done = False
+        self._frames = FrameReader(
+            self._window, self._batches.ready, self.table, self.layout,
+            batch_size=settings.batch_size, more=self._more, message_event=self._message,
+        )  # fmt: skip
 
     def alive(self) -> bool:
         """True unless the loop is wedged (``/healthz``); False too once the slot is gone."""
@@ -264,67 +265,13 @@ class LogRelay:
     async def _read(self, stop: asyncio.Event) -> None:
         stream = self._stream
         assert stream is not None
-        window = self._window
-        ready = self._batches.ready
-        rows: dict[int, RowReader | DebeziumRowReader | None] = {}
-        schema_name = self.table.parts if len(self.table.parts) == 2 else ("public", self.table.parts[0])
-        transaction: Transaction | None = None
-        commit_time = datetime.now(UTC)
+        window, frames = self._window, self._frames
         while not stop.is_set():
             if window.full():
                 self._room.clear()
                 await self._room.wait()
                 continue
-            frame = await stream.read(1.0)
-            if frame is None:
-                continue
-            if isinstance(frame, Keepalive):
-                if window.idle() and not ready:
-                    self._idle_end = max(self._idle_end, frame.wal_end)
-                if frame.reply:
-                    self._more.set()
-                continue
-            lsn, data = frame
-            message = pgoutput.parse_message(data)
-            if isinstance(message, pgoutput.Insert):
-                reader = rows.get(message.relation)
-                if reader is None or transaction is None:
-                    continue
-                event = reader.event(message.values, commit_time)
-                if event is not None:
-                    ready.append(window.add(event, transaction, row=True))
-                    if len(ready) >= self.settings.batch_size:
-                        self._more.set()
-            elif isinstance(message, pgoutput.Begin):
-                commit_time = _PG_EPOCH + timedelta(microseconds=message.commit_time_us)
-                transaction = window.begin(commit_time.timestamp())
-            elif isinstance(message, pgoutput.Commit):
-                if transaction is not None:
-                    transaction.end_lsn = message.end_lsn
-                transaction = None
-                self._more.set()
-            elif isinstance(message, pgoutput.Relation):
-                ours = (message.namespace, message.name) == schema_name
-                if not ours:
-                    rows[message.oid] = None
-                else:
-                    rows[message.oid] = (
-                        DebeziumRowReader(message, self.layout) if self.layout.debezium else RowReader(message)
-                    )
-            elif isinstance(message, pgoutput.Message):
-                if message.transactional and message.prefix == MESSAGE_PREFIX and self.layout.debezium:
-                    # Debezium's table has no place for a message's topic: its dead letter could not be kept.
-                    logger.warning(
-                        "outbox message at %s not delivered: the Debezium table layout relays the table's rows only",
-                        format_lsn(lsn),
-                        extra={"action": "message_ignored"},
-                    )
-                elif message.transactional and message.prefix == MESSAGE_PREFIX and transaction is not None:
-                    ready.append(window.add(self._message(message, commit_time), transaction, row=False))
-                elif message.prefix == HEARTBEAT_PREFIX and transaction is None and window.idle() and not ready:
-                    self._idle_end = max(self._idle_end, lsn)
-                    self._more.set()
-        self._reading_done = True
+            frames.take(await stream.read_frames(1.0, frames.room()))
 
     def _message(self, message: pgoutput.Message, commit_time: datetime) -> Event:
         try:
@@ -419,7 +366,7 @@ class LogRelay:
         lsn = self._window.confirmable()
         target = max(self._confirmed, lsn or 0)
         if self._window.idle() and self._batches.settled():
-            target = max(target, self._idle_end)
+            target = max(target, self._frames.idle_end)
         now = time.monotonic()
         moved = target > self._confirmed
         due = moved and now - self._last_confirm >= CONFIRM_INTERVAL_SECONDS

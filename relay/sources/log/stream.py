@@ -83,18 +83,31 @@ class ReplicationStream:
             raise StoreUnavailable(f"START_REPLICATION failed: {message}")
 
     async def read(self, timeout: float) -> tuple[int, bytes] | Keepalive | None:
-        """The next frame, or None if none came within ``timeout`` seconds."""
+        """The next frame, parsed, or None if none came within ``timeout`` seconds."""
+        frames = await self.read_frames(timeout, 1)
+        return parse_frame(frames[0]) if frames else None
+
+    async def read_frames(self, timeout: float, limit: int) -> list[bytes]:
+        """The frames already received, ``limit`` at most, raw; waits up to ``timeout`` seconds for the first
+        (an empty list if none came). One wait on the socket serves every frame it brought."""
         pg = self._pg
         if pg is None:
             raise StoreUnavailable("the replication stream is closed")
-        deadline = time.monotonic() + timeout
+        frames: list[bytes] = []
+        deadline = 0.0
+        get = pg.get_copy_data
         while True:
             try:
-                size, data = pg.get_copy_data(1)
+                size, data = get(1)
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(f"replication stream lost: {exc}") from None
             if size > 0:
-                return parse_frame(data)
+                frames.append(bytes(data))
+                if len(frames) >= limit:
+                    return frames
+                continue
+            if frames:
+                return frames
             if size == -1:  # the stream ended: the server said why
                 result = pg.get_result()
                 message = result.error_message.decode(errors="replace").strip() if result is not None else ""
@@ -103,9 +116,12 @@ class ReplicationStream:
                 raise StoreUnavailable(f"replication stream ended: {message or 'no reason given'}")
             if size != 0:
                 raise StoreUnavailable(f"replication stream lost: {pg.error_message.decode(errors='replace')}")
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + timeout
+            left = deadline - now
             if left <= 0:
-                return None
+                return frames
             with contextlib.suppress(TimeoutError):
                 await self._readable(left)
             try:

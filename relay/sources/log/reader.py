@@ -1,0 +1,124 @@
+"""The log relay's reader: the stream's frames, in commit order, turned into events in the window.
+
+Frames come in lists (all that one wait on the socket brought, as many as the
+window has room for) and are taken apart in one pass each: an insert, by far
+the commonest message, is read straight from the frame, its needed columns
+only (:func:`.pgoutput.pick_columns`), into an event; the other messages go
+through :func:`.pgoutput.parse_message`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from relay.config import TableLayout, TableName
+from relay.events import Event
+from relay.sources.log import pgoutput
+from relay.sources.log.debezium import DebeziumRowReader
+from relay.sources.log.decode import HEARTBEAT_PREFIX, MESSAGE_PREFIX, RowReader
+from relay.sources.log.pgoutput import INSERT, KEEPALIVE, XLOG_DATA, XLOG_HEADER, format_lsn, insert_relation
+from relay.sources.log.window import Pending, Transaction, Window
+
+logger = logging.getLogger(__name__)
+
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+#: Where an insert's TupleData starts in its frame: after the message kind, the relation oid and ``N``.
+_TUPLE_AT = XLOG_HEADER + 6
+
+
+class FrameReader:
+    """Turns frames into events appended to ``ready`` (and the window), keeping the open transaction."""
+
+    def __init__(
+        self,
+        window: Window,
+        ready: deque[Pending],
+        table: TableName,
+        layout: TableLayout,
+        *,
+        batch_size: int,
+        more: asyncio.Event,
+        message_event: Callable[[pgoutput.Message, datetime], Event],
+    ) -> None:
+        self._window = window
+        self._ready = ready
+        self._layout = layout
+        self._schema_name = table.parts if len(table.parts) == 2 else ("public", table.parts[0])
+        self._batch_size = batch_size
+        self._more = more
+        self._message_event = message_event
+        self._rows: dict[int, RowReader | DebeziumRowReader | None] = {}
+        self._transaction: Transaction | None = None
+        self._commit_time = datetime.now(UTC)
+        #: The furthest position seen with nothing of ours unconfirmed before it (keepalives, heartbeats).
+        self.idle_end = 0
+
+    def room(self) -> int:
+        """How many frames may be taken now: as many as the window has events left (one at least)."""
+        return max(1, self._window.max_events - self._window.events)
+
+    def take(self, frames: list[bytes]) -> None:
+        """Read ``frames``, in order."""
+        rows = self._rows
+        ready = self._ready
+        add = self._window.add
+        for frame in frames:
+            kind = frame[0]
+            if kind == XLOG_DATA and frame[XLOG_HEADER] == INSERT:
+                reader = rows.get(insert_relation(frame, XLOG_HEADER))
+                transaction = self._transaction
+                if reader is not None and transaction is not None:
+                    event = reader.event_at(frame, _TUPLE_AT, self._commit_time)
+                    if event is not None:
+                        ready.append(add(event, transaction, row=True))
+            elif kind == XLOG_DATA:
+                self._other(pgoutput.xlog_start(frame), pgoutput.parse_message(frame[XLOG_HEADER:]))
+            elif kind == KEEPALIVE:
+                keepalive = pgoutput.parse_frame(frame)
+                assert isinstance(keepalive, pgoutput.Keepalive)
+                if self._window.idle() and not ready:
+                    self.idle_end = max(self.idle_end, keepalive.wal_end)
+                if keepalive.reply:
+                    self._more.set()
+            else:
+                pgoutput.parse_frame(frame)  # raises ProtocolError
+        if len(ready) >= self._batch_size:
+            self._more.set()
+
+    def _other(self, lsn: int, message: pgoutput.Decoded) -> None:
+        window = self._window
+        if isinstance(message, pgoutput.Begin):
+            self._commit_time = _PG_EPOCH + timedelta(microseconds=message.commit_time_us)
+            self._transaction = window.begin(self._commit_time.timestamp())
+        elif isinstance(message, pgoutput.Commit):
+            if self._transaction is not None:
+                self._transaction.end_lsn = message.end_lsn
+            self._transaction = None
+            self._more.set()
+        elif isinstance(message, pgoutput.Insert):  # not reached: inserts are read in take()
+            raise pgoutput.ProtocolError("an insert outside take()")
+        elif isinstance(message, pgoutput.Relation):
+            if (message.namespace, message.name) != self._schema_name:
+                self._rows[message.oid] = None
+            else:
+                debezium = self._layout.debezium
+                self._rows[message.oid] = DebeziumRowReader(message, self._layout) if debezium else RowReader(message)
+        elif isinstance(message, pgoutput.Message):
+            ours = message.transactional and message.prefix == MESSAGE_PREFIX
+            if ours and self._layout.debezium:
+                # Debezium's table has no place for a message's topic: its dead letter could not be kept.
+                logger.warning(
+                    "outbox message at %s not delivered: the Debezium table layout relays the table's rows only",
+                    format_lsn(lsn),
+                    extra={"action": "message_ignored"},
+                )
+            elif ours and self._transaction is not None:
+                event = self._message_event(message, self._commit_time)
+                self._ready.append(window.add(event, self._transaction, row=False))
+            elif message.prefix == HEARTBEAT_PREFIX and self._transaction is None and window.idle() and not self._ready:
+                self.idle_end = max(self.idle_end, lsn)
+                self._more.set()
