@@ -269,3 +269,30 @@ async def test_a_retry_keeps_its_key_in_order_across_batches_in_flight(log_datab
     async with running(url, slot, sink, batch_size=1, pipeline_depth=4, max_attempts=5):
         await until(lambda: len(sink.delivered) >= 6, timeout=30)
     assert [_n(e) for e in sink.delivered] == list(range(6))
+
+
+@synchronous
+async def test_one_keys_retries_do_not_stop_the_other_keys_when_its_events_fill_the_window(
+    log_database: tuple[str, str],
+) -> None:
+    # The window holds 1,000 events (batch_size 100): key a's failing first event, then 1,500 more of a,
+    # then b's. Before, a's events held behind its retry filled the window and b was never read.
+    url, slot = log_database
+    with psycopg.connect(url) as conn:
+        _insert(conn, "t", "a", {"n": 0, "flaky": True})
+        conn.execute(
+            "INSERT INTO outbox (topic, key, payload) SELECT 't', 'a', jsonb_build_object('n', g)"
+            " FROM generate_series(1, 1500) AS g"
+        )
+        for n in range(5):
+            _insert(conn, "t", "b", {"n": n})
+    failing = [True]
+    sink = MemorySink(fail=lambda e: Failure("not yet") if failing[0] and b"flaky" in e.payload else None)
+    async with running(url, slot, sink, max_attempts=1000, backoff_initial_seconds=0.5, backoff_max_seconds=0.5):
+        await until(lambda: sum(e.key == "b" for e in sink.delivered) == 5, timeout=15)
+        assert not any(e.key == "a" for e in sink.delivered)  # a waits behind its first event, in memory
+        failing[0] = False
+        await until(lambda: len(sink.delivered) == 1506, timeout=20)
+        await until(caught_up(url, slot))
+    assert [_n(e) for e in sink.delivered if e.key == "a"] == list(range(1501))
+    assert not _outbox_rows(url)

@@ -18,7 +18,7 @@ import asyncio
 import bisect
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
 
 from relay.backoff import Backoff, OutageBackoff
@@ -51,6 +51,8 @@ class _Blocked:
     #: In the order they were read (a batch still in flight may hand one back after later ones waited here).
     events: list[Pending]
     due: float
+    #: Behind its own failure (a retry), not a broker outage or timeout: the window lets other keys go on.
+    retrying: bool = False
 
 
 class Batches:
@@ -84,7 +86,7 @@ class Batches:
         self.blocked: dict[object, _Blocked] = {}
         # Batches handed to the sink, oldest first, and how many events of each key they hold.
         self.in_flight: deque[tuple[list[Pending], asyncio.Task[Sent]]] = deque()
-        self._flying_keys: Counter[str] = Counter()
+        self._flying_keys: dict[str, int] = {}
         self._holds = KeyHolds()
         self.sink_down = False
         self.parked: set[str] = set()
@@ -96,6 +98,10 @@ class Batches:
         """Nothing in hand: no event ready, blocked or with the sink."""
         return not self.ready and not self.blocked and not self.in_flight
 
+    def count_held(self) -> None:
+        """Tell the window how many events wait behind their keys' retries."""
+        self.window.held = sum(len(b.events) for b in self.blocked.values() if b.retrying) if self.blocked else 0
+
     def next_due(self) -> float:
         """When the first blocked key is due again (a second from now if none is)."""
         return min((b.due for b in self.blocked.values()), default=time.monotonic() + 1.0)
@@ -105,7 +111,7 @@ class Batches:
         now = time.monotonic()
         flying = self._flying_keys
         # A key with events still in flight waits for them: they may come back, to go before the later ones.
-        for key in [k for k, b in self.blocked.items() if b.due <= now and not (isinstance(k, str) and flying[k])]:
+        for key in [k for k, b in self.blocked.items() if b.due <= now and not (isinstance(k, str) and k in flying)]:
             # Its events go first, in order: nothing of the key was taken while it waited.
             self.ready.extendleft(reversed(self.blocked.pop(key).events))
 
@@ -153,9 +159,12 @@ class Batches:
             event = pending.event
             event.attempts += 1
             key = event.key
-            event.chained = key is not None and flying[key] > 0
-            if key is not None:
-                flying[key] += 1
+            if key is None:
+                event.chained = False
+            else:
+                count = flying.get(key, 0)
+                event.chained = count > 0
+                flying[key] = count + 1
         return to_sink
 
     async def _send(self, events: list[Event]) -> Sent:
@@ -166,11 +175,13 @@ class Batches:
         """Judge a published batch's outcomes, in the order the batches were handed to the sink."""
         now = time.monotonic()
         events = [p.event for p in to_sink]
+        flying = self._flying_keys
         for event in events:
-            if event.key is not None:
-                self._flying_keys[event.key] -= 1
-                if not self._flying_keys[event.key]:
-                    del self._flying_keys[event.key]
+            if (key := event.key) is not None:
+                if flying[key] == 1:
+                    del flying[key]
+                else:
+                    flying[key] -= 1
         if isinstance(result, SinkTimeout | SinkUnavailable):
             for event in events:
                 event.attempts -= 1
@@ -202,7 +213,7 @@ class Batches:
                 if event.id not in retry:
                     event.attempts -= 1  # held back, timed out: no attempt spent
                 delay = retry.get(event.id, held.get(event.id, 0.0))
-                self._block([pending], now + delay)
+                self._block([pending], now + delay, retrying=event.id in retry)
 
     async def sweep(self, stop: asyncio.Event) -> None:
         """Deliver what was handed over to the table and may go now; park exactly the keys it still holds."""
@@ -211,15 +222,16 @@ class Batches:
         self.parked = await self.store.parked_keys()
         self.metrics.parked_keys.set(len(self.parked))
 
-    def _block(self, pendings: list[Pending], due: float) -> None:
+    def _block(self, pendings: list[Pending], due: float, *, retrying: bool = False) -> None:
         """Keep ``pendings`` behind their keys' first failure (a key of its own each if keyless) until ``due``."""
         for pending in pendings:
             key: object = pending.event.key if pending.event.key is not None else pending
             blocked = self.blocked.get(key)
             if blocked is None:
-                self.blocked[key] = _Blocked([pending], due)
+                self.blocked[key] = _Blocked([pending], due, retrying)
             else:
                 bisect.insort(blocked.events, pending, key=_read_order)
+                blocked.retrying |= retrying
 
     def _done(self, pending: Pending) -> None:
         if pending.row:

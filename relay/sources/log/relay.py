@@ -307,6 +307,7 @@ class LogRelay:
                 reader.result()  # a lost stream ends the leadership
                 return
             batches.release_due()
+            batches.count_held()
             if not self._window.full():
                 self._room.set()  # the reader goes on (it waits while the window is full)
             if batches.sink_down and not batches.in_flight:

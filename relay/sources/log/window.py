@@ -8,7 +8,11 @@ after a crash it is read again whole (duplicates, never a loss).
 
 The window is bounded in events and bytes: while it is full the reader stops
 reading, and the server waits on the socket (TCP backpressure), so a 100,000-event
-transaction or a slot far behind never sits whole in memory.
+transaction or a slot far behind never sits whole in memory. Events held behind
+their key's own failure (a retry waiting for its backoff) have a bound of their
+own, ``HELD_FACTOR`` times the events': one key's retries must not stop the
+reading for every other key, and the other keys flow on until that bound too
+(or the bytes') is reached.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from relay.events import Event
+
+#: How many events may wait behind their keys' retries, as a multiple of the window's events.
+HELD_FACTOR = 4
 
 
 @dataclass(slots=True, eq=False)
@@ -51,6 +58,8 @@ class Window:
         self.max_bytes = max_bytes
         self.events = 0
         self.bytes = 0
+        #: Of ``events``, those held behind their key's retry (set by the deliverer).
+        self.held = 0
         self._read = 0
         self._transactions: deque[Transaction] = deque()
 
@@ -77,7 +86,13 @@ class Window:
         self.bytes -= pending.size
 
     def full(self) -> bool:
-        return self.events >= self.max_events or self.bytes >= self.max_bytes
+        """No room to read: too many events in flight (besides the held ones), held ones, or bytes."""
+        held = self.held
+        return (
+            self.events - held >= self.max_events
+            or held >= self.max_events * HELD_FACTOR
+            or self.bytes >= self.max_bytes
+        )
 
     def idle(self) -> bool:
         """Nothing read is unconfirmed, and no transaction is open."""
