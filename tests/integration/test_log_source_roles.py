@@ -3,6 +3,7 @@ which a role attribute cannot pass on through membership: the login role is give
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -11,9 +12,11 @@ import psycopg
 import pytest
 
 from relay.cli import main
+from relay.errors import StoreError
 from relay.events import Failure
 from relay.sinks.memory import MemorySink
-from tests.log_support import database_on, running, synchronous, until
+from relay.sources.log.relay import LogRelay
+from tests.log_support import TABLE, database_on, running, settings, synchronous, until
 
 
 def _inserts(url: str, role: str) -> list[str]:
@@ -83,3 +86,26 @@ def test_the_relay_role_inserts_only_under_the_log_source(relay_login: tuple[str
     assert _inserts(url, relay) == []
     assert main([*argv, "--source", "log", "--slot", slot]) == 0
     assert "state" in _inserts(url, relay)
+
+
+@synchronous
+async def test_a_dead_letter_the_role_may_not_write_stops_the_relay_in_one_line_confirming_nothing_past_it(
+    relay_login: tuple[str, str, str, str, str],
+) -> None:
+    url, as_relay, slot, relay_role, _ = relay_login
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'REVOKE INSERT, UPDATE ON outbox FROM "{relay_role}"')
+        before = conn.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s", [slot])
+        confirmed = before.fetchone()
+        conn.execute("INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', '{\"poison\": true}')")
+    sink = MemorySink(fail=lambda e: Failure("refused", permanent=True))
+    relay = LogRelay(as_relay, TABLE, slot, sink, settings())
+    with pytest.raises(StoreError) as raised:
+        await asyncio.wait_for(relay.run(asyncio.Event()), 30)
+    message = str(raised.value)
+    assert "\n" not in message and "permission denied" in message and "--create-roles --source log" in message
+    assert "dead letter" in message
+    with psycopg.connect(url) as conn:
+        after = conn.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s", [slot])
+        assert after.fetchone() == confirmed  # not advanced: the event is read again next time
+        assert conn.execute("SELECT state, last_error FROM outbox").fetchall() == [("pending", None)]

@@ -25,7 +25,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from relay.config import NATIVE, TableLayout, TableName
-from relay.errors import ConfigError, StoreUnavailable
+from relay.errors import ConfigError, StoreError, StoreUnavailable
 from relay.events import Event
 from relay.sources.log import debezium
 from relay.store.debezium import identifiers
@@ -205,6 +205,18 @@ LIMIT %(limit)s
 """
 
 
+def _refused(exc: psycopg.Error, doing: str) -> StoreError:
+    """A statement the server refused for good (no wait mends it), in one line that says what to do."""
+    why = exc.diag.message_primary or type(exc).__name__
+    hint = ""
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        hint = (
+            "; grant the relay's role what `outbox-relay migrate --create-roles --source log` grants it, then"
+            " start the relay again (nothing past this event was confirmed: it is read again)"
+        )
+    return StoreError(f"{doing}: {why} (SQLSTATE {exc.sqlstate}){hint}")
+
+
 class TableLink:
     """The relay's ordinary connection: the leader's lock, fencing, and its writes to the outbox table."""
 
@@ -250,7 +262,7 @@ class TableLink:
             with contextlib.suppress(Exception):  # closing a connection that may be gone
                 await conn.close()
 
-    async def _run(self, query: Any, params: Any = None) -> list[tuple[Any, ...]]:
+    async def _run(self, query: Any, params: Any = None, *, doing: str = "a query failed") -> list[tuple[Any, ...]]:
         if self._conn is None:
             raise StoreUnavailable("not connected")
         try:
@@ -259,6 +271,8 @@ class TableLink:
         except psycopg.OperationalError as exc:
             await self.close()
             raise StoreUnavailable(f"database connection lost: {exc}") from None
+        except psycopg.Error as exc:
+            raise _refused(exc, doing) from None
 
     async def check(self) -> None:
         await self._run("SELECT 1")
@@ -341,14 +355,16 @@ class TableLink:
             "attempts": attempts,
             "last_error": reason,
         }
+        what = "dead letter" if state == "failed" else "event parked behind a dead letter"
+        doing = f"cannot write event {event.id} into the outbox table {self._table} (a {what})"
         if self._layout.debezium:
             # Only the table's rows are read on this layout: each is written in place (relay.sources.log.debezium).
             query = debezium.DEAD_LETTER if state == "failed" else debezium.PARK
             await self._run(sql.SQL(query).format(view=self._target, seq_name=identifiers(self._table)["seq_name"]),
-                            params)  # fmt: skip
+                            params, doing=doing)  # fmt: skip
             return
         if row and state == "failed":
-            await self._run(sql.SQL(_UPSERT).format(table=self._target), params)
+            await self._run(sql.SQL(_UPSERT).format(table=self._target), params, doing=doing)
             return
         if self._conn is None:
             raise StoreUnavailable("not connected")
@@ -365,6 +381,8 @@ class TableLink:
         except psycopg.OperationalError as exc:
             await self.close()
             raise StoreUnavailable(f"database connection lost: {exc}") from None
+        except psycopg.Error as exc:
+            raise _refused(exc, doing) from None
 
     async def handed_over(self, limit: int) -> list[tuple[Any, ...]]:
         """Due rows handed over to the table (parked, or requeued dead letters) that go next: the first of
