@@ -247,3 +247,33 @@ def test_debezium_rows_become_the_adapters_events() -> None:
             pgoutput.Relation(1, "public", "outbox", DEBEZIUM_COLUMNS, (*DEBEZIUM_TYPES[:4], 23, *DEBEZIUM_TYPES[5:])),
             TableLayout("debezium"),
         )
+
+
+def test_an_insert_read_from_its_frame_in_one_pass_is_the_same_event() -> None:
+    reader = RowReader(pgoutput.Relation(1, "public", "outbox", COLUMNS))
+    for row in (_row(), _row(payload=None, payload_bytes="\\x00ff", content_type="application/x"), _row(key=None)):
+        values = [None if value is None else value.decode() for value in row]
+        frame = b"w" + struct.pack("!QQq", 7, 8, 0) + b"I" + struct.pack("!I", 1) + b"N" + _tuple(values)
+        assert pgoutput.insert_relation(frame, pgoutput.XLOG_HEADER) == 1
+        assert reader.event_at(frame, pgoutput.XLOG_HEADER + 6, NOW) == reader.event(row, NOW)
+    assert reader.event_at(b"w" + bytes(30) + _tuple([None] * len(COLUMNS)), 31, NOW) is None  # state null
+    with pytest.raises(pgoutput.ProtocolError):
+        pgoutput.pick_columns(_tuple(["1", "2"]), 0, (0,), 1)  # more columns than its relation
+    with pytest.raises(pgoutput.ProtocolError):
+        pgoutput.insert_relation(b"I" + struct.pack("!I", 1) + b"K", 0)
+
+
+def test_events_held_behind_a_retry_have_a_bound_of_their_own() -> None:
+    window = Window(max_events=10, max_bytes=1 << 20)
+    transaction = window.begin()
+    event = RowReader(pgoutput.Relation(1, "public", "outbox", COLUMNS)).event(_row(), NOW)
+    assert event is not None
+    for _ in range(10):
+        window.add(event, transaction, row=True)
+    assert window.full() and window.room() == 1
+    window.held = 10  # all ten wait behind their key's retry: the reader may go on for the other keys
+    assert not window.full() and window.room() == 10
+    for _ in range(30):
+        window.add(event, transaction, row=True)
+    window.held = 40
+    assert window.full()  # the held ones' own bound: 4 times the window's events

@@ -58,8 +58,8 @@ class FrameReader:
         self.idle_end = 0
 
     def room(self) -> int:
-        """How many frames may be taken now: as many as the window has events left (one at least)."""
-        return max(1, self._window.max_events - self._window.events)
+        """How many frames may be taken now: as many as the window has room for events."""
+        return self._window.room()
 
     def take(self, frames: list[bytes]) -> None:
         """Read ``frames``, in order."""

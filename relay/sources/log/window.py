@@ -94,6 +94,10 @@ class Window:
             or self.bytes >= self.max_bytes
         )
 
+    def room(self) -> int:
+        """How many more events may be read before the window is full by its count (one at least)."""
+        return max(1, self.max_events - (self.events - self.held))
+
     def idle(self) -> bool:
         """Nothing read is unconfirmed, and no transaction is open."""
         return not self._transactions
