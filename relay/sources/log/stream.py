@@ -64,14 +64,21 @@ class ReplicationStream:
             f"START_REPLICATION SLOT {_quote(self._slot)} LOGICAL 0/0 (proto_version '1', "
             f"publication_names '{self._publication.replace(chr(39), chr(39) * 2)}', messages 'true')"
         )
-        pg.send_query(command.encode())
-        await self._flush()
-        deadline = time.monotonic() + connect_timeout
-        while True:
-            pg.consume_input()
-            if not pg.is_busy():
-                break
-            await self._readable(deadline - time.monotonic())
+        try:
+            pg.send_query(command.encode())
+            await self._flush()
+            deadline = time.monotonic() + connect_timeout
+            while True:
+                pg.consume_input()
+                if not pg.is_busy():
+                    break
+                await self._readable(deadline - time.monotonic())
+        except TimeoutError:
+            await self.close()
+            raise StoreUnavailable("START_REPLICATION got no answer in time") from None
+        except BaseException:
+            await self.close()  # cancelled, or the connection failed: it is not left open
+            raise
         result = pg.get_result()
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
             message = (result.error_message.decode(errors="replace").strip() if result is not None else "") or "?"
