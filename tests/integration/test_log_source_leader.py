@@ -76,7 +76,6 @@ async def test_a_leader_whose_lock_was_taken_confirms_nothing(log_database: tupl
                 await asyncio.sleep(0.01)
             _write(url, 0, 3)
             await asyncio.sleep(3.0)
-            print("DEBUG", len(sink.delivered), before, confirmed_lsn(url, slot), relay.state.leading)
             assert confirmed_lsn(url, slot) == before
             assert not relay.state.leading
         # The lock is free again: the relay leads and delivers.

@@ -8,7 +8,7 @@ take over within seconds of the leader's end. Then:
   row and ``outbox`` message into an event, in commit order;
 - the deliverer publishes them in batches through the sink
   (:class:`.batches.Batches` owns each event's life there), judges the
-  outcomes as the table relay does (:func:`relay.outcomes.judge`), retries a
+  outcomes as the table relay does (:func:`relay.batch.costs.judge`), retries a
   failing event in memory with the same backoff (its key's later events wait
   behind it, other keys go on), and dead-letters it into the outbox table when
   its attempts run out or the broker refuses it for good. Its key is then
