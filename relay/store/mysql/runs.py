@@ -3,7 +3,7 @@
 The PostgreSQL claim does this in its one statement (relay/store/queries.sql,
 ``claim``); MySQL has no ``UPDATE … RETURNING`` and no ``LATERAL``, so the
 claim locks its candidates, reads its keys' unsent events, and decides here,
-by the same rules (the memory store, relay/store/memory.py, is the readable
+by the same rules (the memory store, relay/store/memory/store.py, is the readable
 reference they all follow).
 """
 
