@@ -22,6 +22,7 @@ from functools import cache
 from typing import Any
 
 from producers._encoding import unencodable_error
+from producers._errors import IdempotencyKeyTaken
 from relay.config import TableName
 
 # Text and bytes other than the headers' JSON travel as hexadecimal digits, UNHEX()ed by the server: ASCII that
@@ -110,8 +111,6 @@ _CANNOT_ASK = (1305, 1370, 1449)
 
 
 def _taken_error(params: dict[str, Any]) -> Exception:
-    from producers._write import IdempotencyKeyTaken  # a cycle at import: _write imports this module
-
     return IdempotencyKeyTaken(
         f"idempotency key {params['idempotency_key']!r} holds an event of another topic: another writer of "
         "the table took it, and nothing was written (docs/operations.md, writers that share a table)"
@@ -119,7 +118,7 @@ def _taken_error(params: dict[str, Any]) -> Exception:
 
 
 def _statement(table: str, params: dict[str, Any]) -> str:
-    # Bytes parameters (producers._write._payload_params) carry a content type; JSON ones never do.
+    # Bytes parameters (producers._arguments._payload_params) carry a content type; JSON ones never do.
     return _insert_for(table, as_bytes="content_type" in params)
 
 

@@ -191,8 +191,8 @@ def test_publish_via_message_refusals() -> None:
 
 @pytest.mark.parametrize("payload", [{"b": 1, "a": "é"}, [1, None], None, "text", b"\x00\xffraw"])
 def test_an_envelope_reads_back_as_the_event_it_describes(payload: object) -> None:
+    from producers._arguments import _params
     from producers._message import envelope
-    from producers._write import _params
 
     params = _params("t", payload, None, "k", {"h": "v"}, "idem", None, 0, timedelta(days=1))
     event = message_event(5, envelope(params).encode(), NOW)

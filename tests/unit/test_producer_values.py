@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from producers._write import _payload_params
+from producers._arguments import _payload_params
 from tests.unit.test_cloudevents_attributes import BAD_MEDIA_TYPES, GOOD_MEDIA_TYPES
 
 
