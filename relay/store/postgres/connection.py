@@ -1,26 +1,53 @@
-"""Connections to PostgreSQL: their settings, error translation, and a deadline on every call."""
+"""Connections to PostgreSQL: their settings, and a deadline on every call (:class:`Database`).
+
+How errors are translated is in :mod:`.errors`, how statements are sent and rows read in
+:mod:`.statements`; their names stay importable from here.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import re
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Literal, TypeVar
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any, Literal
 
 import psycopg
-from psycopg import pq, sql
-from psycopg.abc import Buffer
-from psycopg.rows import AsyncRowFactory, BaseRowFactory, RowMaker
-from psycopg.types.datetime import TimestamptzLoader
+from psycopg import sql
+from psycopg.rows import AsyncRowFactory
 
-from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName, redact_url
-from relay.errors import ConfigError, SchemaError, StoreError, StoreReadOnly, StoreUnavailable
-from relay.secrets import Scrubber, one_line, secrets_in
+from relay.config import CONNECT_TIMEOUT_SECONDS, NATIVE, TableLayout, TableName
+from relay.errors import ConfigError, StoreReadOnly, StoreUnavailable
 from relay.store import sql as named
+from relay.store.postgres.errors import check_encoding, describe, password_of, translate_errors
+from relay.store.postgres.statements import (
+    AnyTimeLoader,
+    R,
+    Statement,
+    _has_rows,
+    column_index,
+    column_of,
+    id_array,
+)
+
+__all__ = [
+    "CALL_MARGIN_SECONDS",
+    "IDLE_IN_TRANSACTION_TIMEOUT_SECONDS",
+    "STATEMENT_TIMEOUT_SECONDS",
+    "TCP_USER_TIMEOUT_SECONDS",
+    "AnyTimeLoader",
+    "Database",
+    "Lane",
+    "Statement",
+    "check_encoding",
+    "column_index",
+    "column_of",
+    "connect_kwargs",
+    "describe",
+    "id_array",
+    "password_of",
+    "translate_errors",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -34,66 +61,8 @@ TCP_USER_TIMEOUT_SECONDS = 30.0
 # and answers nothing (a frozen server, a stuck proxy or pooler). This does.
 CALL_MARGIN_SECONDS = 5.0
 
-R = TypeVar("R")
-
-
-class AnyTimeLoader(TimestamptzLoader):
-    """A ``timestamptz`` as a datetime, or as PostgreSQL's text when no datetime holds it.
-
-    Plain SQL may write ``'infinity'``, ``'-infinity'`` or year 20000 into any
-    time column; an operator's ``inspect`` or ``dead`` must still show the row.
-    Slower than the built-in loader: for admin commands, not for claims.
-    """
-
-    def load(self, data: Buffer) -> datetime | str:  # type: ignore[override]
-        try:
-            return super().load(data)
-        except psycopg.DataError:
-            return bytes(data).decode()
-
-
 #: Which connection a statement runs on: claims and admin commands, settles, or statistics.
 Lane = Literal["main", "settle", "stats"]
-
-_PLACEHOLDER = re.compile(rb"%\((\w+)\)s")
-
-
-@dataclass(frozen=True, slots=True)
-class Statement:
-    """A named query as it is sent: PostgreSQL's own ``$n`` placeholders, and the parameters'
-    names in their order.
-
-    psycopg turns ``%(name)s`` placeholders into ``$n`` on every execute, a
-    regular-expression pass over the text that it caches only for texts under
-    4 kB: the claim (5 kB) paid it each time, as much as a tenth of the
-    relay's own time per batch at a few hundred events a second. Done once
-    here, the statement runs on a raw cursor, which sends it as it is.
-    """
-
-    text: bytes
-    names: tuple[str, ...]
-
-    @classmethod
-    def of(cls, query: sql.Composed) -> Statement:
-        names: list[str] = []
-
-        def number(match: re.Match[bytes]) -> bytes:
-            name = match.group(1).decode()
-            if name not in names:
-                names.append(name)
-            return b"$%d" % (names.index(name) + 1)
-
-        text = _PLACEHOLDER.sub(number, query.as_bytes(None))
-        if b"%" in text:  # only %(name)s placeholders are taken; a literal % would need doubling
-            raise ValueError(f"a named query holds a % that is no %(name)s placeholder: {text[:80]!r}")
-        return cls(text, tuple(names))
-
-    def values(self, params: Mapping[str, Any] | None) -> list[Any] | None:
-        """``params`` in the order of the placeholders (None for a statement that takes none)."""
-        if not self.names:
-            return None
-        assert params is not None, "the statement takes parameters"
-        return [params[name] for name in self.names]
 
 
 def connect_kwargs(
@@ -130,119 +99,6 @@ def connect_kwargs(
             f" -c idle_in_transaction_session_timeout={int(IDLE_IN_TRANSACTION_TIMEOUT_SECONDS * 1000)}"
         ),
     }
-
-
-def password_of(dsn: str) -> str | None:
-    """The password in ``dsn``, so that error messages can be scrubbed of it."""
-    return next(iter(secrets_in(dsn)), None)
-
-
-def describe(exc: BaseException, dsn: str) -> str:
-    """A one-line description of a database error with any password removed."""
-    return one_line(str(exc).replace(dsn, redact_url(dsn)), Scrubber.of(dsn)) or type(exc).__name__
-
-
-#: libpq's words for a connection option with a value it cannot take: one it does not know
-#: (invalid sslmode value: "x"), no whole number (invalid integer value "x" for connection option
-#: "port"), no port (invalid port number: "99999"), or more ports than hosts. No wait mends these.
-_BAD_OPTION_VALUE = re.compile(
-    r'\binvalid [\w ]+ value: |\binvalid integer value "|\binvalid port number: |\bcould not match \d+ port numbers'
-)
-
-
-def check_encoding(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
-    """``ConfigError`` unless the database is UTF8 (libpq has its encoding already: no round trip).
-
-    On SQL_ASCII, text comes back as bytes and each writer's bytes are stored as
-    its client encoding made them (one key, two spellings); on LATIN1 and the
-    like, jsonb cannot hold the ``\\uXXXX`` escapes of non-ASCII characters.
-    """
-    encoding = conn.info.parameter_status("server_encoding")
-    if encoding is not None and encoding != "UTF8":
-        raise ConfigError(
-            f"the database {conn.info.dbname!r} is encoded in {encoding}: the outbox needs a UTF8 database "
-            "(CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0)"
-        )
-
-
-@contextlib.contextmanager
-def translate_errors(dsn: str, table: TableName, layout: TableLayout | None = None) -> Iterator[None]:
-    """Turn psycopg exceptions into the relay's hierarchy, without secrets; with the ``layout``
-    the command was given, a missing table or column says which flag may be wrong."""
-    try:
-        yield
-    except psycopg.errors.UndefinedTable:
-        hint = ""
-        if layout is not None and layout.debezium:
-            hint = " (with --table-layout debezium, the relay reads its view over Debezium's table; drop the flag "
-            hint += "if the table is the relay's own)"
-        raise SchemaError(f"table {table} does not exist: run `outbox-relay migrate` first{hint}") from None
-    except psycopg.errors.UndefinedColumn as exc:
-        hint = (
-            ""
-            if layout is None or layout.debezium
-            else "; if it is Debezium's outbox table, pass --table-layout debezium"
-        )
-        raise SchemaError(
-            f"table {table} is not an outbox table or is out of date ({exc.diag.message_primary}){hint}"
-        ) from None
-    except psycopg.ProgrammingError as exc:
-        if exc.sqlstate is None:  # libpq refused the URL itself: an unknown parameter or option
-            raise ConfigError(f"invalid database URL: {describe(exc, dsn)}") from None
-        raise StoreError(describe(exc, dsn)) from exc
-    except psycopg.OperationalError as exc:
-        if exc.sqlstate is None and _BAD_OPTION_VALUE.search(str(exc)):  # sslmode=bogus, and the like
-            raise ConfigError(f"invalid database URL: {describe(exc, dsn)}") from None
-        raise StoreUnavailable(describe(exc, dsn)) from exc
-    except psycopg.errors.ReadOnlySqlTransaction:
-        # A failover's old primary, or a database made read-only for maintenance:
-        # unavailable, so the relay waits for writes instead of stopping.
-        raise StoreReadOnly(
-            "the database is read-only (a hot standby, or default_transaction_read_only is on): writes need the primary"
-        ) from None
-    except psycopg.Error as exc:
-        raise StoreError(describe(exc, dsn)) from exc
-
-
-def id_array(ids: Iterable[int]) -> str:
-    """Event ids as one PostgreSQL array literal, for ``%(ids)s::bigint[]``.
-
-    psycopg adapts a list item by item in Python; a batch's thousand ids cost
-    about a millisecond that way, as one string a tenth of that.
-    """
-    return "{" + ",".join(map(str, ids)) + "}"
-
-
-def _has_rows(cursor: psycopg.AsyncCursor[Any]) -> bool:
-    """Whether the cursor's statement returned rows (a ``SELECT``, a ``RETURNING``); cheaper than
-    ``cursor.description``, which builds a column object for each column."""
-    result = cursor.pgresult
-    return result is not None and result.status == pq.ExecStatus.TUPLES_OK
-
-
-def column_index(cursor: psycopg.AsyncCursor[Any]) -> dict[str, int]:
-    """Where each column of the cursor's result is, by name (read from the result itself: once per
-    claim, ``cursor.description`` built a column object for each column, twice)."""
-    result = cursor.pgresult
-    if result is None:
-        return {}
-    # UTF-8: the relay's connections check that the database is UTF8 (check_encoding).
-    return {(result.fname(i) or b"").decode(): i for i in range(result.nfields)}
-
-
-def column_of(name: str, kind: type[R]) -> BaseRowFactory[R]:
-    """A row factory that reads each row as the value of its column ``name``."""
-
-    def factory(cursor: Any) -> RowMaker[R]:
-        index = [column.name for column in cursor.description or ()].index(name)
-
-        def make(values: Any) -> R:
-            value: R = values[index]
-            return value
-
-        return make
-
-    return factory
 
 
 class Database:
