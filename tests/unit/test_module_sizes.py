@@ -14,10 +14,8 @@ PACKAGES = ("relay", "producers")
 MAX_LINES = 450
 #: Modules being shrunk in other branches, each at most as long as it is now: the entries go once those
 #: branches are merged (the test below says when).
-ALLOWED = {
-    "relay/loop.py": 627,
-    "relay/store/mysql/store.py": 480,
-}
+MYSQL_STORE = "relay/store/mysql/store.py"
+ALLOWED = {MYSQL_STORE: 480}
 
 
 def module_lines(root: Path = ROOT) -> dict[str, int]:
@@ -56,8 +54,8 @@ def test_every_allowance_is_still_needed() -> None:
     [
         ({"relay/a.py": MAX_LINES}, {}),
         ({"relay/a.py": MAX_LINES + 1}, {"relay/a.py": MAX_LINES + 1}),
-        ({"relay/loop.py": ALLOWED["relay/loop.py"]}, {}),
-        ({"relay/loop.py": ALLOWED["relay/loop.py"] + 1}, {"relay/loop.py": ALLOWED["relay/loop.py"] + 1}),
+        ({MYSQL_STORE: ALLOWED[MYSQL_STORE]}, {}),
+        ({MYSQL_STORE: ALLOWED[MYSQL_STORE] + 1}, {MYSQL_STORE: ALLOWED[MYSQL_STORE] + 1}),
     ],
 )
 def test_the_limit_is_counted_as_stated(sizes: dict[str, int], expected: dict[str, int]) -> None:
