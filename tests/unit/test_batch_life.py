@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from uuid import uuid4
 
 import pytest
 
@@ -218,3 +219,20 @@ def test_the_room_holds_every_key_a_forgetful_sink_did_not_get_acknowledged(
     published = asyncio.run(hand_to_sink(ForgetfulSink(answer), events, holds, traced=False))
     assert published is answer
     assert holds.held("b") and holds.held("a") == (not isinstance(answer, list))
+
+
+def test_events_taken_over_before_the_settle_count_as_lost_leases() -> None:
+    store = filled("a", "b", "c")
+    deliveries, costs, sink = room(store)
+
+    async def scenario() -> Batch:
+        batch = deliveries.take(await store.claim(10, max_attempts=3), time.monotonic())
+        for row in list(store.rows.values())[:2]:
+            row.claim_token = uuid4()  # another relay took these over meanwhile
+        await deliveries.deliver(batch)
+        return batch
+
+    batch = asyncio.run(scenario())
+    assert batch.state is State.SETTLED and len(sink.delivered) == 3
+    assert costs.metrics.lost_leases._value.get() == 2
+    assert len(store.rows) == 2, "only the event still leased here is deleted"
