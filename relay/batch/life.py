@@ -161,6 +161,10 @@ class Deliveries:
         batch first. Batches usually start in the order they were claimed, but one that must renew
         its lease first (a slow claim, a stalled process) waits for the database meanwhile: the
         batch after it must not overtake it.
+
+        A batch that ends in an error once its turn is given (a bug in the sink, the judge or the
+        source) settles nothing: its events stay leased, so its keys are held before the error stops
+        the relay, and the batches in hand it drains on the way out send none of their later events.
         """
         try:
             if batch.before is not None and self.sink.chains_keys:
@@ -170,6 +174,9 @@ class Deliveries:
             verdict = await self._hand_to_sink(batch)
             batch.state = State.JUDGED
             await self._confirm(batch, verdict)
+        except BaseException:
+            self.holds.hold(batch.taken.events)
+            raise
         finally:
             self.end(batch)
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from uuid import uuid4
+
+import pytest
 
 from relay.batch import Batch, Costs, Deliveries, State
+from relay.batch.life import hand_to_sink
 from relay.batching import BatchLimits
-from relay.errors import SinkTimeout
+from relay.errors import SinkTimeout, SinkUnavailable
 from relay.events import Event, Failure, Outcome
 from relay.holds import KeyHolds
 from relay.metrics import Metrics
@@ -187,3 +191,48 @@ def test_a_failed_event_is_retried_and_the_gauges_are_told() -> None:
     asyncio.run(scenario())
     assert costs.retried
     assert [(row.key, row.attempts, row.last_error) for row in store.rows.values()] == [("a", 1, "no")]
+
+
+class ForgetfulSink(MemorySink):
+    """Answers without holding a single key: a sink that forgot the holds' part of the contract."""
+
+    def __init__(self, answer: list[Outcome] | SinkTimeout | SinkUnavailable) -> None:
+        super().__init__()
+        self.answer = answer
+
+    async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [[None, Failure("no")], SinkTimeout("no acknowledgement in time"), SinkUnavailable("gone")],
+    ids=["a failure", "timed out", "broker gone"],
+)
+def test_the_room_holds_every_key_a_forgetful_sink_did_not_get_acknowledged(
+    answer: list[Outcome] | SinkTimeout | SinkUnavailable,
+) -> None:
+    events = list(asyncio.run(filled("a", "b").claim(10, max_attempts=3)).events)
+    holds = KeyHolds()
+    published = asyncio.run(hand_to_sink(ForgetfulSink(answer), events, holds, traced=False))
+    assert published is answer
+    assert holds.held("b") and holds.held("a") == (not isinstance(answer, list))
+
+
+def test_events_taken_over_before_the_settle_count_as_lost_leases() -> None:
+    store = filled("a", "b", "c")
+    deliveries, costs, sink = room(store)
+
+    async def scenario() -> Batch:
+        batch = deliveries.take(await store.claim(10, max_attempts=3), time.monotonic())
+        for row in list(store.rows.values())[:2]:
+            row.claim_token = uuid4()  # another relay took these over meanwhile
+        await deliveries.deliver(batch)
+        return batch
+
+    batch = asyncio.run(scenario())
+    assert batch.state is State.SETTLED and len(sink.delivered) == 3
+    assert costs.metrics.lost_leases._value.get() == 2
+    assert len(store.rows) == 2, "only the event still leased here is deleted"

@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
-from relay.events import Event, Outcome
+from relay.errors import StoreUnavailable
+from relay.events import HELD, Event, Outcome
 from relay.holds import KeyHolds
 from relay.loop import Relay
 from relay.sinks.memory import MemorySink
@@ -275,3 +276,45 @@ def test_a_batch_cancelled_before_it_ran_holds_its_keys_and_the_next_batch_does_
     # The cancelled batch's key went on hold: its later events were not sent ahead of the first ones.
     assert relay.holds.held("k")
     assert [json.loads(e.payload)["i"] for e in sink.delivered] == [4, 5]
+
+
+class FirstUnbuiltStore(RecordingStore):
+    """Leases as usual, but the first claim's events cannot be built: the database went away meanwhile."""
+
+    async def start_claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
+    ) -> Started:
+        claim = await self.claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
+        self.log.append(("started", (claim.token, {c.token for c in chain}, len(claim.events))))
+        return Unbuilt(self, claim) if len(self.log) == 1 else Lazy(self, claim)
+
+
+class Unbuilt(Lazy):
+    async def events(self) -> Claim:
+        raise StoreUnavailable("the connection dropped while the rows were read")
+
+
+class AnsweringSink(OrderedSink):
+    """Notes each batch's outcomes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered: list[list[Outcome]] = []
+
+    async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
+        outcomes = await super().publish(events, holds)
+        self.answered.append(outcomes)
+        return outcomes
+
+
+def test_a_claim_whose_events_could_not_be_built_holds_its_keys_for_the_claim_started_ahead_of_it() -> None:
+    store, sink = FirstUnbuiltStore(), AnsweringSink()
+    for i in range(10):
+        store.insert("t", {"i": i}, key="k")
+    relay = Relay(store, sink, replace(FAST, batch_size=5))
+    asyncio.run(run_until(relay, lambda: bool(sink.answered), timeout=5))
+
+    first, ahead = [entry for kind, entry in store.log if kind == "started"][:2]
+    assert first[0] in ahead[1], "the second claim was expected to start ahead, going on from the first"
+    # The first five stay leased, never published: the next five of their key must not overtake them.
+    assert sink.answered[0] == [HELD] * 5 and not sink.delivered

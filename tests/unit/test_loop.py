@@ -233,6 +233,34 @@ def test_a_bug_in_a_sink_stops_the_relay_loudly() -> None:
         asyncio.run(asyncio.wait_for(scenario(), 5))
 
 
+def test_a_batch_that_crashes_holds_its_keys_for_the_batches_drained_after_it() -> None:
+    """The relay stops loudly; the crashed batch's events stay leased, so the batches in hand it
+    drains on the way out must send nothing later of their keys (they would overtake them)."""
+
+    class BrokenOnce(MemorySink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        async def publish(self, events: Any, holds: Any = None) -> list[Outcome]:
+            self.calls += 1
+            if self.calls == 1:
+                return []  # a bug: too few outcomes, and the judge raises
+            return await super().publish(events, holds)
+
+    store, sink = MemoryStore(), BrokenOnce()
+    for i in range(6):
+        store.insert("t", {"i": i}, key="k")
+    relay = Relay(store, sink, replace(FAST, batch_size=2, pipeline_depth=3))
+
+    with pytest.raises(RuntimeError, match="outcomes"):
+        asyncio.run(asyncio.wait_for(relay.run(asyncio.Event()), 5))
+
+    assert sink.calls > 1, "no batch was in hand behind the one that crashed"
+    assert not sink.delivered, [e.id for e in sink.delivered]
+    assert relay.holds.held("k")
+
+
 class _GaugesFailTwice(MemoryStore):
     """A store whose gauges fail twice as no outage does (a row no query expected), then answer."""
 
