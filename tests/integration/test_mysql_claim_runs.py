@@ -1,9 +1,9 @@
 """The MySQL claim's two ways to find each key's runs choose the same events, on real MariaDB.
 
 The claim reads with each keyed candidate whether it is its key's oldest
-unsent event, and claims a batch of such heads (of distinct keys) from that
-alone; any other batch, or a candidate committed after the locking read's
-snapshot, makes it read the keys' unsent events (claim_keys). Here one
+unsent event, and with each of its tails the key's next unsent event, and
+claims a batch with no two candidates of one key from that alone; any other
+batch makes it read the keys' unsent events (claim_keys). Here one
 table's claims are made to take that second way every time, and must claim
 what the other table's claims do, batch by batch, chained marks and all.
 
@@ -27,7 +27,7 @@ from relay.store.mysql.migrate import migrate
 from tests import mysql_support
 
 TABLES = ("outbox", "outbox_keys_read")
-planner_heads_only = planner.heads_only
+planner_lone_runs = planner.lone_runs
 
 
 def fill(url: str, table: str) -> None:
@@ -70,14 +70,14 @@ async def claims(store: MySQLStore, limit: int) -> list[list[tuple[int, bool]]]:
             await store.settle(done, sent=[e.id for e in done.events], retry=[], dead=[])
 
 
-def test_reading_the_keys_claims_what_the_heads_alone_do(mysql_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reading_the_keys_claims_what_the_lone_candidates_do(mysql_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     migrate(mysql_url, TableName.parse(TABLES[1]))
     for table in TABLES:
         fill(mysql_url, table)
     answered = []
 
-    def heads_only(*args: Any) -> dict[int, bool] | None:
-        chosen = planner_heads_only(*args)
+    def lone_runs(*args: Any) -> dict[int, bool] | None:
+        chosen = planner_lone_runs(*args)
         answered.append(chosen is not None)
         return chosen
 
@@ -86,10 +86,10 @@ def test_reading_the_keys_claims_what_the_heads_alone_do(mysql_url: str, monkeyp
         try:
             for store in stores:
                 await store.open()
-            monkeypatch.setattr(planner, "heads_only", heads_only)
+            monkeypatch.setattr(planner, "lone_runs", lone_runs)
             by_heads = await claims(stores[0], 7)
             # The second table's claims read the keys every time (as when a candidate is no head).
-            monkeypatch.setattr(planner, "heads_only", lambda *args: None)
+            monkeypatch.setattr(planner, "lone_runs", lambda *args: None)
             return [by_heads, await claims(stores[1], 7)]
         finally:
             for store in stores:

@@ -15,7 +15,7 @@ from relay.errors import ConfigError, SchemaError, StoreError, StoreReadOnly, St
 from relay.store.mysql import BinlogUnsafe, MySQLAdmin, Target, check_binlog, connection
 from relay.store.mysql.connection import Database, session_settings, translate
 from relay.store.mysql.rows import event, unusable
-from relay.store.mysql.runs import Candidate, Tail, Unsent, heads_only, runs, within_bytes
+from relay.store.mysql.runs import Candidate, Tail, Unsent, lone_runs, runs, within_bytes
 from relay.store.mysql.sql import identifiers, queries, statements
 
 URL = "mysql://app:s3cr%40t@db.example:3307/shop"
@@ -149,9 +149,10 @@ def test_a_key_in_flight_here_goes_on_after_its_tail_only_while_the_tail_holds_a
     assert runs([c(3, "k", "b")], {"k": [Unsent(1, "t"), Unsent(2, "t"), Unsent(3, "b")]}, tails, {2}) == {}
 
 
-def test_the_heads_alone_and_the_keys_without_their_topics_choose_the_runs_from_every_unsent_event() -> None:
-    # heads_only, when it answers, must choose what the runs over the keys' unsent events do; and the claim
-    # reads the keys' unsent events without their topics (claim_keys), which must not change the runs.
+def test_lone_candidates_and_the_keys_read_without_their_topics_choose_the_runs_from_every_unsent_event() -> None:
+    # lone_runs (from the heads and the event after each tail), when it answers, must choose what the runs
+    # over the keys' unsent events do; and the claim reads the keys' unsent events without their topics and
+    # from its first keyed candidate or tail on (claim_keys), which must not change the runs.
     rng = random.Random(17)
     answered = 0
     for _ in range(3000):
@@ -185,19 +186,27 @@ def test_the_heads_alone_and_the_keys_without_their_topics_choose_the_runs_from_
             key: [Unsent(e.id, topics.get(e.id, "")) for e in events if e.id >= first] for key, events in seen.items()
         }
         assert runs(candidates, read, tails, flying) == expected
-        chosen = heads_only(candidates, tails)
+        after = {
+            t.id: next((e.id for e in unsent[k] if e.id > t.id), 2**63 - 1) for k, t in tails.items() if t.id in flying
+        }
+        chosen = lone_runs(candidates, tails, flying, after)
         if chosen is not None:
             answered += 1
             assert chosen == expected
     assert answered > 300
 
 
-def test_the_heads_alone_do_not_answer_for_a_key_with_two_candidates_one_not_its_head_or_one_in_flight() -> None:
+def test_lone_candidates_go_from_their_keys_head_or_right_after_their_tail_in_flight_and_on_its_topic() -> None:
     lone = [Candidate(1, "k", "t", 0, 1, False, True), Candidate(2, None, "t", 0, 1, False)]
-    assert heads_only(lone, {}) == {1: False, 2: False}
-    assert heads_only([*lone, Candidate(3, "k", "t", 0, 1, False)], {}) is None
-    assert heads_only([Candidate(3, "k", "t", 0, 1, False)], {}) is None
-    assert heads_only(lone, {"k": Tail(0, "t")}) is None
+    assert lone_runs(lone, {}, set(), {}) == {1: False, 2: False}
+    assert lone_runs([*lone, Candidate(3, "k", "t", 0, 1, False)], {}, set(), {}) is None
+    assert lone_runs([Candidate(3, "k", "t", 0, 1, False)], {}, set(), {}) == {}
+    after = [Candidate(5, "k", "t", 0, 1, False)]
+    tails = {"k": Tail(4, "t")}
+    assert lone_runs(after, tails, {4}, {4: 5}) == {5: True}
+    assert lone_runs(after, tails, set(), {}) == {}  # the tail's lease ended
+    assert lone_runs(after, tails, {4}, {4: 3}) == {}  # another event comes first
+    assert lone_runs(after, {"k": Tail(4, "u")}, {4}, {4: 5}) == {}  # another topic
 
 
 def test_the_byte_cap_keeps_at_least_one_and_cuts_a_run_never_holes_it() -> None:

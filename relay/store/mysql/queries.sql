@@ -19,11 +19,13 @@
 -- and the headers' text, but nothing for '{}' (nor for NULL), so that an event
 -- without headers counts its payload alone.
 -- head says whether the row is its key's oldest unsent event, as the
--- statement's snapshot sees it (NULL for a row without a key): a backlog of
--- many keys, or of none, is claimed from the heads alone, with no read of the
--- keys (relay/store/mysql/runs.py, heads_only). Otherwise the claim reads the
--- candidates' keys (claim_keys), as a later statement sees them; a row the
--- snapshot does not hold (committed while the claim ran) is no head. Each key
+-- statement's snapshot sees it (NULL for a row without a key): a batch with
+-- no two candidates of one key (many keys, or none) is claimed from the heads
+-- and from the event after each of this relay's tails (claim_tails), with no
+-- read of the keys (relay/store/mysql/runs.py, lone_runs). Otherwise the claim
+-- reads the candidates' keys (claim_keys), as a later statement sees them. A
+-- row the snapshot does not hold (committed while the claim ran) is no head,
+-- and its key waits for the next claim. Each key
 -- probe reads the key index in id order and stops at its first row (ORDER BY
 -- id LIMIT 1): MIN() and MAX() of a correlated subquery read every row of the
 -- key instead, which made a claim of a few busy keys read millions of index
@@ -84,7 +86,7 @@ SELECT id, payload, payload_bytes, headers FROM {table} WHERE id IN %(ids)s;
 -- The unsent keyed events from the first keyed candidate (or this relay's
 -- tail of a candidate's key, if earlier) to the last candidate, in id order:
 -- where each key's run starts and ends (a plain read: no locks). Only when a
--- keyed candidate is not its key's head. One range of the primary key, whose
+-- key has two candidates or more. One range of the primary key, whose
 -- rows are about the claim's own: a list of the candidates' keys was read
 -- key by key, and MariaDB takes a list of 1,000 values or more as a table to
 -- join, reading every event of each key.
@@ -94,10 +96,17 @@ WHERE id BETWEEN %(from)s AND %(upto)s AND `key` IS NOT NULL AND state IN ('pend
 ORDER BY id;
 
 -- name: claim_tails
--- Which of this relay's last events in flight (per key) still hold their lease.
-SELECT id
-FROM {table}
-WHERE id IN %(ids)s AND state = 'pending' AND claim_token IN %(mine)s AND lease_expires_at > UTC_TIMESTAMP(6);
+-- Which of this relay's last events in flight (per key) still hold their
+-- lease, each with the first unsent event of its key after it (NULL: none),
+-- two probes of the key index that stop at their first entry past the
+-- key's events up to it (for a key in flight, about its events in flight).
+SELECT t.id,
+       LEAST(COALESCE((SELECT p.id FROM {table} AS p WHERE p.`key` = t.`key` AND p.state = 'pending' AND p.id > t.id
+                       ORDER BY p.id LIMIT 1), 9223372036854775807),
+             COALESCE((SELECT d.id FROM {table} AS d WHERE d.`key` = t.`key` AND d.state = 'failed' AND d.id > t.id
+                       ORDER BY d.id LIMIT 1), 9223372036854775807)) AS after_tail
+FROM {table} AS t
+WHERE t.id IN %(ids)s AND t.state = 'pending' AND t.claim_token IN %(mine)s AND t.lease_expires_at > UTC_TIMESTAMP(6);
 
 -- name: claim_lease
 -- Step 2: lease the chosen candidates (locked by step 1) to this claim.

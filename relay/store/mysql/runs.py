@@ -43,21 +43,35 @@ class Tail:
     topic: str
 
 
-def heads_only(candidates: Sequence[Candidate], tails: Mapping[str, Tail]) -> dict[int, bool] | None:
-    """What :func:`runs` chooses when each keyed candidate is its key's only one and its key's oldest unsent
-    event (``head``), none of a key in ``tails``: every candidate, none chained. None when that is not so.
+def lone_runs(
+    candidates: Sequence[Candidate], tails: Mapping[str, Tail], flying: Set[int], after_tail: Mapping[int, int]
+) -> dict[int, bool] | None:
+    """What :func:`runs` chooses when no key has two candidates, with no read of the keys' unsent events;
+    None when a key has two.
 
-    The common claim of a backlog of many keys or none: no read of the keys' unsent events, and no
-    :func:`runs`. A key whose one unsent event is a candidate has a run of that one event.
+    A key's one candidate is a run of one if its key is not in ``tails`` and
+    it is its key's ``head``, or if it is the first unsent event after its
+    key's tail (``after_tail``, by the tail's id), that tail is ``flying``, and
+    it goes to the tail's topic (chained). The common claim of a backlog of
+    many keys (each in a batch at most once), of one key per event, or of none.
     """
     keys: set[str] = set()
+    chosen: dict[int, bool] = {}
     for candidate in candidates:
         key = candidate.key
-        if key is not None:
-            if not candidate.head or key in keys or key in tails:
-                return None
-            keys.add(key)
-    return dict.fromkeys((c.id for c in candidates), False)
+        if key is None:
+            chosen[candidate.id] = False
+            continue
+        if key in keys:
+            return None
+        keys.add(key)
+        tail = tails.get(key)
+        if tail is None:
+            if candidate.head:
+                chosen[candidate.id] = False
+        elif tail.id in flying and after_tail.get(tail.id) == candidate.id and candidate.topic == tail.topic:
+            chosen[candidate.id] = True
+    return chosen
 
 
 def runs(

@@ -146,9 +146,10 @@ class MySQLStore(MySQLAdmin):
                         bool(r["head"]),
                     )
                 )
-            chosen = planner.heads_only(candidates, tails)
+            flying, after_tail = await self._tails(cur, candidates, tails, mine)
+            chosen = planner.lone_runs(candidates, tails, flying, after_tail)
             if chosen is None:
-                chosen = await self._runs(cur, candidates, tails, mine)
+                chosen = await self._runs(cur, candidates, tails, flying)
             buried = await self._bury_unusable(cur, chosen, candidates, unusable) if unusable else {}
             placed = planner.within_bytes([c for c in candidates if c.id in chosen], max_bytes)
             late = tuple(c.id for c in placed if not rows[c.id]["inline"])
@@ -195,28 +196,34 @@ class MySQLStore(MySQLAdmin):
             len(buried),
         )
 
-    async def _runs(
+    async def _tails(
         self, cur: Any, candidates: Sequence[planner.Candidate], tails: dict[str, planner.Tail], mine: tuple[str, ...]
+    ) -> tuple[set[int], dict[int, int]]:
+        """Which of this relay's tails of the candidates' keys still hold their lease, and the first unsent
+        event of the key after each (a statement of its own sees every event committed before it)."""
+        wanted = tuple({tail.id for c in candidates if c.key is not None and (tail := tails.get(c.key))})
+        if not wanted or not mine:
+            return set(), {}
+        await cur.execute(self._db.queries["claim_tails"], {"ids": wanted, "mine": mine})
+        after_tail = {int(tail_id): int(after) for tail_id, after in await cur.fetchall()}
+        return set(after_tail), after_tail
+
+    async def _runs(
+        self, cur: Any, candidates: Sequence[planner.Candidate], tails: dict[str, planner.Tail], flying: set[int]
     ) -> dict[int, bool]:
         """The runs among ``candidates`` (relay/store/mysql/runs.py), from their keys' unsent events read
-        again (a statement of its own sees every event committed before it), and which of this relay's tails
-        are still in flight."""
-        queries = self._db.queries
+        again (a statement of its own sees every event committed before it)."""
         keys = {c.key for c in candidates if c.key is not None}
+        if not keys:
+            return planner.runs(candidates, {}, tails, flying)
+        first = min([c.id for c in candidates if c.key is not None] + [t.id for k, t in tails.items() if k in keys])
+        await cur.execute(self._db.queries["claim_keys"], {"from": first, "upto": max(c.id for c in candidates)})
+        # An event that is not a candidate only ends a run: its topic never matters.
+        topics = {c.id: c.topic for c in candidates}
         unsent: dict[str, list[planner.Unsent]] = {}
-        if keys:
-            first = min([c.id for c in candidates if c.key is not None] + [t.id for k, t in tails.items() if k in keys])
-            await cur.execute(queries["claim_keys"], {"from": first, "upto": max(c.id for c in candidates)})
-            # An event that is not a candidate only ends a run: its topic never matters.
-            topics = {c.id: c.topic for c in candidates}
-            for event_id, raw in await cur.fetchall():
-                if (key := text(raw)) in keys:
-                    unsent.setdefault(key, []).append(planner.Unsent(event_id, topics.get(event_id, "")))
-        flying: set[int] = set()
-        wanted = tuple(tail.id for key, tail in tails.items() if key in unsent)
-        if wanted and mine:
-            await cur.execute(queries["claim_tails"], {"ids": wanted, "mine": mine})
-            flying = {row[0] for row in await cur.fetchall()}
+        for event_id, raw in await cur.fetchall():
+            if (key := text(raw)) in keys:
+                unsent.setdefault(key, []).append(planner.Unsent(event_id, topics.get(event_id, "")))
         return planner.runs(candidates, unsent, tails, flying)
 
     async def _read_late_payloads(
