@@ -221,7 +221,7 @@ def mysql_text(results: dict[str, Any] | None) -> str:
         if label not in results:
             continue
         r = results[label]
-        steps = r.get("steps_ratio")
+        steps = r["rows_per_second"] / results["l_steps_mysql"] if results.get("l_steps_mysql") else None
         target = STEPS_TARGETS.get(label)
         verdict = "" if target is None or steps is None else f">= {target} ({'met' if steps >= target else 'missed'})"
         lines.append(
