@@ -52,7 +52,12 @@ WHERE o.state = 'pending'
   AND o.deliver_at <= UTC_TIMESTAMP(6)
   AND (o.lease_expires_at IS NULL
        OR (o.lease_expires_at < UTC_TIMESTAMP(6) AND o.attempts < %(max_attempts)s))
-  AND (o.`key` IS NULL OR (%(tailed)s AND o.`key` IN %(tail_keys)s) OR EXISTS (
+  AND (o.`key` IS NULL OR (%(tailed)s AND o.`key` IN %(tail_keys)s)
+       -- The key's head (as head below): the EXISTS would find it so, at the cost of one more lookup.
+       OR ((SELECT p.id FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' ORDER BY p.id LIMIT 1) = o.id
+           AND COALESCE((SELECT d.id FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed'
+                         ORDER BY d.id LIMIT 1) > o.id, TRUE))
+       OR EXISTS (
         SELECT 1 FROM {table} AS f
         WHERE f.id = LEAST(
                   COALESCE((SELECT p.id FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending'
