@@ -36,7 +36,10 @@ SCENARIOS = {
     "writer": "writer cost: business tx with and without publish(), NOTIFY on/off, vs a bare INSERT (L_commit)",
     "keys": "key distributions: null, one per event, 1,000, 8 and 1 key(s), to Kafka and RabbitMQ, vs L_db and L_rmq",
     "latency": "the relay's own latency: S2 commit-to-consume minus the raw client's, at 500 events/s",
-    "mysql": "the Kafka drain on MySQL/MariaDB over 5,000 keys and null keys, vs L_db_mysql (issue 17)",
+    "mysql": (
+        "the Kafka drain on MySQL/MariaDB over 5,000, 1,000 and 8 keys, a key per event and null keys, "
+        "vs L_db_mysql and L_steps_mysql (issues 17, 39)"
+    ),
     "profile": "where S1 Kafka's time goes (py-spy, phase timers, EXPLAIN ANALYZE); not in the default set",
     "gauges": "status() vs the relay's gauges() on 100k and 1M unsent events (3M with --long); not in the default set",
 }

@@ -11,7 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bench import mysql
 from bench.stats import ratio
+
+#: Issue 39's targets for the MySQL drains, as a share of L_steps_mysql in the same run (bench/mysql.py).
+MYSQL_STEPS_TARGETS = {
+    drain: (mysql.LABELS[drain], bound) for drain, bound in mysql.STEPS_TARGETS.items() if bound is not None
+}
 
 
 def dig(results: dict[str, Any], path: str) -> Any:
@@ -49,7 +55,13 @@ def derive(results: dict[str, Any]) -> dict[str, float | None]:
         "publish_over_bare_insert": dig(r, "writer_cost.publish_over_bare_insert"),
         "mysql_keyed_over_l_db_mysql": dig(r, "mysql.keyed.ratio"),
         "mysql_null_keys_over_l_db_mysql": dig(r, "mysql.null_keys.ratio"),
+        **{f"mysql_{drain}_over_l_steps_mysql": dig(r, f"mysql.{drain}.steps_ratio") for drain in MYSQL_STEPS_TARGETS},
+        "l_steps_mysql_over_l_db_mysql": dig(r, "mysql.l_steps_ratio"),
     }
+
+
+def _at_least(bound: float) -> Callable[[float], bool]:
+    return lambda value: value >= bound
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,15 @@ TARGETS = (
         "ratios.mysql_null_keys_over_l_db_mysql",
         lambda v: v >= 0.8,
         _x,
+    ),
+    *(
+        Target(
+            f"MySQL Kafka drain, {name} >= {bound} x L_steps_mysql",
+            f"ratios.mysql_{drain}_over_l_steps_mysql",
+            _at_least(bound),
+            _x,
+        )
+        for drain, (name, bound) in MYSQL_STEPS_TARGETS.items()
     ),
 )
 

@@ -1,10 +1,11 @@
 """The MySQL claim's two ways to find each key's runs choose the same events, on real MariaDB.
 
-The claim reads each keyed candidate's previous unsent event with the
-candidates; a candidate committed after the locking read's snapshot makes it
-read the keys' unsent events instead (claim_keys). Here one table's claims are
-made to take that second way every time, and must claim what the other
-table's claims do, batch by batch, chained marks and all.
+The claim reads with each keyed candidate whether it is its key's oldest
+unsent event, and with each of its tails the key's next unsent event, and
+claims a batch with no two candidates of one key from that alone; any other
+batch makes it read the keys' unsent events (claim_keys). Here one
+table's claims are made to take that second way every time, and must claim
+what the other table's claims do, batch by batch, chained marks and all.
 
 Ids plain SQL writes by hand (below 1, or past 2**62) are ids as any other,
 to the claim's runs and to the counts of keys waiting on a schedule.
@@ -14,16 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 import pytest
 
 from relay.config import TableName
 from relay.store.base import Claim
 from relay.store.mysql import MySQLAdmin, MySQLStore
+from relay.store.mysql import runs as planner
 from relay.store.mysql.migrate import migrate
 from tests import mysql_support
 
 TABLES = ("outbox", "outbox_keys_read")
+planner_lone_runs = planner.lone_runs
 
 
 def fill(url: str, table: str) -> None:
@@ -66,32 +70,37 @@ async def claims(store: MySQLStore, limit: int) -> list[list[tuple[int, bool]]]:
             await store.settle(done, sent=[e.id for e in done.events], retry=[], dead=[])
 
 
-def test_reading_the_keys_claims_what_the_previous_ids_do(mysql_url: str) -> None:
+def test_reading_the_keys_claims_what_the_lone_candidates_do(mysql_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     migrate(mysql_url, TableName.parse(TABLES[1]))
     for table in TABLES:
         fill(mysql_url, table)
+    answered = []
+
+    def lone_runs(*args: Any) -> dict[int, bool] | None:
+        chosen = planner_lone_runs(*args)
+        answered.append(chosen is not None)
+        return chosen
 
     async def scenario() -> list[list[list[tuple[int, bool]]]]:
         stores = [MySQLStore(mysql_url, TableName.parse(t), owner="t", lease_seconds=30) for t in TABLES]
-        queries = stores[1]._db.queries
-        # As if every keyed candidate had been committed after the snapshot.
-        queries["claim_candidates"] = queries["claim_candidates"].replace(
-            "EXISTS (SELECT 1 FROM `outbox_keys_read` AS v WHERE v.id = o.id) END AS seen", "0 END AS seen"
-        )
-        assert "0 END AS seen" in queries["claim_candidates"]
         try:
             for store in stores:
                 await store.open()
-            return [await claims(store, 7) for store in stores]
+            monkeypatch.setattr(planner, "lone_runs", lone_runs)
+            by_heads = await claims(stores[0], 7)
+            # The second table's claims read the keys every time (as when a candidate is no head).
+            monkeypatch.setattr(planner, "lone_runs", lambda *args: None)
+            return [by_heads, await claims(stores[1], 7)]
         finally:
             for store in stores:
                 await store.close()
 
-    by_prev, by_keys = asyncio.run(scenario())
-    assert by_prev == by_keys
-    claimed = [id for batch in by_prev for id, _ in batch]
+    by_heads, by_keys = asyncio.run(scenario())
+    assert any(answered) and not all(answered)
+    assert by_heads == by_keys
+    claimed = [id for batch in by_heads for id, _ in batch]
     assert len(claimed) == len(set(claimed)) > 100
-    assert any(chained for batch in by_prev for _, chained in batch), "no run went on from a batch in hand"
+    assert any(chained for batch in by_heads for _, chained in batch), "no run went on from a batch in hand"
 
 
 #: Ids plain SQL may write by hand below 1 (0 too, under NO_AUTO_VALUE_ON_ZERO), as on PostgreSQL

@@ -14,9 +14,9 @@ from relay.config import TableName
 from relay.errors import ConfigError, SchemaError, StoreError, StoreReadOnly, StoreUnavailable
 from relay.store.mysql import BinlogUnsafe, MySQLAdmin, Target, check_binlog, connection
 from relay.store.mysql.connection import Database, session_settings, translate
-from relay.store.mysql.runs import Candidate, Tail, Unsent, runs, unsent_of, within_bytes
+from relay.store.mysql.rows import event, unusable
+from relay.store.mysql.runs import Candidate, Tail, Unsent, lone_runs, runs, within_bytes
 from relay.store.mysql.sql import identifiers, queries, statements
-from relay.store.mysql.store import MySQLStore, _unusable
 
 URL = "mysql://app:s3cr%40t@db.example:3307/shop"
 TABLE = TableName.parse("outbox")
@@ -123,12 +123,12 @@ def test_identifiers_are_backticked_and_every_query_quotes_the_key_column() -> N
     assert statements("SELECT 1;\n-- a comment\nSELECT 2; -- trailing\n") == ["SELECT 1", "SELECT 2"]
 
 
-def c(id: int, key: str | None, topic: str = "t", bytes: int = 10) -> Candidate:
-    return Candidate(id, key, topic, 0, bytes, False)
+def c(id: int, key: str | None, topic: str = "t", bytes: int = 10, *, head: bool = False) -> Candidate:
+    return Candidate(id, key, topic, 0, bytes, False, head)
 
 
 def test_a_run_starts_at_the_keys_oldest_unsent_event_and_stops_at_a_gap_or_another_topic() -> None:
-    candidates = [c(1, "k"), c(2, "k"), c(4, "k"), c(5, "j"), c(6, "j", "other"), c(7, None)]
+    candidates = [c(1, "k", head=True), c(2, "k"), c(4, "k"), c(5, "j", head=True), c(6, "j", "other"), c(7, None)]
     unsent = {
         "k": [Unsent(1, "t"), Unsent(2, "t"), Unsent(3, "t"), Unsent(4, "t")],
         "j": [Unsent(5, "t"), Unsent(6, "other")],
@@ -136,6 +136,9 @@ def test_a_run_starts_at_the_keys_oldest_unsent_event_and_stops_at_a_gap_or_anot
     assert runs(candidates, unsent, {}, set()) == {1: False, 2: True, 5: False, 7: False}
     # The oldest unsent is not a candidate (another claim holds it): the key waits.
     assert runs([c(2, "k")], {"k": [Unsent(1, "t"), Unsent(2, "t")]}, {}, set()) == {}
+    # The oldest unsent that was read is a candidate, but the locking read saw an older one: the key waits.
+    assert runs([c(2, "k")], {"k": [Unsent(2, "t")]}, {}, set()) == {}
+    assert runs([c(2, "k", head=True)], {"k": [Unsent(2, "t")]}, {}, set()) == {2: False}
 
 
 def test_a_key_in_flight_here_goes_on_after_its_tail_only_while_the_tail_holds_and_on_its_topic() -> None:
@@ -146,38 +149,64 @@ def test_a_key_in_flight_here_goes_on_after_its_tail_only_while_the_tail_holds_a
     assert runs([c(3, "k", "b")], {"k": [Unsent(1, "t"), Unsent(2, "t"), Unsent(3, "b")]}, tails, {2}) == {}
 
 
-def test_runs_from_the_candidates_and_their_prev_ids_are_the_runs_from_every_unsent_event() -> None:
-    # claim_candidates gives each keyed candidate the key's unsent event just
-    # before it; that must choose what reading all the keys' unsent events does.
+def test_lone_candidates_and_the_keys_read_without_their_topics_choose_the_runs_from_every_unsent_event() -> None:
+    # lone_runs (from the heads and the event after each tail), when it answers, must choose what the runs
+    # over the keys' unsent events do; and the claim reads the keys' unsent events without their topics and
+    # from its first keyed candidate or tail on (claim_keys), which must not change the runs.
     rng = random.Random(17)
+    answered = 0
     for _ in range(3000):
         unsent: dict[str, list[Unsent]] = {}
         candidates: list[Candidate] = []
         low = rng.choice([1, 1, -1, -7])  # plain SQL may write ids below 1
         for id in range(low, low + rng.randint(1, 13)):
-            key = rng.choice(["a", "b", "c", None])
+            key = rng.choice(["a", "b", "c", "d", "e", "f", None])
             topic = rng.choice(["t", "t", "t", "u"])
             if key is not None:
                 unsent.setdefault(key, []).append(Unsent(id, topic))
-            if key is None or rng.random() < 0.7:
-                events = unsent.get(key, []) if key is not None else []
-                prev = events[-2].id if len(events) > 1 else None
-                candidates.append(Candidate(id, key, topic, 0, 1, False, prev))
+            if key is None or rng.random() < 0.7 or id < low + 2:
+                head = key is not None and unsent[key][0].id == id
+                candidates.append(Candidate(id, key, topic, 0, 1, False, head))
         upto = max((x.id for x in candidates), default=0)
         seen = {key: [e for e in events if e.id <= upto] for key, events in unsent.items()}
         tails = {
             key: Tail(rng.choice(events).id, rng.choice("tu"))
             for key, events in seen.items()
-            if events and rng.random() < 0.4
+            if events and rng.random() < 0.2
         }
         flying = {tail.id for tail in tails.values() if rng.random() < 0.7}
-        assert runs(candidates, unsent_of(candidates), tails, flying) == runs(candidates, seen, tails, flying)
+        expected = runs(candidates, seen, tails, flying)
+        topics = {x.id: x.topic for x in candidates}
+        # claim_keys reads from the first keyed candidate, or a tail of a candidate's key if earlier.
+        keys = {x.key for x in candidates if x.key is not None}
+        first = min(
+            [x.id for x in candidates if x.key is not None] + [t.id for k, t in tails.items() if k in keys], default=0
+        )
+        read = {
+            key: [Unsent(e.id, topics.get(e.id, "")) for e in events if e.id >= first] for key, events in seen.items()
+        }
+        assert runs(candidates, read, tails, flying) == expected
+        after = {
+            t.id: next((e.id for e in unsent[k] if e.id > t.id), 2**63 - 1) for k, t in tails.items() if t.id in flying
+        }
+        chosen = lone_runs(candidates, tails, flying, after)
+        if chosen is not None:
+            answered += 1
+            assert chosen == expected
+    assert answered > 300
 
 
-def test_without_prev_ids_a_lone_candidate_is_its_keys_oldest_and_a_gap_stops_a_run() -> None:
-    candidates = [Candidate(1, "k", "t", 0, 1, False), Candidate(3, "k", "t", 0, 1, False, 2)]
-    assert unsent_of(candidates) == {"k": [Unsent(1, "t"), Unsent(2, ""), Unsent(3, "t")]}
-    assert runs(candidates, unsent_of(candidates), {}, set()) == {1: False}
+def test_lone_candidates_go_from_their_keys_head_or_right_after_their_tail_in_flight_and_on_its_topic() -> None:
+    lone = [Candidate(1, "k", "t", 0, 1, False, True), Candidate(2, None, "t", 0, 1, False)]
+    assert lone_runs(lone, {}, set(), {}) == {1: False, 2: False}
+    assert lone_runs([*lone, Candidate(3, "k", "t", 0, 1, False)], {}, set(), {}) is None
+    assert lone_runs([Candidate(3, "k", "t", 0, 1, False)], {}, set(), {}) == {}
+    after = [Candidate(5, "k", "t", 0, 1, False)]
+    tails = {"k": Tail(4, "t")}
+    assert lone_runs(after, tails, {4}, {4: 5}) == {5: True}
+    assert lone_runs(after, tails, set(), {}) == {}  # the tail's lease ended
+    assert lone_runs(after, tails, {4}, {4: 3}) == {}  # another event comes first
+    assert lone_runs(after, {"k": Tail(4, "u")}, {4}, {4: 5}) == {}  # another topic
 
 
 def test_the_byte_cap_keeps_at_least_one_and_cuts_a_run_never_holes_it() -> None:
@@ -191,6 +220,6 @@ def test_the_byte_cap_keeps_at_least_one_and_cuts_a_run_never_holes_it() -> None
 def test_a_json_payload_given_as_text_or_bytes_becomes_the_same_utf8(payload: str | bytes) -> None:
     row = {"id": 1, "topic": "t", "key": None, "payload": payload, "payload_bytes": None, "headers": "{}",
            "idempotency_key": b"i", "created_at": datetime(2026, 1, 1), "content_type": None}  # fmt: skip
-    assert _unusable(row, check_payload=True) is None
-    event = MySQLStore._event(row, chained=False, attempts=1)
-    assert event.payload == (payload.encode() if isinstance(payload, str) else bytes(payload))
+    assert unusable(row, check_payload=True) is None
+    built = event(row, chained=False, attempts=1)
+    assert built.payload == (payload.encode() if isinstance(payload, str) else bytes(payload))

@@ -18,18 +18,18 @@
 -- the batch byte cap counts: a JSON payload's text, a bytes payload's length,
 -- and the headers' text, but nothing for '{}' (nor for NULL), so that an event
 -- without headers counts its payload alone.
--- prev_pending and prev_failed are the key's pending and dead-lettered events
--- just before the row (NULL: none; not 0, as plain SQL may write ids below 1),
--- two more probes of the key index: the later of the two is the key's unsent
--- event just before the row. From the candidates and that event the claim
--- knows where each key's runs start and stop without reading the keys again
--- (relay/store/mysql/runs.py, unsent_of). The probes read the statement's
--- snapshot, and the locking read may return a row committed after it: seen
--- says whether the snapshot holds the row itself. When it does, it holds
--- every event of the key committed before the row too, and the two are
--- exact; when a keyed candidate was not seen, the claim reads its keys
--- (claim_keys), as a later statement sees them (seen is not probed for a row
--- without a key: nothing depends on it). The row's own columns come
+-- head says whether the row is its key's oldest unsent event, as the
+-- statement's snapshot sees it (NULL for a row without a key): a batch with
+-- no two candidates of one key (many keys, or none) is claimed from the heads
+-- and from the event after each of this relay's tails (claim_tails), with no
+-- read of the keys (relay/store/mysql/runs.py, lone_runs). Otherwise the claim
+-- reads the candidates' keys (claim_keys), as a later statement sees them. A
+-- row the snapshot does not hold (committed while the claim ran) is no head,
+-- and its key waits for the next claim. Each key
+-- probe reads the key index in id order and stops at its first row (ORDER BY
+-- id LIMIT 1): MIN() and MAX() of a correlated subquery read every row of the
+-- key instead, which made a claim of a few busy keys read millions of index
+-- entries (issue 39). The row's own columns come
 -- along, so that no read by token follows the commit: locked until the
 -- commit, they are what the claim leases; a payload, and headers, only up to
 -- %(inline_bytes)s bytes each, so that a claim of big events reads no more than
@@ -43,22 +43,27 @@ SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at IS NOT NULL AS rea
        CASE WHEN LENGTH(o.headers) <= %(inline_bytes)s THEN o.headers END AS headers,
        o.content_type, o.idempotency_key, o.attempts, o.created_at,
        CASE WHEN o.`key` IS NOT NULL THEN
-           (SELECT MAX(p.id) FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' AND p.id < o.id)
-       END AS prev_pending,
-       CASE WHEN o.`key` IS NOT NULL THEN
-           (SELECT MAX(d.id) FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed' AND d.id < o.id)
-       END AS prev_failed,
-       CASE WHEN o.`key` IS NULL THEN 1 ELSE EXISTS (SELECT 1 FROM {table} AS v WHERE v.id = o.id) END AS seen
+           (SELECT p.id FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' ORDER BY p.id LIMIT 1) = o.id
+           AND COALESCE((SELECT d.id FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed'
+                         ORDER BY d.id LIMIT 1) > o.id, TRUE)
+       END AS head
 FROM {table} AS o
 WHERE o.state = 'pending'
   AND o.deliver_at <= UTC_TIMESTAMP(6)
   AND (o.lease_expires_at IS NULL
        OR (o.lease_expires_at < UTC_TIMESTAMP(6) AND o.attempts < %(max_attempts)s))
-  AND (o.`key` IS NULL OR (%(tailed)s AND o.`key` IN %(tail_keys)s) OR EXISTS (
+  AND (o.`key` IS NULL OR (%(tailed)s AND o.`key` IN %(tail_keys)s)
+       -- The key's head (as head below): the EXISTS would find it so, at the cost of one more lookup.
+       OR ((SELECT p.id FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' ORDER BY p.id LIMIT 1) = o.id
+           AND COALESCE((SELECT d.id FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed'
+                         ORDER BY d.id LIMIT 1) > o.id, TRUE))
+       OR EXISTS (
         SELECT 1 FROM {table} AS f
         WHERE f.id = LEAST(
-                  COALESCE((SELECT MIN(p.id) FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending'), o.id),
-                  COALESCE((SELECT MIN(d.id) FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed'), o.id))
+                  COALESCE((SELECT p.id FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending'
+                            ORDER BY p.id LIMIT 1), o.id),
+                  COALESCE((SELECT d.id FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed'
+                            ORDER BY d.id LIMIT 1), o.id))
           AND (f.id = o.id
                OR (f.state = 'pending' AND f.lease_expires_at >= UTC_TIMESTAMP(6))
                OR (f.state = 'pending' AND f.priority >= o.priority AND f.deliver_at <= UTC_TIMESTAMP(6)
@@ -83,19 +88,30 @@ WHERE id = %(id)s AND state = 'pending';
 SELECT id, payload, payload_bytes, headers FROM {table} WHERE id IN %(ids)s;
 
 -- name: claim_keys
--- The unsent events of the candidates' keys up to the last candidate, in id
--- order: where each key's run starts and ends (a plain read: no locks). Only
--- when a keyed candidate committed after claim_candidates' snapshot.
-SELECT id, `key`, topic
-FROM {table}
-WHERE `key` IN %(keys)s AND state IN ('pending', 'failed') AND id <= %(upto)s
-ORDER BY `key`, id;
+-- The unsent keyed events from the first keyed candidate (or this relay's
+-- tail of a candidate's key, if earlier) to the last candidate, in id order:
+-- where each key's run starts and ends (a plain read: no locks). Only when a
+-- key has two candidates or more. One range of the primary key, whose
+-- rows are about the claim's own: a list of the candidates' keys was read
+-- key by key, and MariaDB takes a list of 1,000 values or more as a table to
+-- join, reading every event of each key.
+SELECT id, `key`
+FROM {table} FORCE INDEX (PRIMARY)
+WHERE id BETWEEN %(from)s AND %(upto)s AND `key` IS NOT NULL AND state IN ('pending', 'failed')
+ORDER BY id;
 
 -- name: claim_tails
--- Which of this relay's last events in flight (per key) still hold their lease.
-SELECT id
-FROM {table}
-WHERE id IN %(ids)s AND state = 'pending' AND claim_token IN %(mine)s AND lease_expires_at > UTC_TIMESTAMP(6);
+-- Which of this relay's last events in flight (per key) still hold their
+-- lease, each with the first unsent event of its key after it (NULL: none),
+-- two probes of the key index that stop at their first entry past the
+-- key's events up to it (for a key in flight, about its events in flight).
+SELECT t.id,
+       LEAST(COALESCE((SELECT p.id FROM {table} AS p WHERE p.`key` = t.`key` AND p.state = 'pending' AND p.id > t.id
+                       ORDER BY p.id LIMIT 1), 9223372036854775807),
+             COALESCE((SELECT d.id FROM {table} AS d WHERE d.`key` = t.`key` AND d.state = 'failed' AND d.id > t.id
+                       ORDER BY d.id LIMIT 1), 9223372036854775807)) AS after_tail
+FROM {table} AS t
+WHERE t.id IN %(ids)s AND t.state = 'pending' AND t.claim_token IN %(mine)s AND t.lease_expires_at > UTC_TIMESTAMP(6);
 
 -- name: claim_lease
 -- Step 2: lease the chosen candidates (locked by step 1) to this claim.

@@ -23,9 +23,8 @@ class Candidate:
     priority: int
     bytes: int
     reaped: bool
-    #: The key's unsent event just before this one (None: none), as the claim's snapshot saw it. Not 0
-    #: for none: plain SQL may write ids below 1, and an event at -5 before one at -3 would be lost.
-    prev: int | None = None
+    #: Whether it is its key's oldest unsent event, as the claim's snapshot saw it (False without a key).
+    head: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,28 +43,35 @@ class Tail:
     topic: str
 
 
-def unsent_of(candidates: Sequence[Candidate]) -> dict[str, list[Unsent]]:
-    """What :func:`runs` needs of each candidate key's unsent events, from the candidates alone.
+def lone_runs(
+    candidates: Sequence[Candidate], tails: Mapping[str, Tail], flying: Set[int], after_tail: Mapping[int, int]
+) -> dict[int, bool] | None:
+    """What :func:`runs` chooses when no key has two candidates, with no read of the keys' unsent events;
+    None when a key has two.
 
-    Each key's candidates in id order, and before each the key's unsent event
-    just before it (``prev``) where that is not the key's previous candidate.
-    That is not every unsent event, but :func:`runs` reaches the same choice:
-    a key's first event is a candidate exactly when its first candidate has no
-    ``prev``; the first event after a tail is a candidate exactly when it is
-    the first candidate after it whose ``prev`` is at most the tail; and a run
-    goes on from a candidate to the next one exactly when that one's ``prev``
-    is it. An event that is not a candidate only stops a run, so its topic
-    (unknown here) never matters.
+    A key's one candidate is a run of one if its key is not in ``tails`` and
+    it is its key's ``head``, or if it is the first unsent event after its
+    key's tail (``after_tail``, by the tail's id), that tail is ``flying``, and
+    it goes to the tail's topic (chained). The common claim of a backlog of
+    many keys (each in a batch at most once), of one key per event, or of none.
     """
-    unsent: dict[str, list[Unsent]] = {}
-    for candidate in sorted(candidates, key=lambda c: c.id):
-        if candidate.key is None:
+    keys: set[str] = set()
+    chosen: dict[int, bool] = {}
+    for candidate in candidates:
+        key = candidate.key
+        if key is None:
+            chosen[candidate.id] = False
             continue
-        events = unsent.setdefault(candidate.key, [])
-        if candidate.prev is not None and (not events or events[-1].id != candidate.prev):
-            events.append(Unsent(candidate.prev, ""))
-        events.append(Unsent(candidate.id, candidate.topic))
-    return unsent
+        if key in keys:
+            return None
+        keys.add(key)
+        tail = tails.get(key)
+        if tail is None:
+            if candidate.head:
+                chosen[candidate.id] = False
+        elif tail.id in flying and after_tail.get(tail.id) == candidate.id and candidate.topic == tail.topic:
+            chosen[candidate.id] = True
+    return chosen
 
 
 def runs(
@@ -77,20 +83,26 @@ def runs(
     """The candidates that make up runs, each with whether it is chained.
 
     ``unsent`` holds each key's unsent events in id order (up to the last
-    candidate), ``tails`` the keys this relay may go on with, and ``flying``
-    the ids of those tails whose lease still holds. A key in flight here goes
-    on after its tail, to the same topic only; any other key starts at its
-    oldest unsent event, which must be a candidate. A run takes the key's
-    candidates from there on, up to the first unsent event that is not a
-    candidate or goes to another topic. Events without a key always go.
+    candidate, from its tail or its first candidate on at least), ``tails``
+    the keys this relay may go on with, and ``flying`` the ids of those tails
+    whose lease still holds. A key in flight here goes on after its tail, to
+    the same topic only; any other key starts at its oldest unsent event,
+    which must be a candidate and its key's head as the locking read saw it
+    (``head``: the events before the first candidate may not be in
+    ``unsent``). A run takes the key's candidates from there on, up to the
+    first unsent event that is not a candidate or goes to another topic.
+    Events without a key always go.
     """
     ids = {c.id for c in candidates}
+    heads = {c.id for c in candidates if c.head}
     chosen: dict[int, bool] = {}
     for key in {c.key for c in candidates if c.key is not None}:
         events = unsent.get(key, ())
         tail = tails.get(key)
         if tail is None:
             after, chained = list(events[:1]), False
+            if after and after[0].id not in heads:
+                continue
         else:
             if tail.id not in flying:
                 continue
@@ -117,6 +129,8 @@ def within_bytes(placed: Sequence[Candidate], max_bytes: int | None) -> list[Can
     The first always goes in. A key's run is cut, never holed: an event counts
     from the place of the latest of its run's earlier events.
     """
+    if max_bytes is None or sum(c.bytes for c in placed) < max_bytes:
+        return list(placed)
     place = {c.id: i for i, c in enumerate(placed)}
     at: dict[int, int] = {}
     latest: dict[str, int] = {}

@@ -10,18 +10,14 @@ polls with its adaptive interval.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 from uuid import uuid4
 
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
 from relay.errors import ClaimTimeout, StoreError, StoreUnavailable
-from relay.events import Event
 from relay.store.base import (
-    Built,
     Claim,
     Dead,
     Retry,
@@ -30,19 +26,15 @@ from relay.store.base import (
     Started,
     Status,
     chained_keys,
-    in_key_order,
-    next_attempt,
     oldest_of,
-    undecodable,
 )
+from relay.store.mysql import rows as rows_module
 from relay.store.mysql import runs as planner
-from relay.store.mysql.admin import MySQLAdmin, binary, micros, text, utc
+from relay.store.mysql.admin import MySQLAdmin, binary, micros, text
 from relay.store.mysql.connection import STATEMENT_TIMEOUT, error_code, rows_of, transaction
 
 logger = logging.getLogger(__name__)
 
-#: How MySQL 8 and MariaDB both write an empty JSON object.
-EMPTY_JSON_OBJECT = "{}"
 # The gauges count exactly up to this many unsent events and estimate past it.
 GAUGES_EXACT_UP_TO = 20_000
 
@@ -98,21 +90,25 @@ class MySQLStore(MySQLAdmin):
         if warning:
             logger.warning(warning, extra={"action": "binlog_format"})
 
-    async def start_claim(
-        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
-    ) -> Started:
-        """:meth:`claim`, its events built at once."""
-        return Built(await self.claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain))
-
     async def claim(
         self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
     ) -> Claim:
         """Lease up to ``limit`` due events (runs of each key's, at least one, their payloads up to
         ``max_bytes``), by priority then id, each key's in id order; see :meth:`Store.claim`."""
+        started = await self.start_claim(limit, max_attempts=max_attempts, max_bytes=max_bytes, chain=chain)
+        return await started.events()
+
+    async def start_claim(
+        self, limit: int, *, max_attempts: int, max_bytes: int | None = None, chain: Sequence[Claim] = ()
+    ) -> Started:
+        """:meth:`claim`, returning once the lease is committed, before the events are built (building a
+        claim of thousands of events takes tens of milliseconds of this process, during which the next claim
+        can run)."""
         token = uuid4()
         tails = {key: planner.Tail(e.id, e.topic) for key, e in chained_keys(chain).items()}
         mine = tuple(str(claim.token) for claim in chain)
         queries = self._db.queries
+        mariadb = self._db.mariadb
 
         # The payloads and headers the locking read brings along: all of them but those too big for their share
         # of the byte cap, read once the claim has chosen (a claim of big events reads no more than its cap of them).
@@ -132,41 +128,28 @@ class MySQLStore(MySQLAdmin):
             await cur.execute(queries["claim_candidates"], params)
             rows = {r["id"]: r for r in rows_of(cur, await cur.fetchall())}
             unusable: dict[int, str] = {}
+            candidates = []
             for r in rows.values():
-                r["key"] = text(r["key"])  # once, for the runs and the events
-                r["inline"] = (r["bytes"] is None or int(r["bytes"]) <= inline_bytes) and r["headers"] is not None
-                problem = _unusable(r, check_payload=self._db.mariadb and r["inline"])
+                r["key"] = key = text(r["key"])  # once, for the runs and the events
+                r["inline"] = inline = (r["bytes"] is None or r["bytes"] <= inline_bytes) and r["headers"] is not None
+                problem = rows_module.unusable(r, check_payload=mariadb and inline)
                 if problem is not None:
                     unusable[r["id"]] = problem
-            candidates = [
-                planner.Candidate(
-                    r["id"],
-                    r["key"],
-                    r["topic"],
-                    r["priority"],
-                    int(r["bytes"]) + int(r["headers_bytes"]),
-                    bool(r["reaped"]),
-                    _previous(r["prev_pending"], r["prev_failed"]),
+                candidates.append(
+                    planner.Candidate(
+                        r["id"],
+                        key,
+                        r["topic"],
+                        r["priority"],
+                        int(r["bytes"]) + int(r["headers_bytes"]),
+                        bool(r["reaped"]),
+                        bool(r["head"]),
+                    )
                 )
-                for r in rows.values()
-            ]
-            keyed = [r for r in rows.values() if r["key"] is not None]
-            if all(r["seen"] for r in keyed):
-                unsent = planner.unsent_of(candidates)
-            else:
-                unsent = {}
-                await cur.execute(
-                    queries["claim_keys"],
-                    {"keys": tuple({r["key"] for r in keyed}), "upto": max(c.id for c in candidates)},
-                )
-                for row in await cur.fetchall():
-                    unsent.setdefault(text(row[1]), []).append(planner.Unsent(row[0], row[2]))
-            flying: set[int] = set()
-            wanted = tuple(tail.id for key, tail in tails.items() if key in unsent)
-            if wanted and mine:
-                await cur.execute(queries["claim_tails"], {"ids": wanted, "mine": mine})
-                flying = {row[0] for row in await cur.fetchall()}
-            chosen = planner.runs(candidates, unsent, tails, flying)
+            flying, after_tail = await self._tails(cur, candidates, tails, mine)
+            chosen = planner.lone_runs(candidates, tails, flying, after_tail)
+            if chosen is None:
+                chosen = await self._runs(cur, candidates, tails, flying)
             buried = await self._bury_unusable(cur, chosen, candidates, unusable) if unusable else {}
             placed = planner.within_bytes([c for c in candidates if c.id in chosen], max_bytes)
             late = tuple(c.id for c in placed if not rows[c.id]["inline"])
@@ -205,15 +188,43 @@ class MySQLStore(MySQLAdmin):
             if exc.__cause__ is not None and error_code(exc.__cause__) in STATEMENT_TIMEOUT:
                 raise ClaimTimeout(f"claiming up to {limit} events: {exc}") from exc
             raise
-        chained, reaped = {c.id: flag for c, flag in placed}, {c.id for c, _ in placed if c.reaped}
-        # The lease counted an attempt after the rows were read.
-        events = [
-            self._event(rows[c.id], chained=chained[c.id], attempts=next_attempt(rows[c.id]["attempts"]))
-            for c, _ in placed
-        ]
-        priority = {c.id: c.priority for c, _ in placed}
-        events = in_key_order(events, lambda e: (-priority[e.id], e.id), event=lambda e: e)
-        return Claim(token=token, events=events, reaped=sum(1 for e in events if e.id in reaped), buried=len(buried))
+        return rows_module.Leased(
+            token,
+            rows,
+            [(c.id, chained) for c, chained in placed],
+            frozenset(c.id for c, _ in placed if c.reaped),
+            len(buried),
+        )
+
+    async def _tails(
+        self, cur: Any, candidates: Sequence[planner.Candidate], tails: dict[str, planner.Tail], mine: tuple[str, ...]
+    ) -> tuple[set[int], dict[int, int]]:
+        """Which of this relay's tails of the candidates' keys still hold their lease, and the first unsent
+        event of the key after each (a statement of its own sees every event committed before it)."""
+        wanted = tuple({tail.id for c in candidates if c.key is not None and (tail := tails.get(c.key))})
+        if not wanted or not mine:
+            return set(), {}
+        await cur.execute(self._db.queries["claim_tails"], {"ids": wanted, "mine": mine})
+        after_tail = {int(tail_id): int(after) for tail_id, after in await cur.fetchall()}
+        return set(after_tail), after_tail
+
+    async def _runs(
+        self, cur: Any, candidates: Sequence[planner.Candidate], tails: dict[str, planner.Tail], flying: set[int]
+    ) -> dict[int, bool]:
+        """The runs among ``candidates`` (relay/store/mysql/runs.py), from their keys' unsent events read
+        again (a statement of its own sees every event committed before it)."""
+        keys = {c.key for c in candidates if c.key is not None}
+        if not keys:
+            return planner.runs(candidates, {}, tails, flying)
+        first = min([c.id for c in candidates if c.key is not None] + [t.id for k, t in tails.items() if k in keys])
+        await cur.execute(self._db.queries["claim_keys"], {"from": first, "upto": max(c.id for c in candidates)})
+        # An event that is not a candidate only ends a run: its topic never matters.
+        topics = {c.id: c.topic for c in candidates}
+        unsent: dict[str, list[planner.Unsent]] = {}
+        for event_id, raw in await cur.fetchall():
+            if (key := text(raw)) in keys:
+                unsent.setdefault(key, []).append(planner.Unsent(event_id, topics.get(event_id, "")))
+        return planner.runs(candidates, unsent, tails, flying)
 
     async def _read_late_payloads(
         self,
@@ -231,7 +242,9 @@ class MySQLStore(MySQLAdmin):
             row = rows[event_id]
             row["payload"], row["payload_bytes"], row["headers"] = payload, payload_bytes, headers
             # The rest of the row was checked with the locking read's rows (_unusable).
-            problem = _headers_problem(row) or (_payload_problem(payload) if self._db.mariadb else None)
+            problem = rows_module.headers_problem(row) or (
+                rows_module.payload_problem(payload) if self._db.mariadb else None
+            )
             if problem is not None:
                 unusable[event_id] = problem
         return await self._bury_unusable(cur, chosen, placed, unusable) if unusable else {}
@@ -259,25 +272,6 @@ class MySQLStore(MySQLAdmin):
             if await cur.execute(self._db.queries["claim_bury"], {"id": candidate.id, "error": problem}):
                 buried[candidate.id] = problem
         return buried
-
-    @staticmethod
-    def _event(row: dict[str, Any], *, chained: bool, attempts: int) -> Event:
-        # Parsed when the claim checked the row (_unusable); most events have no headers.
-        headers = row["headers_parsed"]
-        payload = row["payload"]
-        return Event(
-            id=row["id"],
-            topic=row["topic"],
-            key=row["key"],
-            # JSON as text, or (payload NULL) bytes as they are, with their content type.
-            payload=bytes(row["payload_bytes"]) if payload is None else _utf8(payload),
-            headers={name: value if isinstance(value, str) else json.dumps(value) for name, value in headers.items()},
-            idempotency_key=text(row["idempotency_key"]),
-            attempts=attempts,
-            created_at=utc(row["created_at"]),
-            chained=chained,
-            content_type=row["content_type"],
-        )
 
     async def settle(
         self, claim: Claim, *, sent: Sequence[int], retry: Sequence[Retry], dead: Sequence[Dead]
@@ -382,99 +376,3 @@ class MySQLStore(MySQLAdmin):
 INLINE_BYTES_AT_LEAST = 4096
 #: "No byte cap" to the claim's SQL.
 UNBOUNDED_BYTES = 2**62
-
-#: How much of a bad key's bytes a dead letter's error shows.
-SHOWN_BYTES = 64
-
-
-def _previous(pending: int | None, failed: int | None) -> int | None:
-    """The later of a key's pending and dead-lettered events just before a candidate (None: neither)."""
-    return max((int(found) for found in (pending, failed) if found is not None), default=None)
-
-
-def _unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
-    """Why no event can be made of a claimed row (None: it can), with its headers parsed into ``headers_parsed``.
-
-    The table's checks leave room for rows the relay cannot send as the
-    contract says: ``key`` and ``idempotency_key`` are VARBINARY, so a writer
-    whose connection is not UTF-8 can store bytes that are not text; and
-    MariaDB's JSON check takes some text that is not JSON (``{"a":1e}``,
-    ``[-]``, ``"\\q"``), in ``headers`` and in ``payload``, and a zero
-    ``created_at`` (``0000-00-00``, which the driver gives as text). Such a row is
-    dead-lettered at its claim, with this for its error. MySQL 8 keeps JSON in
-    a binary form and gives it back as JSON it wrote itself: ``check_payload``
-    (parsing every payload) is for MariaDB, which keeps the text as written.
-    """
-    for column in ("key", "idempotency_key"):
-        value = text(row[column])
-        if undecodable(value):
-            raw = value.encode("utf-8", "surrogateescape")
-            more = "..." if len(raw) > SHOWN_BYTES else ""
-            return f"{column} is not valid UTF-8 (its bytes in hex: {raw[:SHOWN_BYTES].hex()}{more})"
-    if not isinstance(row["created_at"], datetime):  # a zero date, which MariaDB's default sql_mode lets in
-        return f"created_at is not a date: {str(row['created_at'])[:40]!r}"
-    return _headers_problem(row) or (_payload_problem(row["payload"]) if check_payload else None)
-
-
-def _headers_problem(row: dict[str, Any]) -> str | None:
-    """Why a row's headers make no event (None: they do), with them parsed into ``headers_parsed``.
-
-    Headers the locking read left out (``None``: too big to bring along) parse as none until they are read.
-    """
-    headers = row["headers"]
-    row["headers_parsed"] = {}
-    if headers and headers != EMPTY_JSON_OBJECT:
-        try:
-            parsed = json.loads(headers, parse_int=_int_or_digits)
-        except ValueError as exc:
-            return f"headers are not valid JSON, though the database took them: {exc}"
-        if not isinstance(parsed, dict):
-            return "headers are not a JSON object"
-        for name, value in parsed.items():
-            if not isinstance(value, str) and not _finite(value):
-                return f"header {name[:100]!r} is a number JSON cannot carry (it parses as {value!r})"
-        row["headers_parsed"] = parsed
-    return None
-
-
-def _payload_problem(payload: str | bytes | None) -> str | None:
-    """Why a JSON payload MariaDB took is no JSON (None: it is, or the row has a bytes payload)."""
-    if payload is None:
-        return None
-    try:
-        json.loads(payload, parse_int=_unconverted)  # validity only: no int(), and so no digit limit
-    except ValueError as exc:
-        return f"payload is not valid JSON, though the database took it: {exc}"
-    return None
-
-
-#: Python's int() refuses longer digit strings (sys.get_int_max_str_digits, 4,300); JSON has no limit.
-_INT_DIGITS_MAX = 4000
-
-
-class _Digits(str):
-    """A JSON integer too long for ``int()``, kept as its text: a header value is sent as its JSON text."""
-
-    __slots__ = ()
-
-
-def _int_or_digits(text: str) -> int | str:
-    return int(text) if len(text) <= _INT_DIGITS_MAX else _Digits(text)
-
-
-def _unconverted(text: str) -> int:
-    return 0
-
-
-def _finite(value: Any) -> bool:
-    """Whether ``value``, a parsed header, is written back as JSON (1e400 parses as inf, which is not)."""
-    try:
-        json.dumps(value, allow_nan=False)
-    except ValueError:
-        return False
-    return True
-
-
-def _utf8(json_text: str | bytes) -> bytes:
-    """A JSON payload's text as UTF-8: a driver may give it as bytes where the server typed it binary."""
-    return json_text.encode() if isinstance(json_text, str) else bytes(json_text)
