@@ -1,16 +1,19 @@
 """Fixtures shared by every test layer.
 
 Integration and acceptance tests talk to real servers: PostgreSQL (a fresh
-database per test, cloned from a migrated template), RabbitMQ, and a Tansu
-broker started once per session. A missing server fails the run with a
-message saying how to start it.
+database per test, cloned from a migrated template), MariaDB (a fresh database
+per test), RabbitMQ, and a Tansu broker started once per session. The databases
+are made ahead of the tests and dropped behind them, in threads (tests.databases).
+A missing server fails the run with a message saying how to start it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import psycopg
 import pytest
@@ -18,6 +21,7 @@ import pytest
 from devservers import Tansu
 from relay.config import TableName
 from relay.store.migrate import migrate
+from tests.databases import Dropper, Stock
 from tests.log_support import log_database, logical_server  # noqa: F401 - the log source's fixtures
 from tests.services import AMQP_URL, MYSQL_URL, PG_URL, ensure_mysql, ensure_postgres, ensure_rabbitmq
 
@@ -51,26 +55,56 @@ def migrated_template(pg_admin_url: str) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
 
 
+def _create_database(admin_url: str, template: str | None = None) -> str:
+    name = f"outbox_relay_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+    return name
+
+
+def _drop_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_dropper(pg_admin_url: str) -> Iterator[Dropper]:
+    """Drops the tests' PostgreSQL databases behind them (see tests.databases)."""
+    dropper = Dropper(functools.partial(_drop_database, pg_admin_url))
+    yield dropper
+    dropper.close()
+
+
+@pytest.fixture(scope="session")
+def empty_stock(pg_admin_url: str, pg_dropper: Dropper) -> Iterator[Stock]:
+    """New empty PostgreSQL databases, made ahead of the tests."""
+    stock = Stock(functools.partial(_create_database, pg_admin_url), pg_dropper)
+    yield stock
+    stock.close()
+
+
+@pytest.fixture(scope="session")
+def migrated_stock(pg_admin_url: str, migrated_template: str, pg_dropper: Dropper) -> Iterator[Stock]:
+    """New clones of the migrated template, made ahead of the tests."""
+    stock = Stock(functools.partial(_create_database, pg_admin_url, migrated_template), pg_dropper)
+    yield stock
+    stock.close()
+
+
 @pytest.fixture
-def empty_database(pg_admin_url: str) -> Iterator[str]:
+def empty_database(empty_stock: Stock, pg_dropper: Dropper) -> Iterator[str]:
     """A URL to a new, empty database, dropped after the test."""
-    name = f"outbox_relay_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+    name = empty_stock.take()
     yield _url_for(name)
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    pg_dropper.put(name)
 
 
 @pytest.fixture
-def database_url(pg_admin_url: str, migrated_template: str) -> Iterator[str]:
+def database_url(migrated_stock: Stock, pg_dropper: Dropper) -> Iterator[str]:
     """A URL to a new database with the ``outbox`` table migrated and empty."""
-    name = f"outbox_relay_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{migrated_template}"')
+    name = migrated_stock.take()
     yield _url_for(name)
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    pg_dropper.put(name)
 
 
 @pytest.fixture(scope="session")
@@ -98,19 +132,81 @@ def mysql_server_url() -> str:
     return MYSQL_URL.rstrip("/")
 
 
+def _create_mysql_database(server_url: str, *, migrated: bool) -> str:
+    from relay.store.mysql.migrate import migrate as migrate_mysql
+    from tests.mysql_support import execute as execute_mysql
+
+    name = f"relay_test_{uuid.uuid4().hex[:12]}"
+    execute_mysql(server_url, f"CREATE DATABASE `{name}`")
+    if migrated:
+        migrate_mysql(f"{server_url}/{name}", TableName.parse("outbox"))
+    return name
+
+
+@pytest.fixture(scope="session")
+def mysql_dropper(mysql_server_url: str) -> Iterator[Dropper]:
+    """Drops the tests' MySQL databases behind them."""
+    from tests.mysql_support import execute as execute_mysql
+
+    dropper = Dropper(lambda name: execute_mysql(mysql_server_url, f"DROP DATABASE IF EXISTS `{name}`"))
+    yield dropper
+    dropper.close()
+
+
+@pytest.fixture(scope="session")
+def mysql_empty_stock(mysql_server_url: str, mysql_dropper: Dropper) -> Iterator[Stock]:
+    """New empty MySQL databases, made ahead of the tests."""
+    stock = Stock(functools.partial(_create_mysql_database, mysql_server_url, migrated=False), mysql_dropper)
+    yield stock
+    stock.close()
+
+
+@pytest.fixture(scope="session")
+def mysql_migrated_stock(mysql_server_url: str, mysql_dropper: Dropper) -> Iterator[Stock]:
+    """New MySQL databases with the ``outbox`` table migrated, made ahead of the tests (a migration takes
+    most of a second on MariaDB)."""
+    stock = Stock(functools.partial(_create_mysql_database, mysql_server_url, migrated=True), mysql_dropper)
+    yield stock
+    stock.close()
+
+
+@dataclass
+class MySQLSlot:
+    """The test's MySQL database, once ``mysql_empty_url`` or ``mysql_url`` took one: the two share it."""
+
+    name: str | None = None
+    migrated: bool = False
+
+
 @pytest.fixture
-def mysql_empty_url(mysql_server_url: str) -> Iterator[str]:
-    """A URL to a new, empty MySQL database ``relay_test_*``, dropped after the test."""
-    from tests.mysql_support import mysql_database
-
-    with mysql_database(mysql_server_url) as url:
-        yield url
+def mysql_slot(mysql_dropper: Dropper) -> Iterator[MySQLSlot]:
+    """The test's MySQL database, dropped after the test."""
+    slot = MySQLSlot()
+    yield slot
+    if slot.name is not None:
+        mysql_dropper.put(slot.name)
 
 
 @pytest.fixture
-def mysql_url(mysql_empty_url: str) -> str:
+def mysql_empty_url(mysql_server_url: str, mysql_slot: MySQLSlot, request: pytest.FixtureRequest) -> str:
+    """A URL to a new, empty MySQL database ``relay_test_*``, dropped after the test.
+
+    With ``mysql_url`` in the same test, both are the one database, migrated (as when ``mysql_url``
+    migrated this one)."""
+    if mysql_slot.name is None:
+        mysql_slot.name = request.getfixturevalue("mysql_empty_stock").take()
+    return f"{mysql_server_url}/{mysql_slot.name}"
+
+
+@pytest.fixture
+def mysql_url(mysql_server_url: str, mysql_slot: MySQLSlot, request: pytest.FixtureRequest) -> str:
     """A URL to a new MySQL database with the ``outbox`` table migrated and empty."""
     from relay.store.mysql.migrate import migrate as migrate_mysql
 
-    migrate_mysql(mysql_empty_url, TableName.parse("outbox"))
-    return mysql_empty_url
+    if mysql_slot.name is None:
+        mysql_slot.name, mysql_slot.migrated = request.getfixturevalue("mysql_migrated_stock").take(), True
+    url = f"{mysql_server_url}/{mysql_slot.name}"
+    if not mysql_slot.migrated:
+        migrate_mysql(url, TableName.parse("outbox"))
+        mysql_slot.migrated = True
+    return url
