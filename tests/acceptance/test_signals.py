@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -42,26 +43,35 @@ def test_a_stop_signal_and_its_repeats_end_the_relay_with_exit_0(
     assert "Traceback" not in said and said.count('"stopped"') + said.count(" stopped") >= 1, said
 
 
+@dataclass
+class SilentServer:
+    """A port that accepts connections and never answers; ``accepted`` is set at the first connection."""
+
+    port: int
+    accepted: threading.Event
+
+
 @pytest.fixture
-def silent_server() -> Iterator[int]:
+def silent_server() -> Iterator[SilentServer]:
     """A port that accepts connections and never answers: a database that hangs."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
     held: list[socket.socket] = []
-    done = threading.Event()
+    done, accepted = threading.Event(), threading.Event()
 
     def accept() -> None:
         listener.settimeout(0.2)
         while not done.is_set():
             try:
                 held.append(listener.accept()[0])
+                accepted.set()
             except TimeoutError:
                 continue
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
-    yield listener.getsockname()[1]
+    yield SilentServer(listener.getsockname()[1], accepted)
     done.set()
     thread.join()
     for conn in held:
@@ -71,11 +81,13 @@ def silent_server() -> Iterator[int]:
 
 @pytest.mark.parametrize("scheme", ["postgresql", "mysql"])
 def test_a_stop_while_start_up_waits_on_a_hung_database_is_a_stop(
-    silent_server: int, amqp_url: str, scheme: str
+    silent_server: SilentServer, amqp_url: str, scheme: str
 ) -> None:
-    url = f"{scheme}://root@127.0.0.1:{silent_server}/outbox"
+    url = f"{scheme}://root@127.0.0.1:{silent_server.port}/outbox"
     proc = relay_process(url, amqp_url, "--log-level", "INFO")
-    time.sleep(2)  # past the imports: the relay waits on the database
+    # Once it connects, it is past its imports and its signal handlers, and waits on the database (a fixed
+    # 2 s was too short for the imports on a loaded machine: the SIGTERM came before the handlers).
+    assert silent_server.accepted.wait(60), "the relay never connected to the database"
     assert proc.poll() is None
     proc.send_signal(signal.SIGTERM)
     _, said = proc.communicate(timeout=60)
