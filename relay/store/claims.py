@@ -1,7 +1,7 @@
 """What the ``Store`` port claims and settles: a leased batch (:class:`Claim`), a claim answered before its
 events are built (:class:`Started`), the outcomes a settle records (:class:`Retry`, :class:`Dead`,
 :class:`Settlement`), and the rules every store shares about keys in a claim (:func:`in_key_order`,
-:func:`chained_keys`)."""
+:func:`chained_keys`, :func:`within_bytes`)."""
 
 from __future__ import annotations
 
@@ -162,6 +162,34 @@ def in_key_order(items: Iterable[T], rank: Callable[[T], Any], *, event: Callabl
             for spot, item in zip(spots, ours, strict=True):
                 ordered[spot] = item
     return ordered
+
+
+K = TypeVar("K", bound=_Keyed)
+
+
+def within_bytes(placed: Sequence[K], max_bytes: int | None, *, size: Callable[[K], int]) -> list[K]:
+    """The items of ``placed`` (in claim order) that came while their ``size`` summed under ``max_bytes``.
+
+    The first always goes in. A key's run is cut, never holed: an item counts
+    from the place of the latest of its run's earlier items.
+    """
+    if max_bytes is None or sum(map(size, placed)) < max_bytes:
+        return list(placed)
+    place = {item.id: i for i, item in enumerate(placed)}
+    at: dict[int, int] = {}
+    latest: dict[str, int] = {}
+    for item in sorted(placed, key=lambda item: item.id):
+        if item.key is None:
+            at[item.id] = place[item.id]
+        else:
+            at[item.id] = latest[item.key] = max(latest.get(item.key, -1), place[item.id])
+    chosen, total = [], 0
+    for item in sorted(placed, key=lambda item: (at[item.id], item.id)):
+        if total >= max_bytes:
+            break
+        chosen.append(item)
+        total += size(item)
+    return chosen
 
 
 def chained_keys(chain: Sequence[Claim]) -> dict[str, Event]:

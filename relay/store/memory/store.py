@@ -22,8 +22,9 @@ from relay.store.base import (
     in_key_order,
     next_attempt,
 )
+from relay.store.claims import within_bytes
 from relay.store.memory.admin import MemoryAdmin
-from relay.store.memory.rows import Row, _by_id
+from relay.store.memory.rows import Row
 
 
 class MemoryStore(MemoryAdmin):
@@ -110,21 +111,9 @@ class MemoryStore(MemoryAdmin):
         )[:limit]
         runs = self._runs(candidates, chain, now)
         placed = [r for r in candidates if r.id in runs]
-        # A key's event counts from the place of the latest of its run's earlier events: cut, never holed.
-        place = {r.id: i for i, r in enumerate(placed)}
-        at: dict[int, int] = {}
-        latest: dict[str, int] = {}
-        for row in sorted(placed, key=_by_id):
-            if row.key is None:
-                at[row.id] = place[row.id]
-            else:
-                at[row.id] = latest[row.key] = max(latest.get(row.key, -1), place[row.id])
-        chosen, size = [], 0
-        for row in sorted(placed, key=lambda r: (at[r.id], r.id)):
-            if max_bytes is not None and size >= max_bytes:
-                break
-            chosen.append(row)
-            size += len(self._as_event(row).payload) + _headers_bytes(row.headers)
+        chosen = within_bytes(
+            placed, max_bytes, size=lambda r: len(self._as_event(r).payload) + _headers_bytes(r.headers)
+        )
         reaped = 0
         events = []
         for row in in_key_order(chosen, lambda r: (-r.priority, r.id), event=lambda r: r):

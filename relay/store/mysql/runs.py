@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
+from relay.store import claims
+
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -124,25 +126,6 @@ def runs(
 
 
 def within_bytes(placed: Sequence[Candidate], max_bytes: int | None) -> list[Candidate]:
-    """The events of ``placed`` (in claim order) that came while their sizes were under ``max_bytes``.
-
-    The first always goes in. A key's run is cut, never holed: an event counts
-    from the place of the latest of its run's earlier events.
-    """
-    if max_bytes is None or sum(c.bytes for c in placed) < max_bytes:
-        return list(placed)
-    place = {c.id: i for i, c in enumerate(placed)}
-    at: dict[int, int] = {}
-    latest: dict[str, int] = {}
-    for candidate in sorted(placed, key=lambda c: c.id):
-        if candidate.key is None:
-            at[candidate.id] = place[candidate.id]
-        else:
-            at[candidate.id] = latest[candidate.key] = max(latest.get(candidate.key, -1), place[candidate.id])
-    chosen, size = [], 0
-    for candidate in sorted(placed, key=lambda c: (at[c.id], c.id)):
-        if max_bytes is not None and size >= max_bytes:
-            break
-        chosen.append(candidate)
-        size += candidate.bytes
-    return chosen
+    """The candidates of ``placed`` (in claim order) within ``max_bytes``: the rule every store shares
+    (:func:`relay.store.claims.within_bytes`), counted in the sizes the locking read returned."""
+    return claims.within_bytes(placed, max_bytes, size=lambda candidate: candidate.bytes)
