@@ -362,11 +362,12 @@ def test_machine_cpu_per_event_splits_the_busy_time_by_group() -> None:
 
 def test_a_cpu_snapshot_counts_this_process_as_the_bench() -> None:
     before = cpu.snapshot()
-    deadline = time.process_time() + 0.05
+    deadline = time.process_time() + 0.2
     while time.process_time() < deadline:
         pass
     after = cpu.snapshot()
-    assert after.groups["bench"] - before.groups["bench"] >= 0.04
+    # /proc counts in clock ticks (10 ms) and may trail process_time by a tick or two, so leave room for that
+    assert after.groups["bench"] - before.groups["bench"] >= 0.15
     assert after.busy >= before.busy
 
 
