@@ -46,8 +46,8 @@ from relay.loop import Relay
 from relay.sinks import build_sink
 from relay.sinks.base import Sink
 from relay.sinks.memory import MemorySink
+from relay.sources.log.publication import prepare, publication_name
 from relay.sources.log.relay import LogRelay
-from relay.sources.log.slot import prepare, publication_name
 from relay.sources.log.stream import ReplicationStream
 from relay.store.adapters import build_store
 from relay.store.migrate import migrate
