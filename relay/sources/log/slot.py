@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -81,6 +82,21 @@ VALUES (%(topic)s, %(key)s, %(payload)s::jsonb, %(payload_bytes)s, %(content_typ
 ON CONFLICT (idempotency_key) DO NOTHING
 """
 
+#: The fencing check and the deletion of delivered rows, in one statement: the rows go only while this
+#: session holds the slot's lock.
+_FENCE_AND_DELETE = """
+WITH lead AS (
+    SELECT count(*) AS held FROM pg_locks
+    WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+      AND classid = %(classid)s::bigint::oid AND objid = %(objid)s::bigint::oid AND objsubid = 1
+), gone AS (
+    DELETE FROM {table}
+    WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending' AND last_error IS NULL
+      AND (SELECT held FROM lead) > 0
+)
+SELECT held FROM lead
+"""
+
 #: The rows handed over to the table that may go now: in id order, each key's first only while an earlier
 #: handed-over row of its key is still there (pending or dead-lettered: skipped ones no longer hold it).
 _HANDED_OVER = """
@@ -120,6 +136,9 @@ class TableLink:
         self._key = lock_key(slot)
         self._timeout = leader_timeout_seconds
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        # One statement or transaction at a time: the confirm runs beside the deliverer's writes, and a
+        # statement of one must never land inside the other's transaction.
+        self._turn = asyncio.Lock()
         self._layout = layout
         # Debezium's table is read and written through its view, which has the native column names.
         self._target = sql.Identifier(*layout.relation(table).parts)
@@ -154,6 +173,10 @@ class TableLink:
                 await conn.close()
 
     async def _run(self, query: Any, params: Any = None, *, doing: str = "a query failed") -> list[tuple[Any, ...]]:
+        async with self._turn:
+            return await self._run_now(query, params, doing)
+
+    async def _run_now(self, query: Any, params: Any, doing: str) -> list[tuple[Any, ...]]:
         if self._conn is None:
             raise StoreUnavailable("not connected")
         try:
@@ -175,11 +198,20 @@ class TableLink:
 
     async def leading(self) -> bool:
         """Whether this session still holds the slot's lock (the fencing check before a confirm)."""
+        return await self.fence_and_delete(())
+
+    async def fence_and_delete(self, ids: Sequence[int]) -> bool:
+        """Whether this session still holds the slot's lock and, if it does, delete the rows of acknowledged
+        table events ``ids`` (the WAL keeps their INSERT: a re-read loses nothing), in one round trip.
+
+        The ids go as one text array literal, which the server parses: psycopg's dump of a list of ints
+        cost the relay more CPU per event than reading the event from the stream.
+        """
         rows = await self._run(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
-            " AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = 1",
-            [self._key >> 32, self._key & 0xFFFFFFFF],
-        )
+            sql.SQL(_FENCE_AND_DELETE).format(table=self._target),
+            {"classid": self._key >> 32, "objid": self._key & 0xFFFFFFFF,
+             "ids": "{" + ",".join(map(str, ids)) + "}"},
+        )  # fmt: skip
         return bool(rows[0][0])
 
     async def end_stale_reader(self) -> None:
@@ -216,13 +248,13 @@ class TableLink:
         return {row[0] for row in rows}
 
     async def delete_delivered(self, ids: Sequence[int]) -> None:
-        """Delete the rows of acknowledged table events (the WAL keeps their INSERT: a re-read loses nothing)."""
+        """Delete the rows of acknowledged table events, fenced or not (see :meth:`fence_and_delete`)."""
         if ids:
             await self._run(
-                sql.SQL("DELETE FROM {} WHERE id = ANY(%s) AND state = 'pending' AND last_error IS NULL").format(
-                    self._target
-                ),
-                [list(ids)],
+                sql.SQL(
+                    "DELETE FROM {} WHERE id = ANY(%s::bigint[]) AND state = 'pending' AND last_error IS NULL"
+                ).format(self._target),
+                ["{" + ",".join(map(str, ids)) + "}"],
             )
 
     async def write(self, event: Event, *, row: bool, state: str, reason: str, attempts: int) -> None:
@@ -257,6 +289,10 @@ class TableLink:
         if row and state == "failed":
             await self._run(sql.SQL(_UPSERT).format(table=self._target), params, doing=doing)
             return
+        async with self._turn:
+            await self._replace_row(params, row=row, doing=doing)
+
+    async def _replace_row(self, params: dict[str, Any], *, row: bool, doing: str) -> None:
         if self._conn is None:
             raise StoreUnavailable("not connected")
         try:
