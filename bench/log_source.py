@@ -8,8 +8,9 @@ python -m bench.log_source --kafka              # the drains to Kafka (Tansu) in
 Measured, each to an acknowledging in-memory sink (the relay's own cost, no broker):
 - drain of a backlog in the slot (streaming) vs the table source's drain of the same rows vs L_db, for
   each spread of keys (null keys, one key per event, 1,000 keys, 1 key);
-- L_log, the floor of the log's side: a bare loop that reads the slot's stream and counts the inserts
-  (no parsing, no events, no sink); with ``--kafka`` also L_kafka, the bare producer loop;
+- L_log, the floor of the log's side: a bare loop that reads the slot's stream as the relay does (every
+  frame one wait on the socket brought) and counts the inserts (no parsing, no events, no sink); with
+  ``--kafka`` also L_kafka, the bare producer loop;
 - the relay's own latency at 500 events/s: a writer's COMMIT to the event handed to the sink, p50/p99, over
   the raw client's (the same writer, a bare loop reading the inserts' frames off the stream);
 - the server's decoding alone through ``pg_logical_slot_peek_binary_changes`` (the polling design's floor);
@@ -171,10 +172,10 @@ async def _l_log(url: str, events: int) -> dict[str, float]:
     cpu, started = _cpu(), time.perf_counter()
     await stream.start(10.0)
     seen = 0
-    while seen < events:
-        frame = await stream.read(5.0)
-        if isinstance(frame, tuple) and frame[1][:1] == b"I":
-            seen += 1
+    while seen < events:  # as the relay reads: every frame one wait on the socket brought, in one list
+        for frame in await stream.read_frames(5.0, 10_000):
+            if frame[0] == XLOG_DATA and frame[XLOG_HEADER] == INSERT:
+                seen += 1
     elapsed = time.perf_counter() - started
     spent = _cpu() - cpu
     await stream.close()
