@@ -162,6 +162,11 @@ class TableLink:
             raise StoreUnavailable(f"cannot reach the database: {exc}") from None
 
     @property
+    def busy(self) -> bool:
+        """Whether a statement (the confirm's, a write) is running: another one would wait for it."""
+        return self._turn.locked()
+
+    @property
     def connected(self) -> bool:
         """Whether the connection is open (closed after it was lost, and with it the lock)."""
         return self._conn is not None
