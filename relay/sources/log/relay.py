@@ -332,6 +332,8 @@ class LogRelay:
             if self._confirmer.done():
                 self._confirmer.result()  # fenced, or the table link lost: the leadership ends
             now = time.monotonic()
+            if self.store.busy:
+                continue  # the confirm's statement runs: the chores below would wait on it, the delivery not
             if now >= next_sweep:
                 next_sweep = now + SWEEP_SECONDS
                 await batches.sweep(stop)
