@@ -8,9 +8,11 @@ python -m bench.log_source --kafka              # the drains to Kafka (Tansu) in
 Measured, each to an acknowledging in-memory sink (the relay's own cost, no broker):
 - drain of a backlog in the slot (streaming) vs the table source's drain of the same rows vs L_db, for
   each spread of keys (null keys, one key per event, 1,000 keys, 1 key);
-- L_log, the floor of the log's side: a bare loop that reads the slot's stream and counts the inserts
-  (no parsing, no events, no sink); with ``--kafka`` also L_kafka, the bare producer loop;
-- the relay's own latency at 500 events/s: a writer's COMMIT to the event handed to the sink, p50/p99;
+- L_log, the floor of the log's side: a bare loop that reads the slot's stream as the relay does (every
+  frame one wait on the socket brought) and counts the inserts (no parsing, no events, no sink); with
+  ``--kafka`` also L_kafka, the bare producer loop;
+- the relay's own latency at 500 events/s: a writer's COMMIT to the event handed to the sink, p50/p99, over
+  the raw client's (the same writer, a bare loop reading the inserts' frames off the stream);
 - the server's decoding alone through ``pg_logical_slot_peek_binary_changes`` (the polling design's floor);
 - relay CPU per 1,000 events, log vs table;
 - WAL bytes per event: the writer (one event per transaction: a row, a message, a bare jsonb INSERT) and
@@ -46,8 +48,10 @@ from relay.loop import Relay
 from relay.sinks import build_sink
 from relay.sinks.base import Sink
 from relay.sinks.memory import MemorySink
+from relay.sources.log import pgoutput
+from relay.sources.log.pgoutput import INSERT, XLOG_DATA, XLOG_HEADER
+from relay.sources.log.publication import prepare, publication_name
 from relay.sources.log.relay import LogRelay
-from relay.sources.log.slot import prepare, publication_name
 from relay.sources.log.stream import ReplicationStream
 from relay.store.adapters import build_store
 from relay.store.migrate import migrate
@@ -168,10 +172,10 @@ async def _l_log(url: str, events: int) -> dict[str, float]:
     cpu, started = _cpu(), time.perf_counter()
     await stream.start(10.0)
     seen = 0
-    while seen < events:
-        frame = await stream.read(5.0)
-        if isinstance(frame, tuple) and frame[1][:1] == b"I":
-            seen += 1
+    while seen < events:  # as the relay reads: every frame one wait on the socket brought, in one list
+        for frame in await stream.read_frames(5.0, 10_000):
+            if frame[0] == XLOG_DATA and frame[XLOG_HEADER] == INSERT:
+                seen += 1
     elapsed = time.perf_counter() - started
     spent = _cpu() - cpu
     await stream.close()
@@ -192,17 +196,11 @@ class _TimedSink(MemorySink):
         return await super().publish(events, holds)
 
 
-async def _latency(url: str, rate: float, seconds: float) -> dict[str, float]:
-    """A writer commits one event per transaction at ``rate``; the time from its COMMIT to the sink, p50/p99."""
-    sink = _TimedSink()
-    slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
-    relay = LogRelay(url, TABLE, slot, sink, _settings())
-    stop = asyncio.Event()
-    task = asyncio.create_task(relay.run(stop))
+async def _write_at(url: str, rate: float, count: int, ready: Any) -> dict[int, float]:
+    """One event per transaction at ``rate`` once ``ready()``; each row id's COMMIT time (perf_counter)."""
     committed: dict[int, float] = {}
-    count = int(rate * seconds)
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        while not relay.state.leading:
+        while not ready():
             await asyncio.sleep(0.05)
         await asyncio.sleep(1.0)
         started = time.perf_counter()
@@ -217,12 +215,46 @@ async def _latency(url: str, rate: float, seconds: float) -> dict[str, float]:
             row = await cursor.fetchone()
             assert row is not None
             committed[row[0]] = time.perf_counter()
+    return committed
+
+
+def _percentiles(committed: dict[int, float], arrived: dict[int, float]) -> dict[str, float]:
+    waits = sorted((arrived[i] - at) * 1000 for i, at in committed.items())
+    return {"events": len(waits), "p50_ms": waits[len(waits) // 2], "p99_ms": waits[int(len(waits) * 0.99)]}
+
+
+async def _latency(url: str, rate: float, seconds: float) -> dict[str, dict[str, float]]:
+    """A writer commits one event per transaction at ``rate``; the time from its COMMIT to the relay's sink,
+    and, in the same run on a second slot, to the raw client: a bare loop reading the inserts' frames off the
+    stream (the row id taken from the frame; nothing built, nothing confirmed). p50/p99 of each."""
+    sink = _TimedSink()
+    slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+    prepare(url, TABLE, f"{slot}_raw")
+    relay = LogRelay(url, TABLE, slot, sink, _settings())
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    stream = ReplicationStream(url, f"{slot}_raw", publication_name(f"{slot}_raw"), sender_timeout_seconds=60.0)
+    await stream.start(10.0)
+    count = int(rate * seconds)
+    arrived: dict[int, float] = {}
+
+    async def read() -> None:
+        while len(arrived) < count:
+            for frame in await stream.read_frames(1.0, 1000):
+                if frame[0] == XLOG_DATA and frame[XLOG_HEADER] == INSERT:
+                    message = pgoutput.parse_message(frame[XLOG_HEADER:])
+                    assert isinstance(message, pgoutput.Insert) and message.values[0] is not None
+                    arrived[int(message.values[0])] = time.perf_counter()
+
+    reader = asyncio.create_task(read())
+    committed = await _write_at(url, rate, count, lambda: relay.state.leading)
+    await reader
+    await stream.close()
     while len(sink.handed) < count:
         await asyncio.sleep(0.05)
     stop.set()
     await task
-    waits = sorted((sink.handed[i] - at) * 1000 for i, at in committed.items())
-    return {"events": count, "p50_ms": waits[len(waits) // 2], "p99_ms": waits[int(len(waits) * 0.99)]}
+    return {"relay": _percentiles(committed, sink.handed), "raw": _percentiles(committed, arrived)}
 
 
 def _peek(url: str) -> dict[str, float]:
@@ -341,9 +373,11 @@ def _summary(results: dict[str, Any]) -> None:
               f"({table['rate']:,.0f}/s); CPU per 1,000: log {log['cpu_per_1000']:.3f} s, "
               f"table {table['cpu_per_1000']:.3f} s = {log['cpu_per_1000'] / table['cpu_per_1000']:.2f}")  # fmt: skip
     if "latency" in results:
-        latency = results["latency"]
-        print(f"relay latency at {LATENCY_RATE:.0f}/s, COMMIT to the sink: p50 {latency['p50_ms']:.1f} ms, "
-              f"p99 {latency['p99_ms']:.1f} ms")  # fmt: skip
+        latency, raw = results["latency"]["relay"], results["latency"]["raw"]
+        print(f"latency at {LATENCY_RATE:.0f}/s from COMMIT: relay (to the sink) p50 {latency['p50_ms']:.1f} ms, "
+              f"p99 {latency['p99_ms']:.1f} ms; raw client (to the frame) p50 {raw['p50_ms']:.1f} ms, "
+              f"p99 {raw['p99_ms']:.1f} ms; the relay's own: p99 {latency['p99_ms'] - raw['p99_ms']:.1f} ms over "
+              "the raw client's")  # fmt: skip
     if "writers" not in results:
         return
     writers, drain = results["writers"], results["drains"]["1,000 keys"]

@@ -39,7 +39,7 @@ def source_and_slot(args: argparse.Namespace) -> tuple[str, str | None]:
     if source not in SOURCES:
         raise ConfigError(f"invalid --source {args.source[:40]!r}: table or log (RELAY_SOURCE)")
     if source == LOG:
-        from relay.sources.log.slot import check_slot_name
+        from relay.sources.log.publication import check_slot_name
 
         if not args.slot:
             raise ConfigError("--source log needs --slot NAME (RELAY_SLOT)")
@@ -59,7 +59,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if slot is not None and dsn.startswith(("mysql", "mariadb")):
         raise ConfigError("--source log needs PostgreSQL")
     if slot is not None:
-        from relay.sources.log.slot import check_server
+        from relay.sources.log.publication import check_server
 
         check_server(dsn)  # before the table: a server that cannot decode gets nothing
     if args.create_roles and layout.debezium:
@@ -73,9 +73,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         create_roles(dsn, table, relay_role=args.relay_role, writer_role=args.writer_role, log_source=slot is not None)
         print(f"{table}: roles {args.relay_role} (relay) and {args.writer_role} (writer) granted")
     if slot is not None:
-        from relay.sources.log.slot import prepare
+        from relay.sources.log.publication import prepare
 
-        created = prepare(dsn, table, slot)
+        created = prepare(dsn, table, slot, layout=layout)
         print(f"{table}: {', '.join(created)} created" if created else f"{table}: publication and slot {slot} ready")
     return 0
 

@@ -296,3 +296,31 @@ async def test_one_keys_retries_do_not_stop_the_other_keys_when_its_events_fill_
         await until(caught_up(url, slot))
     assert [_n(e) for e in sink.delivered if e.key == "a"] == list(range(1501))
     assert not _outbox_rows(url)
+
+
+@synchronous
+async def test_delivery_goes_on_while_the_confirms_delete_waits_on_a_lock(log_database: tuple[str, str]) -> None:
+    url, slot = log_database
+    with psycopg.connect(url, autocommit=True) as conn:
+        _insert(conn, "t", "a", {"n": 1})
+    sink = MemorySink()
+    with psycopg.connect(url) as locker:  # holds the first row: the confirm's delete of it waits
+        locker.execute("SELECT id FROM outbox FOR UPDATE")
+        async with running(url, slot, sink):
+            await until(lambda: len(sink.delivered) == 1)
+            await until(lambda: _deletes_waiting(url) == 1)
+            with psycopg.connect(url, autocommit=True) as conn:
+                _insert(conn, "t", "b", {"n": 2})
+            await until(lambda: len(sink.delivered) == 2, timeout=5.0)
+            assert _deletes_waiting(url) == 1  # delivered while the confirm still waited
+            locker.rollback()
+            await until(lambda: _outbox_rows(url) == [])
+
+
+def _deletes_waiting(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM%'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])

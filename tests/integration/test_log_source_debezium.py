@@ -90,6 +90,12 @@ def test_migrate_publishes_the_debezium_table(debezium_database: tuple[str, str]
         tables = conn.execute("SELECT tablename FROM pg_publication_tables WHERE pubname = %s", [slot]).fetchall()
         plugin = conn.execute("SELECT plugin FROM pg_replication_slots WHERE slot_name = %s", [slot]).fetchone()
     assert tables == [("dbz_outbox",)] and plugin == ("pgoutput",)
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT attnames FROM pg_publication_tables WHERE pubname = %s", [slot]).fetchone()
+    assert row is not None
+    # Every application column (any may be a --field-header), the relay columns the reader reads, no other.
+    assert set(row[0]) == {"id", "aggregatetype", "aggregateid", "type", "payload", "relay_seq", "relay_state",
+                           "relay_last_error", "relay_created_at"}  # fmt: skip
 
 
 @synchronous

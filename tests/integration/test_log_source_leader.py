@@ -12,7 +12,7 @@ import psycopg
 
 from devservers.postgres import LOGICAL_DECODING, embedded_postgres
 from relay.sinks.memory import MemorySink
-from relay.sources.log.slot import lock_key, prepare
+from relay.sources.log.slot import TableLink, lock_key, prepare
 from relay.store.migrate import migrate
 from tests.log_support import TABLE, caught_up, confirmed_lsn, running, synchronous, until
 
@@ -179,3 +179,24 @@ async def test_the_slot_advances_past_a_busy_neighbours_wal_on_an_idle_database(
             neighbour.execute("INSERT INTO neighbour_filler SELECT repeat('x', 100) FROM generate_series(1, 20000)")
         # Nothing of ours in that WAL, yet the slot confirms past it: it holds none of it back.
         await until(caught_up(url, slot), timeout=30)
+
+
+@synchronous
+async def test_the_fenced_delete_deletes_only_while_the_session_holds_the_slots_lock(
+    log_database: tuple[str, str],
+) -> None:
+    url, slot = log_database
+    with psycopg.connect(url, autocommit=True) as conn:
+        ids = [row[0] for row in conn.execute(
+            "INSERT INTO outbox (topic, payload) SELECT 't', '{}' FROM generate_series(1, 3) RETURNING id"
+        )]  # fmt: skip
+    link = TableLink(url, TABLE, slot, leader_timeout_seconds=10.0)
+    await link.connect(5.0)
+    try:
+        assert not await link.fence_and_delete(ids[:2])  # not the leader: nothing goes
+        assert await link.try_lead()
+        assert await link.fence_and_delete(ids[:2])
+    finally:
+        await link.close()
+    with psycopg.connect(url) as conn:
+        assert [row[0] for row in conn.execute("SELECT id FROM outbox")] == ids[2:]

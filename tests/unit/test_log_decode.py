@@ -10,10 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from relay.config import TableLayout
 from relay.errors import ConfigError
 from relay.sources.log import pgoutput
 from relay.sources.log.decode import BadEnvelope, RowReader, jsonb_text, message_event, message_idempotency_key
-from relay.sources.log.slot import check_slot_name, publication_name, refusal
+from relay.sources.log.publication import check_slot_name, publication_name, published_columns, refusal
 from relay.sources.log.window import Window
 
 NOW = datetime(2026, 12, 6, tzinfo=UTC)
@@ -277,3 +278,18 @@ def test_events_held_behind_a_retry_have_a_bound_of_their_own() -> None:
         window.add(event, transaction, row=True)
     window.held = 40
     assert window.full()  # the held ones' own bound: 4 times the window's events
+
+
+def test_the_column_list_leaves_out_only_the_unread_relay_columns_and_none_before_postgresql_15() -> None:
+    native = ["id", "topic", "key", "payload", "deliver_at", "priority", "state", "attempts", "extra"]
+    assert published_columns(140000, native) is None
+    assert published_columns(150000, native) == ["id", "topic", "key", "payload", "state", "extra"]
+    debezium = ["id", "aggregatetype", "priority", "relay_seq", "relay_priority", "relay_state"]
+    layout = TableLayout.parse("debezium")
+    assert published_columns(170000, debezium, layout) == [
+        "id",
+        "aggregatetype",
+        "priority",
+        "relay_seq",
+        "relay_state",
+    ]

@@ -30,6 +30,8 @@ _UINT32 = struct.Struct("!I")
 _INT16 = struct.Struct("!h")
 _LSN = struct.Struct("!Q")
 _unpack_uint32 = _UINT32.unpack_from
+#: An unsigned 32-bit big-endian integer (a relation oid, a length).
+UINT32 = _UINT32
 
 #: Where an XLogData frame's pgoutput message starts (after ``w``, start LSN, end LSN, send time).
 XLOG_HEADER = 25
@@ -37,6 +39,8 @@ XLOG_HEADER = 25
 XLOG_DATA = 0x77  # 'w'
 KEEPALIVE = 0x6B  # 'k'
 INSERT = 0x49  # 'I'
+#: The marker before an insert's new tuple.
+NEW_TUPLE = 0x4E  # 'N'
 
 
 class ProtocolError(Exception):
@@ -139,17 +143,23 @@ def insert_relation(data: bytes, at: int) -> int:
     return int(_unpack_uint32(data, at + 1)[0])
 
 
-def pick_columns(data: bytes, at: int, places: tuple[int, ...], size: int) -> list[bytes | None]:
+def pick_columns(
+    data: bytes, at: int, places: tuple[int, ...], size: int, into: list[bytes | None] | None = None
+) -> list[bytes | None]:
     """The TupleData at ``at``, in one pass: column ``i``'s text bytes at ``places[i]`` of a list of ``size``
     (None for a null), the columns whose place is -1 skipped without a copy.
 
-    ``places`` covers every column of the relation: a message with more columns than it is refused.
+    ``into``, a list of ``size`` the caller reuses, is filled and returned when the message has every column
+    of its relation (each place is then written, a null's too): no list is made per row. ``places`` covers
+    every column of the relation: a message with more columns than it is refused.
     """
     count = (data[at] << 8) | data[at + 1]
     if count > len(places):
         raise ProtocolError(f"an insert of {count} columns, its relation has {len(places)}")
     at += 2
-    values: list[bytes | None] = [None] * size
+    if into is None or count < len(places):
+        into = [None] * size
+    values = into
     unpack = _unpack_uint32
     for place in places[:count] if count < len(places) else places:
         kind = data[at]
@@ -160,6 +170,8 @@ def pick_columns(data: bytes, at: int, places: tuple[int, ...], size: int) -> li
                 values[place] = data[start:at]
         elif kind == 0x6E or kind == 0x75:  # 'n' null; 'u' an unchanged TOASTed value, never in an insert
             at += 1
+            if place >= 0:
+                values[place] = None
         else:
             raise ProtocolError(f"unexpected tuple column kind {chr(kind)!r}")
     return values

@@ -20,7 +20,7 @@ from relay.events import Event
 from relay.sources.log import pgoutput
 from relay.sources.log.debezium import DebeziumRowReader
 from relay.sources.log.decode import HEARTBEAT_PREFIX, MESSAGE_PREFIX, RowReader
-from relay.sources.log.pgoutput import INSERT, KEEPALIVE, XLOG_DATA, XLOG_HEADER, format_lsn, insert_relation
+from relay.sources.log.pgoutput import INSERT, KEEPALIVE, NEW_TUPLE, XLOG_DATA, XLOG_HEADER, format_lsn, insert_relation
 from relay.sources.log.window import Pending, Transaction, Window
 
 logger = logging.getLogger(__name__)
@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 #: Where an insert's TupleData starts in its frame: after the message kind, the relation oid and ``N``.
 _TUPLE_AT = XLOG_HEADER + 6
+#: An insert's relation oid, read in the loop (a call per row to insert_relation cost as much as the read).
+oid_at = pgoutput.UINT32.unpack_from
 
 
 class FrameReader:
@@ -69,7 +71,9 @@ class FrameReader:
         for frame in frames:
             kind = frame[0]
             if kind == XLOG_DATA and frame[XLOG_HEADER] == INSERT:
-                reader = rows.get(insert_relation(frame, XLOG_HEADER))
+                if frame[_TUPLE_AT - 1] != NEW_TUPLE:
+                    insert_relation(frame, XLOG_HEADER)  # raises ProtocolError
+                reader = rows.get(oid_at(frame, XLOG_HEADER + 1)[0])
                 transaction = self._transaction
                 if reader is not None and transaction is not None:
                     event = reader.event_at(frame, _TUPLE_AT, self._commit_time)

@@ -211,10 +211,13 @@ class LogRelay:
         self._batches.parked = await self.store.parked_keys()
         self._outage.reset()
         reader = asyncio.create_task(self._read(stop), name="log-reader")
+        self._confirms_done = asyncio.Event()
+        self._confirmer = asyncio.create_task(self._confirming(self._confirms_done), name="log-confirm")
         try:
             await self._deliver(stop, reader)
         finally:
             reader.cancel()
+            await self._stop_confirming()
             await asyncio.gather(reader, return_exceptions=True)
             # Batches still with the sink end within their publish timeout; unconfirmed, they are read again.
             sending = [task for _, task in self._batches.in_flight]
@@ -326,8 +329,11 @@ class LogRelay:
                 wait = min(1.0, max(0.01, batches.next_due() - time.monotonic()))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._more.wait(), wait)
-            await self._confirm()
+            if self._confirmer.done():
+                self._confirmer.result()  # fenced, or the table link lost: the leadership ends
             now = time.monotonic()
+            if self.store.busy:
+                continue  # the confirm's statement runs: the chores below would wait on it, the delivery not
             if now >= next_sweep:
                 next_sweep = now + SWEEP_SECONDS
                 await batches.sweep(stop)
@@ -340,7 +346,28 @@ class LogRelay:
         while batches.in_flight:  # stopping: the batches handed to the sink are settled, then confirmed
             to_sink, sending = batches.in_flight.popleft()
             await batches.settle(to_sink, await sending)
+        if self._confirmer.done():
+            self._confirmer.result()
+        await self._stop_confirming()
         await self._confirm(final=True)
+
+    async def _confirming(self, done: asyncio.Event) -> None:
+        """Confirm beside the deliverer, so that no delivery waits on the fencing check, the delete or the
+        status update (they cost the relay's latency p99 ~10 ms at 500 events/s on the deliverer's path)."""
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), CONFIRM_INTERVAL_SECONDS)
+            if not done.is_set():
+                await self._confirm()
+
+    async def _stop_confirming(self) -> None:
+        """Let the confirm in hand end (a cancel could cut the table link's statement); raises nothing."""
+        self._confirms_done.set()
+        confirmer = self._confirmer
+        if not confirmer.done():
+            await asyncio.wait([confirmer], timeout=CONNECT_TIMEOUT_SECONDS)
+            confirmer.cancel()
+        await asyncio.gather(confirmer, return_exceptions=True)
 
     async def _wait_for_sink(self, stop: asyncio.Event) -> None:
         """Back off until the broker answers, keeping the slot: the lock's session and the stream stay in use."""
@@ -348,10 +375,8 @@ class LogRelay:
             deadline = time.monotonic() + self._sink_outage.next_delay()
             while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
                 await self._sleep(stop, min(left, STATUS_INTERVAL_SECONDS))
-                if not await self.store.leading():
-                    raise Fenced("the slot's lock was lost while the broker was away")
-                if self._stream is not None:
-                    await self._stream.confirm(self._confirmed, reply=False)
+                if self._confirmer.done():  # it goes on fencing and telling the server where the slot is
+                    self._confirmer.result()
             try:
                 await self.sink.check()
             except SinkUnavailable:
@@ -373,10 +398,9 @@ class LogRelay:
         due = moved and now - self._last_confirm >= CONFIRM_INTERVAL_SECONDS
         if not (final or due or now - stream.last_status_at >= STATUS_INTERVAL_SECONDS):
             return
-        if not await self.store.leading():
-            raise Fenced("the slot's lock was lost: confirming nothing")
         rows, self._batches.delivered_rows = self._batches.delivered_rows, []
-        await self.store.delete_delivered(rows)
+        if not await self.store.fence_and_delete(rows):
+            raise Fenced("the slot's lock was lost: confirming nothing")
         await stream.confirm(target, reply=not moved)
         self._last_confirm = now
         if moved:

@@ -1,9 +1,7 @@
-"""The publication and the slot, the leader's lock, and the relay's few writes to the outbox table.
+"""The slot's status, the leader's lock, and the relay's few writes to the outbox table.
 
-- :func:`prepare` (``migrate --source log --slot NAME``): the publication (INSERTs
-  of the outbox table only; named as the slot) and the ``pgoutput`` slot, each
-  created once. It refuses, in one line, a server older than 14, a
-  ``wal_level`` other than ``logical``, and a role that cannot replicate.
+- :func:`.publication.prepare` (``migrate --source log --slot NAME``) makes the
+  publication and the slot; its names are kept here for the callers of old.
 - :class:`TableLink`: one ordinary connection per relay. It holds the leader's
   session advisory lock (keyed by the slot's name; ``idle_session_timeout`` ends
   the session, and the lock, of a reader frozen longer than the bound), checks
@@ -13,10 +11,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,128 +23,22 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from relay.config import NATIVE, TableLayout, TableName
-from relay.errors import ConfigError, StoreError, StoreUnavailable
+from relay.errors import StoreError, StoreUnavailable
 from relay.events import Event
 from relay.sources.log import debezium
+from relay.sources.log.publication import check_server as check_server
+from relay.sources.log.publication import check_slot_name as check_slot_name
+from relay.sources.log.publication import prepare as prepare
+from relay.sources.log.publication import publication_name as publication_name
+from relay.sources.log.publication import refusal as refusal
 from relay.store.debezium import identifiers
 from relay.store.postgres.store import debezium_headers
-
-MIN_SERVER_VERSION = 140000
-SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
-
-
-def check_slot_name(name: str) -> str:
-    """``name`` if PostgreSQL takes it as a replication slot's name (and the publication's)."""
-    if not SLOT_NAME.fullmatch(name or ""):
-        raise ConfigError(
-            f"invalid slot name {name[:80]!r}: 1 to 63 lower-case letters, digits and underscores (--slot, RELAY_SLOT)"
-        )
-    return name
-
-
-def publication_name(slot: str) -> str:
-    """The publication a slot reads: the slot's own name."""
-    return slot
 
 
 def lock_key(slot: str) -> int:
     """The session advisory lock a slot's reader holds: a stable 63-bit key from the slot's name."""
     digest = hashlib.sha256(f"outbox-relay slot {slot}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
-
-
-def refusal(version: int, wal_level: str, can_replicate: bool) -> str | None:
-    """Why the server cannot host the log source, with what to change; None when it can."""
-    if version < MIN_SERVER_VERSION:
-        return f"the log source needs PostgreSQL 14 or later (this server is {version // 10000})"
-    if wal_level != "logical":
-        return (
-            f"the log source needs wal_level = logical (it is {wal_level}): set it in postgresql.conf "
-            "(or ALTER SYSTEM SET wal_level = logical) and restart the server"
-        )
-    if not can_replicate:
-        return "the log source needs a role with the REPLICATION attribute (ALTER ROLE name REPLICATION) or a superuser"
-    return None
-
-
-def _check_server(conn: psycopg.Connection[Any]) -> None:
-    row = conn.execute(
-        "SELECT current_setting('server_version_num')::int, current_setting('wal_level'),"
-        " (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)"
-    ).fetchone()
-    assert row is not None
-    if why := refusal(row[0], row[1], bool(row[2])):
-        raise ConfigError(why)
-
-
-def check_server(dsn: str) -> None:
-    """Raise :class:`ConfigError` (one line, what to change) unless the server can host the log source."""
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            _check_server(conn)
-    except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"cannot reach the database: {exc}") from None
-
-
-def prepare(dsn: str, table: TableName, slot: str, *, again: bool = True) -> list[str]:
-    """Create the publication and the slot if missing; what was created. Safe to run twice."""
-    check_slot_name(slot)
-    created: list[str] = []
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            _check_server(conn)
-            publication = publication_name(slot)
-            target = sql.Identifier(*table.parts)
-            found = conn.execute("SELECT pubinsert FROM pg_publication WHERE pubname = %s", [publication]).fetchone()
-            if found is None:
-                conn.execute(
-                    sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')").format(
-                        sql.Identifier(publication), target
-                    )
-                )
-                created.append(f"publication {publication}")
-            else:
-                has = conn.execute(
-                    "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
-                    [publication, *_schema_and_name(conn, table)],
-                ).fetchone()
-                if has is None:
-                    conn.execute(
-                        sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(publication), target)
-                    )
-                    created.append(f"table {table} in publication {publication}")
-                conn.execute(
-                    sql.SQL("ALTER PUBLICATION {} SET (publish = 'insert')").format(sql.Identifier(publication))
-                )
-            exists = conn.execute(
-                "SELECT plugin, database, current_database() FROM pg_replication_slots WHERE slot_name = %s", [slot]
-            ).fetchone()
-            if exists is not None and exists[1] != exists[2]:
-                raise ConfigError(f"slot {slot} belongs to the database {exists[1]}: choose another --slot")
-            if exists is None:
-                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
-                created.append(f"slot {slot}")
-            elif exists[0] != "pgoutput":
-                raise ConfigError(
-                    f"slot {slot} exists with the plugin {exists[0]}, not pgoutput: choose another --slot"
-                )
-    except psycopg.errors.DuplicateObject:
-        if not again:
-            raise
-        return prepare(dsn, table, slot, again=False)  # another migrate created it meanwhile
-    except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"cannot reach the database: {exc}") from None
-    return created
-
-
-def _schema_and_name(conn: psycopg.Connection[Any], table: TableName) -> tuple[str, str]:
-    if len(table.parts) == 2:
-        return table.parts[0], table.parts[1]
-    row = conn.execute(
-        "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s::regclass",
-        [str(table)],
-    ).fetchone()
-    return (row[0] if row else "public"), table.parts[-1]
 
 
 def slot_status(dsn: str, slot: str) -> dict[str, object]:
@@ -190,6 +82,21 @@ VALUES (%(topic)s, %(key)s, %(payload)s::jsonb, %(payload_bytes)s, %(content_typ
 ON CONFLICT (idempotency_key) DO NOTHING
 """
 
+#: The fencing check and the deletion of delivered rows, in one statement: the rows go only while this
+#: session holds the slot's lock.
+_FENCE_AND_DELETE = """
+WITH lead AS (
+    SELECT count(*) AS held FROM pg_locks
+    WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+      AND classid = %(classid)s::bigint::oid AND objid = %(objid)s::bigint::oid AND objsubid = 1
+), gone AS (
+    DELETE FROM {table}
+    WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending' AND last_error IS NULL
+      AND (SELECT held FROM lead) > 0
+)
+SELECT held FROM lead
+"""
+
 #: The rows handed over to the table that may go now: in id order, each key's first only while an earlier
 #: handed-over row of its key is still there (pending or dead-lettered: skipped ones no longer hold it).
 _HANDED_OVER = """
@@ -229,6 +136,9 @@ class TableLink:
         self._key = lock_key(slot)
         self._timeout = leader_timeout_seconds
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        # One statement or transaction at a time: the confirm runs beside the deliverer's writes, and a
+        # statement of one must never land inside the other's transaction.
+        self._turn = asyncio.Lock()
         self._layout = layout
         # Debezium's table is read and written through its view, which has the native column names.
         self._target = sql.Identifier(*layout.relation(table).parts)
@@ -252,6 +162,11 @@ class TableLink:
             raise StoreUnavailable(f"cannot reach the database: {exc}") from None
 
     @property
+    def busy(self) -> bool:
+        """Whether a statement (the confirm's, a write) is running: another one would wait for it."""
+        return self._turn.locked()
+
+    @property
     def connected(self) -> bool:
         """Whether the connection is open (closed after it was lost, and with it the lock)."""
         return self._conn is not None
@@ -263,6 +178,10 @@ class TableLink:
                 await conn.close()
 
     async def _run(self, query: Any, params: Any = None, *, doing: str = "a query failed") -> list[tuple[Any, ...]]:
+        async with self._turn:
+            return await self._run_now(query, params, doing)
+
+    async def _run_now(self, query: Any, params: Any, doing: str) -> list[tuple[Any, ...]]:
         if self._conn is None:
             raise StoreUnavailable("not connected")
         try:
@@ -284,11 +203,20 @@ class TableLink:
 
     async def leading(self) -> bool:
         """Whether this session still holds the slot's lock (the fencing check before a confirm)."""
+        return await self.fence_and_delete(())
+
+    async def fence_and_delete(self, ids: Sequence[int]) -> bool:
+        """Whether this session still holds the slot's lock and, if it does, delete the rows of acknowledged
+        table events ``ids`` (the WAL keeps their INSERT: a re-read loses nothing), in one round trip.
+
+        The ids go as one text array literal, which the server parses: psycopg's dump of a list of ints
+        cost the relay more CPU per event than reading the event from the stream.
+        """
         rows = await self._run(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
-            " AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = 1",
-            [self._key >> 32, self._key & 0xFFFFFFFF],
-        )
+            sql.SQL(_FENCE_AND_DELETE).format(table=self._target),
+            {"classid": self._key >> 32, "objid": self._key & 0xFFFFFFFF,
+             "ids": "{" + ",".join(map(str, ids)) + "}"},
+        )  # fmt: skip
         return bool(rows[0][0])
 
     async def end_stale_reader(self) -> None:
@@ -325,13 +253,13 @@ class TableLink:
         return {row[0] for row in rows}
 
     async def delete_delivered(self, ids: Sequence[int]) -> None:
-        """Delete the rows of acknowledged table events (the WAL keeps their INSERT: a re-read loses nothing)."""
+        """Delete the rows of acknowledged table events, fenced or not (see :meth:`fence_and_delete`)."""
         if ids:
             await self._run(
-                sql.SQL("DELETE FROM {} WHERE id = ANY(%s) AND state = 'pending' AND last_error IS NULL").format(
-                    self._target
-                ),
-                [list(ids)],
+                sql.SQL(
+                    "DELETE FROM {} WHERE id = ANY(%s::bigint[]) AND state = 'pending' AND last_error IS NULL"
+                ).format(self._target),
+                ["{" + ",".join(map(str, ids)) + "}"],
             )
 
     async def write(self, event: Event, *, row: bool, state: str, reason: str, attempts: int) -> None:
@@ -366,6 +294,10 @@ class TableLink:
         if row and state == "failed":
             await self._run(sql.SQL(_UPSERT).format(table=self._target), params, doing=doing)
             return
+        async with self._turn:
+            await self._replace_row(params, row=row, doing=doing)
+
+    async def _replace_row(self, params: dict[str, Any], *, row: bool, doing: str) -> None:
         if self._conn is None:
             raise StoreUnavailable("not connected")
         try:
