@@ -223,3 +223,34 @@ def test_a_json_payload_given_as_text_or_bytes_becomes_the_same_utf8(payload: st
     assert unusable(row, check_payload=True) is None
     built = event(row, chained=False, attempts=1)
     assert built.payload == (payload.encode() if isinstance(payload, str) else bytes(payload))
+
+
+def test_alongside_runs_the_work_while_the_statement_waits_and_cancels_the_statement_with_the_call() -> None:
+    log: list[str] = []
+    answer = asyncio.Event()
+
+    async def statement() -> None:
+        log.append("sent")
+        await answer.wait()
+        log.append("answered")
+
+    def work() -> int:
+        log.append("work")
+        answer.set()
+        return 7
+
+    assert asyncio.run(connection.alongside(statement(), work)) == 7
+    assert log == ["sent", "work", "answered"]
+    assert asyncio.run(connection.alongside(None, lambda: 8)) == 8
+
+    async def cancelled() -> bool:
+        never = asyncio.Event()
+        waiting = asyncio.ensure_future(never.wait())
+        call = asyncio.ensure_future(connection.alongside(waiting, lambda: None))
+        await asyncio.sleep(0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        return waiting.cancelled()
+
+    assert asyncio.run(cancelled())

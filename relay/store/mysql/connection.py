@@ -405,3 +405,19 @@ async def transaction(cur: Any, work: Callable[[], Awaitable[R]]) -> R:
         raise
     await cur.execute("COMMIT")
     return result
+
+
+async def alongside(statement: Awaitable[Any] | None, work: Callable[[], R]) -> R:
+    """``work()``, run while the server runs ``statement`` (sent first), once both are done; ``work()`` alone
+    without one. The statement goes when this yields to the loop once; ``work`` must not use the connection."""
+    if statement is None:
+        return work()
+    running = asyncio.ensure_future(statement)
+    try:
+        await asyncio.sleep(0)  # the statement is written to the socket; its answer is awaited below
+        result = work()
+    except BaseException:
+        running.cancel()  # cancelled here (the deadline): not waiting on a server that may not answer
+        raise
+    await running
+    return result

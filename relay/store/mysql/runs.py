@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from relay.store import claims
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A row the claim locked: due, unleased, and not parked behind its key's oldest event."""
+class Candidate(NamedTuple):
+    """A row the claim locked: due, unleased, and not parked behind its key's oldest event.
+
+    (A named tuple: a claim makes thousands, and a frozen dataclass takes three times as long to make.)
+    """
 
     id: int
     key: str | None

@@ -31,7 +31,7 @@ from relay.store.base import (
 from relay.store.mysql import rows as rows_module
 from relay.store.mysql import runs as planner
 from relay.store.mysql.admin import MySQLAdmin, binary, micros, text
-from relay.store.mysql.connection import STATEMENT_TIMEOUT, error_code, rows_of, transaction
+from relay.store.mysql.connection import STATEMENT_TIMEOUT, alongside, error_code, rows_of, transaction
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,10 @@ def check_binlog(log_bin: object, binlog_format: object) -> str | None:
             "set binlog_format=ROW (see docs/mysql.md)"
         )
     return f"binary logging is on with binlog_format={form}: ROW is the safe format for SKIP LOCKED (docs/mysql.md)"
+
+
+class _PayloadsFirst(Exception):
+    """A claim leased a row whose payload makes no event: roll back, and claim again parsing the payloads first."""
 
 
 class MySQLStore(MySQLAdmin):
@@ -115,7 +119,7 @@ class MySQLStore(MySQLAdmin):
         inline_bytes = UNBOUNDED_BYTES if max_bytes is None else max(INLINE_BYTES_AT_LEAST, max_bytes // limit)
 
         async def lease(
-            cur: Any,
+            cur: Any, *, payloads_first: bool
         ) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]], dict[int, str]]:
             params = {
                 "max_attempts": max_attempts,
@@ -127,12 +131,14 @@ class MySQLStore(MySQLAdmin):
             }
             await cur.execute(queries["claim_candidates"], params)
             rows = {r["id"]: r for r in rows_of(cur, await cur.fetchall())}
+            # MariaDB's payloads are parsed (rows.payload_problem): first, or else while the lease UPDATE runs.
+            check_payloads = mariadb and payloads_first
             unusable: dict[int, str] = {}
             candidates = []
             for r in rows.values():
                 r["key"] = key = text(r["key"])  # once, for the runs and the events
                 r["inline"] = inline = (r["bytes"] is None or r["bytes"] <= inline_bytes) and r["headers"] is not None
-                problem = rows_module.unusable(r, check_payload=mariadb and inline)
+                problem = rows_module.unusable(r, check_payload=check_payloads and inline)
                 if problem is not None:
                     unusable[r["id"]] = problem
                 candidates.append(
@@ -156,8 +162,9 @@ class MySQLStore(MySQLAdmin):
             if late:
                 buried |= await self._read_late_payloads(cur, late, rows, chosen, placed)
                 placed = [c for c in placed if c.id in chosen]
+            leasing = None
             if placed:
-                await cur.execute(
+                leasing = cur.execute(
                     queries["claim_lease"],
                     {
                         "token": str(token),
@@ -166,13 +173,21 @@ class MySQLStore(MySQLAdmin):
                         "ids": tuple(c.id for c in placed),
                     },
                 )
+            # The payloads of the rows still chosen, parsed while the server leases: a bad one (a row the first
+            # pass would have buried, cutting its key's run there) sends the claim back to its start.
+            later = [] if check_payloads or not mariadb else [rows[i] for i in chosen if rows[i]["inline"]]
+            if await alongside(leasing, lambda: any(rows_module.payload_problem(r["payload"]) for r in later)):
+                raise _PayloadsFirst
             return [(c, chosen[c.id]) for c in placed], rows, buried
 
         async def work(
             cur: Any,
         ) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]], dict[int, str]]:
             # The rows were read locked, so they are what the commit leases: no read by token after it.
-            return await transaction(cur, lambda: lease(cur))
+            try:
+                return await transaction(cur, lambda: lease(cur, payloads_first=False))
+            except _PayloadsFirst:  # rolled back: again, as the rows that make no event are dead-lettered
+                return await transaction(cur, lambda: lease(cur, payloads_first=True))
 
         try:
             placed, rows, buried = await self._db.call("main", work)
