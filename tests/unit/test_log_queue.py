@@ -1,15 +1,29 @@
 """What a take of the log source hands out (relay/sources/log/queue.py): commit order, a key's events never
-past one of its events taken or given back, chained only when the batches in hand go on with the key."""
+past one of its events taken or given back, chained only when the batches in hand go on with the key; and
+the log source (relay/sources/log/source.py) under the batch room the loop drives, as the table is."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from uuid import uuid4
 
-from relay.events import Event
+import pytest
+
+from relay.batch import Costs, Deliveries
+from relay.batching import BatchLimits
+from relay.config import TableName
+from relay.events import Event, Outcome
+from relay.holds import KeyHolds
+from relay.metrics import Metrics
+from relay.sinks.memory import MemorySink
 from relay.sources.log.queue import Reading
+from relay.sources.log.source import LogSource
 from relay.sources.log.window import Window
+from relay.store.claims import Retry
+from tests.unit.test_loop import FAST
 
 NOW = datetime(2026, 12, 7, tzinfo=UTC)
 
@@ -89,3 +103,76 @@ def test_parked_keys_and_bad_envelopes_go_to_the_table_not_the_sink() -> None:
     assert [p.event.id for p in taken.batch] == [3]
     assert [p.event.id for p in taken.parked] == [1]
     assert [(p.event.id, why) for p, why in taken.bad] == [(2, "not JSON")]
+
+
+class BrokenSink(MemorySink):
+    """A sink with a bug: its first publish raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = True
+
+    async def publish(self, events: Sequence[Event], holds: KeyHolds | None = None) -> list[Outcome]:
+        if self.broken:
+            self.broken = False
+            raise RuntimeError("a bug in the sink")
+        return await super().publish(events, holds)
+
+
+def _log_room(keys: list[str | None], sink: MemorySink) -> tuple[LogSource, Deliveries, Reading]:
+    metrics = Metrics()
+    source = LogSource("postgresql://unused", TableName.parse("outbox"), "s", sink, FAST, metrics)
+    reading = _reading(keys)
+    source.leader.reading = reading  # as a leader that reads would (no server: nothing here writes)
+    costs = Costs(FAST, metrics, BatchLimits(FAST.batch_size, FAST.batch_bytes))
+    return source, Deliveries(source, sink, FAST, metrics, costs), reading
+
+
+def test_the_loops_batch_room_lives_a_log_batch_and_the_source_confirms_it() -> None:
+    sink = MemorySink()
+    source, deliveries, reading = _log_room(["a", "a", None], sink)
+
+    async def scenario() -> None:
+        claim = await (await source.take(10, max_bytes=1 << 20)).events()
+        assert [e.id for e in claim.events] == [1, 2, 3]
+        assert await source.renew(claim) == {1, 2, 3}, "nothing leased: a renewal keeps every event"
+        await deliveries.deliver(deliveries.take(claim, time.monotonic()))
+
+    asyncio.run(scenario())
+    assert [e.id for e in sink.delivered] == [1, 2, 3]
+    assert reading.settled() and reading.delivered_rows == [1, 2, 3]
+    assert reading.window.confirmable() == 100, "all done: the transaction may be confirmed"
+
+
+def test_a_log_batch_whose_task_fails_holds_its_keys_and_a_give_back_keeps_their_order() -> None:
+    sink = BrokenSink()
+    source, deliveries, reading = _log_room(["a", "a", "b"], sink)
+
+    async def scenario() -> None:
+        claim = await (await source.take(1, max_bytes=1 << 20)).events()
+        with pytest.raises(RuntimeError):
+            await deliveries.deliver(deliveries.take(claim, time.monotonic()))
+        assert deliveries.holds.held("a"), "a batch that died holds its keys, as a table batch does"
+        # The batch in hand goes back unpublished: no attempt spent, and its key's later event waits.
+        await source.give_back(claim, [1], delay_seconds=60)
+        later = await (await source.take(10, max_bytes=1 << 20)).events()
+        assert [e.id for e in later.events] == [3]
+        assert [(p.event.id, p.event.attempts) for p in reading.blocked["a"].events] == [(1, 0), (2, 0)]
+
+    asyncio.run(scenario())
+    assert reading.window.confirmable() is None
+
+
+def test_a_retry_waits_in_memory_behind_its_key_with_its_attempt_spent() -> None:
+    source, _, reading = _log_room(["a", "a", "b"], MemorySink())
+
+    async def scenario() -> None:
+        claim = await (await source.take(1, max_bytes=1 << 20)).events()
+        settled = await source.confirm(claim, 0.0, retry=[Retry(1, 60.0, "refused")])
+        assert settled is not None and settled.retried == 1
+        assert reading.blocked["a"].retrying and reading.window.held == 1
+        assert reading.blocked["a"].events[0].event.attempts == 1
+        later = await (await source.take(10, max_bytes=1 << 20)).events()
+        assert [e.id for e in later.events] == [3]
+
+    asyncio.run(scenario())

@@ -25,7 +25,13 @@ from relay.config import NATIVE, RelaySettings, TableLayout, TableName
 from relay.errors import StoreUnavailable
 from relay.metrics import Metrics
 from relay.sinks.base import Sink
-from relay.sources.log.leader import LEADER_TIMEOUT_SECONDS, STANDBY_POLL_SECONDS, Leader, SlotState
+from relay.sources.log.leader import (
+    CONNECT_TIMEOUT_SECONDS,
+    LEADER_TIMEOUT_SECONDS,
+    STANDBY_POLL_SECONDS,
+    Leader,
+    SlotState,
+)
 from relay.sources.log.queue import Reading
 from relay.sources.log.slot import TableLink
 from relay.sources.log.window import Pending
@@ -69,7 +75,7 @@ class LogSource:
     async def open(self) -> None:
         """Connect the table link, then lead the slot (or wait to) in the background."""
         if not self.link.connected:
-            await self.link.connect(10.0)
+            await self.link.connect(CONNECT_TIMEOUT_SECONDS)
         self.leader.start()
 
     async def check(self) -> None:
@@ -100,6 +106,7 @@ class LogSource:
             for pending in taken.parked:
                 await self._park(reading, pending)
         except StoreUnavailable as exc:
+            reading.untake(token)  # never handed to the sink: the next leadership need not wait for it
             self.leader.broken(exc)
             raise
         return Built(Claim(token, [p.event for p in taken.batch], buried=len(taken.bad)))
