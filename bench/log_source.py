@@ -44,6 +44,7 @@ from devservers.postgres import LOGICAL_DECODING, embedded_postgres
 from relay.config import RelaySettings, TableName, parse_sink_url
 from relay.events import Event, Outcome
 from relay.holds import KeyHolds
+from relay.log_relay import LogRelay
 from relay.loop import Relay
 from relay.sinks import build_sink
 from relay.sinks.base import Sink
@@ -51,7 +52,6 @@ from relay.sinks.memory import MemorySink
 from relay.sources.log import pgoutput
 from relay.sources.log.pgoutput import INSERT, XLOG_DATA, XLOG_HEADER
 from relay.sources.log.publication import prepare, publication_name
-from relay.sources.log.relay import LogRelay
 from relay.sources.log.stream import ReplicationStream
 from relay.store.adapters import build_store
 from relay.store.migrate import migrate

@@ -8,7 +8,6 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from relay.config import (
     NATIVE,
@@ -32,9 +31,6 @@ from relay.sinks.base import Sink
 from relay.sources.table import TableSource
 from relay.store.adapters import build_store
 from relay.store.base import Admin
-
-if TYPE_CHECKING:
-    from relay.sources.log.relay import LogRelay
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +124,7 @@ def _shape(config: SinkConfig) -> str:
     return kind if config.format is Format.NATIVE else f"{kind} ({config.format.value})"
 
 
-def build_source_relay(config: RunConfig) -> Relay | LogRelay:
+def build_source_relay(config: RunConfig) -> Relay:
     """Wire the relay of ``config``'s source: the table's (:func:`build_relay`), or the log's (``--source log``)."""
     if config.source_kind == "log" and config.slot is not None:
         return _build_log_relay(config)
@@ -159,8 +155,8 @@ def build_relay(config: RunConfig) -> Relay:
     return relay
 
 
-def _build_log_relay(config: RunConfig) -> LogRelay:
-    from relay.sources.log.relay import LogRelay
+def _build_log_relay(config: RunConfig) -> Relay:
+    from relay.log_relay import LogRelay
 
     timeout = config.settings.publish_timeout_seconds
     assert config.slot is not None
@@ -180,7 +176,7 @@ def _build_log_relay(config: RunConfig) -> LogRelay:
     )
 
 
-async def start(relay: Relay | LogRelay, timeout: float, stop: asyncio.Event | None = None) -> bool:
+async def start(relay: Relay, timeout: float, stop: asyncio.Event | None = None) -> bool:
     """Connect the store and the sink, trying for up to ``timeout`` seconds; False if stopped first.
 
     Past start-up the relay rides out outages; at start-up an unreachable
@@ -196,7 +192,7 @@ async def start(relay: Relay | LogRelay, timeout: float, stop: asyncio.Event | N
             await relay.open()
             return True
         except RelayError as exc:
-            await relay.store.close()
+            await relay.source.close()
             # A configuration mistake (a URL libpq refuses) stays one: no waiting mends it.
             if isinstance(exc, ConfigError):
                 raise
@@ -234,7 +230,7 @@ async def serve(config: RunConfig) -> None:
 
 
 async def _relay_until_stopped(
-    relay: Relay | LogRelay, config: RunConfig, stop: asyncio.Event, health: HealthServer | None
+    relay: Relay, config: RunConfig, stop: asyncio.Event, health: HealthServer | None
 ) -> None:
     if not await start(relay, config.startup_timeout_seconds, stop):
         return

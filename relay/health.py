@@ -11,13 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
 
 from relay.errors import ConfigError, RelayError
 from relay.loop import Relay
-
-if TYPE_CHECKING:
-    from relay.sources.log.relay import LogRelay
 from relay.sinks.routing import RoutingSink
 
 logger = logging.getLogger(__name__)
@@ -52,7 +48,7 @@ class HealthServer:
 
     def __init__(
         self,
-        relay: Relay | LogRelay,
+        relay: Relay,
         host: str,
         port: int,
         *,
@@ -169,7 +165,7 @@ class HealthServer:
         sink = self.relay.sink
         try:
             self._checking = "the database"
-            await self.relay.store.check()
+            await self.relay.source.check()
             self._checking = "the broker" if not isinstance(sink, RoutingSink) else "a routed broker"
             await sink.check()
         except RelayError as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -76,7 +77,7 @@ class Relay:
 
     def __init__(
         self,
-        store: Store,
+        store: Store | None,
         sink: Sink,
         settings: RelaySettings,
         *,
@@ -86,12 +87,17 @@ class Relay:
     ) -> None:
         """``publish_grace_seconds``: how long the sink may run past the publish timeout. ``source``:
         where batches come from, by default the table ``store`` holds (``store`` keeps the gauges
-        and the reaper)."""
+        and the reaper). Without a ``store`` (the log source) nothing is leased: no reaper, no gauges
+        of the table."""
         self.store = store
         self.sink = sink
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.source: Source = source or TableSource(store, max_attempts=settings.max_attempts)
+        if source is None:
+            if store is None:
+                raise ValueError("a relay needs a source, or the store of its table")
+            source = TableSource(store, max_attempts=settings.max_attempts)
+        self.source: Source = source
         self._store_outage = OutageBackoff()
         self._sink_outage = OutageBackoff()
         #: The next claim's count and byte cap: shrunk while claims or publishes time out (relay/batching.py).
@@ -108,7 +114,8 @@ class Relay:
         # Delivery tasks and when their batches were claimed.
         self._inflight: dict[asyncio.Task[None], float] = {}
         self._crash: BaseException | None = None
-        self._next_reap = 0.0
+        # A source without leases has none to reap: the reaper is never due.
+        self._next_reap = 0.0 if store is not None else math.inf
         self._opened = False
         #: Last time the loop went round, or found the batches it waits for in time.
         self.heartbeat = time.monotonic()
@@ -128,7 +135,7 @@ class Relay:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Relay until ``stop`` is set, then finish the batches in hand."""
-        gauges = asyncio.create_task(refresh_gauges(self.store, self.metrics, self.costs, stop), name="gauges")
+        gauges = asyncio.create_task(self._refresh_gauges(stop), name="gauges")
         try:
             if not self._opened:
                 await self._connect(stop)
@@ -166,6 +173,10 @@ class Relay:
             await asyncio.gather(gauges, return_exceptions=True)
             await self._give_back_ahead()
             await self._drain()
+
+    async def _refresh_gauges(self, stop: asyncio.Event) -> None:
+        if self.store is not None:  # the table's counts; a log source keeps its slot's gauges itself
+            await refresh_gauges(self.store, self.metrics, self.costs, stop)
 
     async def open(self) -> None:
         """Connect the source and the sink; raise the source's or the sink's error if either cannot be used.
@@ -320,7 +331,7 @@ class Relay:
             logger.info("a claim started ahead was not given back: %r", exc, extra={"action": "claim_ahead_lost"})
 
     async def _reap_now_and_then(self, now: float) -> None:
-        if now < self._next_reap:
+        if now < self._next_reap or self.store is None:
             return
         self._next_reap = now + self.settings.lease_seconds / 4
         reaped = await self.store.reap(max_attempts=self.settings.max_attempts)

@@ -14,10 +14,10 @@ import pytest
 
 from devservers.postgres import LOGICAL_DECODING, embedded_postgres
 from relay.config import RelaySettings, TableName
+from relay.log_relay import LogRelay
 from relay.sinks.base import Sink
 from relay.sources.log.pgoutput import parse_lsn
 from relay.sources.log.publication import prepare
-from relay.sources.log.relay import LogRelay
 from relay.store.migrate import migrate
 
 TABLE = TableName.parse("outbox")

@@ -12,6 +12,14 @@ The table claim (:class:`relay.sources.table.TableSource`) is the first
 adapter. What is not about taking and confirming batches (the operator's
 commands, dead letters, the gauges, the reaper of dead relays' leases) stays
 on the store (:class:`relay.store.base.Store`).
+
+The log (:class:`relay.sources.log.source.LogSource`) is the second, and
+leases nothing: its events are in hand from the slot until confirmed, a take
+skips the keys that must wait (in flight, waiting for a retry, parked), a
+confirm marks events done (the slot's position follows the done prefix, in
+the background), a give-back keeps events in memory until due, and a renewal
+keeps every event. Its ``lease_ends`` bounds nothing; the loop, given no
+store, reaps no leases (:class:`relay.loop.Relay`).
 """
 
 from __future__ import annotations

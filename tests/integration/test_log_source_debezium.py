@@ -18,10 +18,10 @@ import pytest
 from relay.cli import main
 from relay.config import TableLayout, TableName, parse_sink_url
 from relay.events import Failure
+from relay.log_relay import LogRelay
 from relay.sinks import build_sink
 from relay.sinks.base import Sink
 from relay.sinks.memory import MemorySink
-from relay.sources.log.relay import LogRelay
 from tests.integration.kafka_support import consume
 from tests.log_support import caught_up, database_on, settings, synchronous, until
 

@@ -54,9 +54,9 @@ async def test_a_standby_waits_then_takes_over_with_no_loss(log_database: tuple[
 
 async def _stop(relay: object) -> None:
     # The running() block owns the task; ending the leader's session is what a crash looks like to the server.
-    store = relay.store  # type: ignore[attr-defined]
-    await store.close()
-    stream = relay._stream  # type: ignore[attr-defined]
+    leader = relay.log.leader  # type: ignore[attr-defined]
+    await leader.link.close()
+    stream = leader.stream
     if stream is not None:
         await stream.close()
 

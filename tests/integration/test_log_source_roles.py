@@ -14,8 +14,8 @@ import pytest
 from relay.cli import main
 from relay.errors import StoreError
 from relay.events import Failure
+from relay.log_relay import LogRelay
 from relay.sinks.memory import MemorySink
-from relay.sources.log.relay import LogRelay
 from tests.log_support import TABLE, database_on, running, settings, synchronous, until
 
 

@@ -209,7 +209,7 @@ def late_first_claim_relay(outbox: Outbox, sink_url: str) -> tuple[Relay, LateFi
     # On that lease a batch may start publishing at most this long after its claim was sent.
     latest = settings.latest_publish_start_seconds(grace)
     assert latest == CLAIM_RESERVE_SECONDS
-    late = LateFirstClaim(relay.store, late_seconds=latest + LATE_BY_SECONDS)
+    late = LateFirstClaim(cast(TableSource, relay.source).store, late_seconds=latest + LATE_BY_SECONDS)
     relay.store = cast(TableSource, relay.source).store = cast(Store, late)
     return relay, late
 
@@ -362,7 +362,7 @@ def test_a_stale_batch_sends_nothing_of_a_key_past_what_a_reaper_dead_lettered_m
         RunConfig(database_url=outbox.url, table=TableName.parse("outbox"), sink=sink, settings=settings)
     )
     relay.deliveries.latest_publish_start = LATEST_PUBLISH_START_SECONDS
-    store = StalledFirstBatch(relay.store, outbox, settings.lease_seconds)
+    store = StalledFirstBatch(cast(TableSource, relay.source).store, outbox, settings.lease_seconds)
     relay.store = cast(TableSource, relay.source).store = cast(Store, store)
     before_dead = attempts.index(MAX_ATTEMPTS - 1)
 

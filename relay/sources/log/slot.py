@@ -162,11 +162,6 @@ class TableLink:
             raise StoreUnavailable(f"cannot reach the database: {exc}") from None
 
     @property
-    def busy(self) -> bool:
-        """Whether a statement (the confirm's, a write) is running: another one would wait for it."""
-        return self._turn.locked()
-
-    @property
     def connected(self) -> bool:
         """Whether the connection is open (closed after it was lost, and with it the lock)."""
         return self._conn is not None
@@ -251,16 +246,6 @@ class TableLink:
             ).format(self._target)
         )
         return {row[0] for row in rows}
-
-    async def delete_delivered(self, ids: Sequence[int]) -> None:
-        """Delete the rows of acknowledged table events, fenced or not (see :meth:`fence_and_delete`)."""
-        if ids:
-            await self._run(
-                sql.SQL(
-                    "DELETE FROM {} WHERE id = ANY(%s::bigint[]) AND state = 'pending' AND last_error IS NULL"
-                ).format(self._target),
-                ["{" + ",".join(map(str, ids)) + "}"],
-            )
 
     async def write(self, event: Event, *, row: bool, state: str, reason: str, attempts: int) -> None:
         """Write ``event`` into the table: a dead letter (``failed``), or ``pending`` parked behind one.
