@@ -34,9 +34,16 @@ typecheck: $(STAMP)
 # PostgreSQL and RabbitMQ up (started where installed but stopped), or a message saying how.
 ENSURE_SERVICES := $(BIN)/python -m tests.services --ensure
 
+# The suites whose tests may run side by side (tests/conftest.py PARALLEL_SUITES, which marks every
+# other test `serial`) run on TEST_WORKERS pytest-xdist workers; then the serial tests run alone.
+# Both runs run whatever the first found; the target fails if either did.
+PARALLEL_SUITES := tests/acceptance tests/conformance
+TEST_WORKERS ?= 2
+
 test: lint typecheck
 	$(ENSURE_SERVICES)
-	$(BIN)/pytest tests
+	$(BIN)/pytest $(PARALLEL_SUITES) -n $(TEST_WORKERS) -m "not serial"; side_by_side=$$?; \
+	$(BIN)/pytest tests -m serial && exit $$side_by_side
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit

@@ -31,6 +31,11 @@ from tests.services import AMQP_URL, MYSQL_URL, PG_URL, ensure_mysql, ensure_pos
 TEMPLATE = f"outbox_relay_tpl_{os.getpid()}"
 #: The packages the tests' subprocesses import: the CLI, the relay, the producers.
 PROJECT_PACKAGES = ("relay", "producers", "devservers")
+#: The suites ``make test`` runs on two pytest-xdist workers at once: each worker has its own
+#: databases, queues and broker, and their tests wait mostly on subprocesses and servers. Every other
+#: test is marked ``serial`` (below) and runs alone after them: tests/faults stops the shared
+#: RabbitMQ and adds users to it, and unit and integration tests hold timing cases.
+PARALLEL_SUITES = ("tests/acceptance", "tests/conformance")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,6 +57,14 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(root / package, quiet=2)
         for directory in made:
             config.add_cleanup(functools.partial(shutil.rmtree, directory, ignore_errors=True))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test outside :data:`PARALLEL_SUITES` marked ``serial``: ``make test`` runs it alone."""
+    parallel = [config.rootpath / suite for suite in PARALLEL_SUITES]
+    for item in items:
+        if not any(item.path.is_relative_to(suite) for suite in parallel):
+            item.add_marker(pytest.mark.serial)
 
 
 def _url_for(database: str) -> str:
