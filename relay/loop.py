@@ -418,7 +418,9 @@ class Relay:
             for task in await self._batches_done(asyncio.ALL_COMPLETED):
                 if not task.cancelled() and task.exception() is not None:
                     logger.error("a batch failed while stopping: %r", task.exception(), extra={"action": "drain_error"})
-        with contextlib.suppress(Exception):
-            await self.sink.close()
+        # The source first: its last confirm (and the log source's sweep of parked events) may still
+        # need the sink; nothing is published after it.
         with contextlib.suppress(Exception):
             await self.source.close()
+        with contextlib.suppress(Exception):
+            await self.sink.close()
