@@ -12,7 +12,8 @@ import psycopg
 
 from devservers.postgres import LOGICAL_DECODING, embedded_postgres
 from relay.sinks.memory import MemorySink
-from relay.sources.log.slot import TableLink, lock_key, prepare
+from relay.sources.log.publication import prepare
+from relay.sources.log.slot import TableLink, lock_key
 from relay.store.migrate import migrate
 from tests.log_support import TABLE, caught_up, confirmed_lsn, running, synchronous, until
 

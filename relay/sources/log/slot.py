@@ -26,11 +26,7 @@ from relay.config import NATIVE, TableLayout, TableName
 from relay.errors import StoreError, StoreUnavailable
 from relay.events import Event
 from relay.sources.log import debezium
-from relay.sources.log.publication import check_server as check_server
-from relay.sources.log.publication import check_slot_name as check_slot_name
-from relay.sources.log.publication import prepare as prepare
-from relay.sources.log.publication import publication_name as publication_name
-from relay.sources.log.publication import refusal as refusal
+from relay.sources.log.publication import check_slot_name
 from relay.store.debezium import identifiers
 from relay.store.postgres.store import debezium_headers
 
@@ -195,10 +191,6 @@ class TableLink:
         """Take the slot's lock if no other relay holds it."""
         rows = await self._run("SELECT pg_try_advisory_lock(%s)", [self._key])
         return bool(rows[0][0])
-
-    async def leading(self) -> bool:
-        """Whether this session still holds the slot's lock (the fencing check before a confirm)."""
-        return await self.fence_and_delete(())
 
     async def fence_and_delete(self, ids: Sequence[int]) -> bool:
         """Whether this session still holds the slot's lock and, if it does, delete the rows of acknowledged
