@@ -11,7 +11,7 @@ from relay.config import NATIVE, RelaySettings, TableLayout, TableName
 from relay.loop import Relay
 from relay.metrics import Metrics
 from relay.sinks.base import Sink
-from relay.sources.log.leader import LEADER_TIMEOUT_SECONDS, SlotState
+from relay.sources.log.leader import LEADER_TIMEOUT_SECONDS, Leader, SlotState
 from relay.sources.log.source import LogSource
 
 
@@ -34,8 +34,8 @@ class LogRelay(Relay):
         metrics = metrics or Metrics()
         #: The slot as a source: its reader, window and confirm.
         self.log = LogSource(
-            dsn, table, slot, sink, settings, metrics, publish_grace_seconds=publish_grace_seconds,
-            leader_timeout_seconds=leader_timeout_seconds, layout=layout,
+            Leader(dsn, table, slot, sink, settings, metrics, publish_grace_seconds=publish_grace_seconds,
+                   leader_timeout_seconds=leader_timeout_seconds, layout=layout)
         )  # fmt: skip
         super().__init__(None, sink, settings, metrics=metrics, publish_grace_seconds=publish_grace_seconds,
                          source=self.log)  # fmt: skip

@@ -19,6 +19,7 @@ from relay.events import Event, Outcome
 from relay.holds import KeyHolds
 from relay.metrics import Metrics
 from relay.sinks.memory import MemorySink
+from relay.sources.log.leader import Leader
 from relay.sources.log.queue import Reading
 from relay.sources.log.source import LogSource
 from relay.sources.log.window import Window
@@ -121,7 +122,7 @@ class BrokenSink(MemorySink):
 
 def _log_room(keys: list[str | None], sink: MemorySink) -> tuple[LogSource, Deliveries, Reading]:
     metrics = Metrics()
-    source = LogSource("postgresql://unused", TableName.parse("outbox"), "s", sink, FAST, metrics)
+    source = LogSource(Leader("postgresql://unused", TableName.parse("outbox"), "s", sink, FAST, metrics))
     reading = _reading(keys)
     source.leader.reading = reading  # as a leader that reads would (no server: nothing here writes)
     costs = Costs(FAST, metrics, BatchLimits(FAST.batch_size, FAST.batch_bytes))

@@ -21,13 +21,9 @@ import time
 from collections.abc import Mapping, Sequence
 from uuid import uuid4
 
-from relay.config import NATIVE, RelaySettings, TableLayout, TableName
 from relay.errors import StoreUnavailable
-from relay.metrics import Metrics
-from relay.sinks.base import Sink
 from relay.sources.log.leader import (
     CONNECT_TIMEOUT_SECONDS,
-    LEADER_TIMEOUT_SECONDS,
     STANDBY_POLL_SECONDS,
     Leader,
     SlotState,
@@ -43,24 +39,10 @@ logger = logging.getLogger(__name__)
 class LogSource:
     """A logical replication slot as a source: events in commit order, confirmed as the done prefix."""
 
-    def __init__(
-        self,
-        dsn: str,
-        table: TableName,
-        slot: str,
-        sink: Sink,
-        settings: RelaySettings,
-        metrics: Metrics,
-        *,
-        publish_grace_seconds: float = 0.0,
-        leader_timeout_seconds: float = LEADER_TIMEOUT_SECONDS,
-        layout: TableLayout = NATIVE,
-    ) -> None:
-        """``sink``: where the leader sends the events handed over to the table (parked, requeued)."""
-        self.leader = Leader(
-            dsn, table, slot, sink, settings, metrics, publish_grace_seconds=publish_grace_seconds,
-            leader_timeout_seconds=leader_timeout_seconds, layout=layout,
-        )  # fmt: skip
+    def __init__(self, leader: Leader) -> None:
+        """``leader``: the slot's reader in the background (its sink takes the events handed over to the
+        table: parked, requeued)."""
+        self.leader = leader
 
     @property
     def link(self) -> TableLink:
