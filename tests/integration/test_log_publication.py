@@ -3,7 +3,9 @@ that the reader still gets every column an event needs through it."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import uuid
 from collections.abc import Iterator
 
@@ -81,3 +83,32 @@ async def test_every_field_of_an_event_arrives_through_the_column_list(fresh: st
     )  # fmt: skip
     assert (second.payload, second.content_type, second.idempotency_key) == (b"\x00\x01", "application/x-raw", "i-2")
     assert first.id < second.id and first.created_at is not None
+
+
+@synchronous
+async def test_big_values_arrive_whole_through_the_column_list(fresh: str) -> None:
+    """Values PostgreSQL keeps out of line (TOAST: multi-MB jsonb, compressible or not, a multi-MB bytea,
+    a jsonb of many long headers) and a non-ASCII hot key, in one transaction, arrive byte for byte."""
+    slot = "pub_big"
+    prepare(fresh, TABLE, slot)
+    noise = base64.b64encode(os.urandom(3 * 1024 * 1024)).decode()  # incompressible, ~4 MB
+    raw = os.urandom(3 * 1024 * 1024)
+    headers = {f"h-{n}": "ü" * 2000 for n in range(200)}  # ~800 KB of headers
+    key = "клиент/42@ü%"
+    with psycopg.connect(fresh) as conn:
+        producers.publish(conn, "t", {"noise": noise}, key=key, idempotency_key="big-1")
+        producers.publish(conn, "t", {"same": "a" * 5_000_000}, key=key, idempotency_key="big-2")  # compresses
+        producers.publish(conn, "t", raw, key=key, content_type="application/octet-stream", idempotency_key="big-3")
+        producers.publish(conn, "t", {"n": 4}, key=key, headers=headers, idempotency_key="big-4")
+        conn.commit()
+    sink = MemorySink()
+    async with running(fresh, slot, sink):
+        await until(lambda: len(sink.delivered) == 4, timeout=60)
+        await until(caught_up(fresh, slot))
+    events = sink.delivered
+    assert [e.idempotency_key for e in events] == ["big-1", "big-2", "big-3", "big-4"]  # the key's order
+    assert all(e.key == key for e in events)
+    assert json.loads(events[0].payload) == {"noise": noise}
+    assert json.loads(events[1].payload) == {"same": "a" * 5_000_000}
+    assert events[2].payload == raw and events[2].content_type == "application/octet-stream"
+    assert events[3].headers == headers
