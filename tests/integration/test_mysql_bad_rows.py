@@ -209,3 +209,35 @@ def test_a_topic_with_a_nul_is_dead_lettered_by_the_kafka_sink_and_the_relay_sta
     assert mysql_support.execute(mysql_url, "SELECT state FROM outbox WHERE idempotency_key = 'after'") == [
         ("pending",)
     ]
+
+
+@pytest.mark.timeout(120)
+def test_lax_json_in_one_hot_key_inline_and_multi_mb_is_dead_lettered_and_only_its_key_parks(
+    mysql_url: str, kafka_bootstrap: str
+) -> None:
+    """The payload check that runs beside the lease, on the other inputs of its class: one hot key whose bad
+    payloads are small (checked with the claim's rows) and multi-MB (read after the locking read), and many
+    keys flowing beside it."""
+    topic = unique_topic("bad-hot")
+    big_lax = '{"pad":"' + "x" * (3 * 1024 * 1024) + '","a":1e}'
+    written: list[tuple[object, ...]] = [(topic, "hot", json.dumps({"n": 0}), "hot-0", "{}")]
+    written += [(topic, "hot", big_lax, "hot-bad-big", "{}"), (topic, "hot", json.dumps({"n": 1}), "hot-1", "{}")]
+    written += [(topic, f"k-{n}", json.dumps({"n": n}), f"free-{n}", "{}") for n in range(200)]
+    written += [(topic, "hot2", json.dumps({"n": 0}), "hot2-0", "{}"), (topic, "hot2", '{"a":-}', "hot2-bad", "{}")]
+    written += [(topic, "hot2", json.dumps({"n": 1}), "hot2-1", "{}")]
+    mysql_support.insert_many(mysql_url, INSERT, written)
+    sent = {"hot-0", "hot2-0"} | {f"free-{n}" for n in range(200)}
+    with RelayThread(mysql_url, f"kafka://{kafka_bootstrap}", batch_size=50) as relay:
+        wait_until(lambda: mysql_support.outbox_counts(mysql_url) == {"failed": 2, "pending": 2}, timeout=60)
+        received = consume(kafka_bootstrap, topic, count=len(sent), settle_seconds=1.0)
+        assert relay.error is None
+    assert {m.headers["idempotency-key"].decode() for m in received} == sent
+    state = {
+        idem.decode(): (state, error)
+        for idem, state, error in mysql_support.execute(
+            mysql_url, "SELECT idempotency_key, state, last_error FROM outbox"
+        )
+    }
+    assert state["hot-bad-big"][0] == "failed" and "payload is not valid JSON" in state["hot-bad-big"][1]
+    assert state["hot2-bad"][0] == "failed" and "payload is not valid JSON" in state["hot2-bad"][1]
+    assert state["hot-1"][0] == state["hot2-1"][0] == "pending"  # parked behind their dead letters
