@@ -331,3 +331,33 @@ def _deletes_waiting(url: str) -> int:
         ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+@synchronous
+async def test_a_poison_while_the_confirms_delete_waits_on_a_lock_is_dead_lettered_once_it_is_free(
+    log_database: tuple[str, str],
+) -> None:
+    """The dead letter shares the table link with the confirm's delete, which a writer's row lock holds:
+    other keys go on meanwhile, and once the lock is gone the poison is a dead letter its key waits behind."""
+    url, slot = log_database
+    with psycopg.connect(url, autocommit=True) as conn:
+        _insert(conn, "t", "a", {"n": 1})
+    sink = MemorySink(fail=lambda e: Failure("refused", permanent=True) if b"poison" in e.payload else None)
+    with psycopg.connect(url) as locker:
+        locker.execute("SELECT id FROM outbox FOR UPDATE")
+        async with running(url, slot, sink):
+            await until(lambda: len(sink.delivered) == 1)
+            await until(lambda: _deletes_waiting(url) == 1)
+            with psycopg.connect(url, autocommit=True) as conn:
+                _insert(conn, "t", "bad", {"n": 2, "poison": True})
+                _insert(conn, "t", "bad", {"n": 3})
+                _insert(conn, "t", "c", {"n": 4})
+            await until(lambda: any(e.key == "c" for e in sink.delivered), timeout=5.0)
+            locker.rollback()
+            await until(lambda: [(r[0], r[1]) for r in _states(url)] == [("bad", "failed"), ("bad", "pending")])
+            assert [e.key for e in sink.delivered] == ["a", "c"]  # n=3 waits behind its dead letter
+
+
+def _states(url: str) -> list[tuple[str, str]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [(k, s) for k, s in conn.execute("SELECT key, state FROM outbox ORDER BY id").fetchall()]
