@@ -141,14 +141,16 @@ _KEY_LIKE = (uuid.UUID, int)
 _ENCODER = json.JSONEncoder(allow_nan=False)
 
 
+#: A hex digit's low two bits under the variant's 10: 8, 9, a or b.
+_VARIANT = dict(zip("0123456789abcdef", "89ab" * 4, strict=True))
+
+
 def uuid4_text() -> str:
     """A new random UUID (version 4, RFC 4122 variant) as ``str(uuid.uuid4())`` writes it, from the same
-    random source: without building the ``UUID`` object, 1.6 us instead of 4 (of publish's ~33 us in Python)."""
-    data = bytearray(os.urandom(16))
-    data[6] = data[6] & 0x0F | 0x40  # version 4
-    data[8] = data[8] & 0x3F | 0x80  # variant 10xx: RFC 4122
-    text = data.hex()
-    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+    random source: without the ``UUID`` object, 1.25 us instead of 4 (of publish's ~33 us in Python)."""
+    text = os.urandom(16).hex()
+    # The six bits uuid4() sets: the version digit 4, and the variant's 10 in the top of the next group.
+    return f"{text[:8]}-{text[8:12]}-4{text[13:16]}-{_VARIANT[text[16]]}{text[17:20]}-{text[20:]}"
 
 
 #: A NUL character in JSON text: \u0000 after an even number of backslashes (an odd number spells a backslash).

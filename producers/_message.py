@@ -44,14 +44,13 @@ def check_via(via: object, *, deliver_at: object, priority: object, mysql: bool)
 
 def envelope(params: dict[str, Any]) -> str:
     """The message's JSON envelope, from ``publish``'s checked parameters."""
-    parts = [f'{{"topic": {_json(params["topic"])}, "key": {_json(params["key"])}']
     if "content_type" in params:
-        parts.append(f', "payload": "{base64.b64encode(params["payload"]).decode()}"')
-        parts.append(f', "content_type": {_json(params["content_type"])}')
+        payload = f'"{base64.b64encode(params["payload"]).decode()}", "content_type": {_json(params["content_type"])}'
     else:
         text = params["payload_json"]
-        parts.append(f', "payload": {"null" if text is None else text}')
-    if params["headers"]:
-        parts.append(f', "headers": {params["headers_json"]}')
-    parts.append(f', "idempotency_key": {_json(params["idempotency_key"])}}}')
-    return "".join(parts)
+        payload = "null" if text is None else text
+    headers = f', "headers": {params["headers_json"]}' if params["headers"] else ""
+    return (
+        f'{{"topic": {_json(params["topic"])}, "key": {_json(params["key"])}, "payload": {payload}{headers}, '
+        f'"idempotency_key": {_json(params["idempotency_key"])}}}'
+    )

@@ -177,3 +177,16 @@ def test_the_envelope_is_the_json_of_the_checked_arguments(text: str, with_key: 
     written = json.loads(envelope(params))
     assert written == {"topic": text, "key": None, "payload": payload, "idempotency_key": params["idempotency_key"]}
     assert envelope(params).isascii()
+
+
+@pytest.mark.parametrize("headers", [None, {"h": "\u00e9"}])
+def test_a_bytes_envelope_carries_base64_and_its_content_type(headers: dict[str, str] | None) -> None:
+    params = _params("t", b"\x00\xffraw", "application/x-protobuf", "k", headers, "i", None, 0, timedelta(days=1))
+    assert json.loads(envelope(params)) == {
+        "topic": "t",
+        "key": "k",
+        "payload": "AP9yYXc=",
+        "content_type": "application/x-protobuf",
+        **({"headers": headers} if headers else {}),
+        "idempotency_key": "i",
+    }
