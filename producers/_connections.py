@@ -45,7 +45,7 @@ def _unfit_for_insert(conn: Any) -> bool:
 def _refuse_what_is_no_connection(conn: Any, function: str) -> None:
     """``TypeError``, before any SQL, for what the INSERT cannot run on (a pool, a MySQL cursor, None),
     the same on every driver; they failed with an ``AttributeError`` from deep inside."""
-    if _mysql.is_pymysql(conn) or _mysql.is_asyncmy(conn):
+    if _mysql.is_either(conn):
         usable = _mysql.is_connection(conn)
     else:
         usable = callable(getattr(conn, "execute", None))  # a psycopg connection or cursor, or one alike
@@ -64,7 +64,7 @@ def _warn_autocommit(conn: Any, function: str, allow_autocommit: bool) -> None:
     """
     if allow_autocommit:
         return
-    if _mysql.is_pymysql(conn) or _mysql.is_asyncmy(conn):
+    if _mysql.is_either(conn):
         alone = _mysql.commits_each_statement(conn)
     else:
         owner = getattr(conn, "connection", conn)  # a cursor writes on its connection
