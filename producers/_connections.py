@@ -17,15 +17,19 @@ def _check_encoding(conn: Any) -> None:
     """``ValueError``, before any SQL, unless the database is UTF8: on SQL_ASCII each writer's
     client encoding decides the bytes stored (one key, two spellings), and on LATIN1 and the like
     jsonb refuses the escapes of non-ASCII text, failing the caller's transaction."""
-    info = getattr(conn, "info", None) or getattr(getattr(conn, "connection", None), "info", None)
-    encoding = info.parameter_status("server_encoding") if isinstance(info, psycopg.ConnectionInfo) else None
-    if encoding is not None and encoding != "UTF8":
-        raise ValueError(f"the database is encoded in {encoding}: the outbox needs a UTF8 database")
+    # The libpq connection's own report (conn.info would build a ConnectionInfo, and decode the name,
+    # on every publish); a cursor writes on its connection's.
+    pgconn = getattr(conn, "pgconn", None) or getattr(getattr(conn, "connection", None), "pgconn", None)
+    encoding = pgconn.parameter_status(b"server_encoding") if isinstance(pgconn, psycopg.pq.PGconn) else None
+    if encoding is not None and encoding != b"UTF8":
+        raise ValueError(f"the database is encoded in {encoding.decode()}: the outbox needs a UTF8 database")
 
 
 #: Cursors the INSERT cannot run on: a server-side cursor would DECLARE it (a syntax error that fails
 #: the caller's transaction), a raw one takes no named parameters.
 _UNFIT_CURSORS = (psycopg.ServerCursor, psycopg.AsyncServerCursor, psycopg.RawCursor, psycopg.AsyncRawCursor)
+_RAW_CURSORS = (psycopg.RawCursor, psycopg.AsyncRawCursor)
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def _unfit_for_insert(conn: Any) -> bool:
@@ -35,13 +39,13 @@ def _unfit_for_insert(conn: Any) -> bool:
         raise TypeError(f"publish() takes a connection or a client-side cursor, not a {type(conn).__name__}")
     _check_encoding(conn)
     factory = getattr(conn, "cursor_factory", None)
-    return isinstance(factory, type) and issubclass(factory, psycopg.RawCursor | psycopg.AsyncRawCursor)
+    return isinstance(factory, type) and issubclass(factory, _RAW_CURSORS)
 
 
 def _refuse_what_is_no_connection(conn: Any, function: str) -> None:
     """``TypeError``, before any SQL, for what the INSERT cannot run on (a pool, a MySQL cursor, None),
     the same on every driver; they failed with an ``AttributeError`` from deep inside."""
-    if _mysql.is_pymysql(conn) or _mysql.is_asyncmy(conn):
+    if _mysql.is_either(conn):
         usable = _mysql.is_connection(conn)
     else:
         usable = callable(getattr(conn, "execute", None))  # a psycopg connection or cursor, or one alike
@@ -60,16 +64,14 @@ def _warn_autocommit(conn: Any, function: str, allow_autocommit: bool) -> None:
     """
     if allow_autocommit:
         return
-    if _mysql.is_pymysql(conn) or _mysql.is_asyncmy(conn):
+    if _mysql.is_either(conn):
         alone = _mysql.commits_each_statement(conn)
     else:
         owner = getattr(conn, "connection", conn)  # a cursor writes on its connection
-        info = getattr(owner, "info", None)
-        alone = (
-            getattr(owner, "autocommit", False) is True
-            and isinstance(info, psycopg.ConnectionInfo)
-            and info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        )
+        alone = False
+        if getattr(owner, "autocommit", False) is True:  # first: most are not, and need no ConnectionInfo built
+            info = getattr(owner, "info", None)
+            alone = isinstance(info, psycopg.ConnectionInfo) and info.transaction_status == _IDLE
     if alone:
         warnings.warn(
             f"{function}() on a connection in autocommit mode outside a transaction commits the event on its "

@@ -19,8 +19,12 @@ from typing import Any
 
 #: The prefix of outbox messages (the relay's ``relay.sources.log.decode.MESSAGE_PREFIX``).
 MESSAGE_PREFIX = "outbox"
-EMIT = "SELECT pg_logical_emit_message(true, 'outbox', %s::text)"
+#: SELECT FROM: the caller needs no LSN back, and a row of no columns is less for psycopg to set up
+#: (2-3 us of a ~160 us commit, measured interleaved against SELECT pg_logical_emit_message(...)).
+EMIT = "SELECT FROM pg_logical_emit_message(true, 'outbox', %s::text)"
 VIAS = ("table", "message")
+#: ``json.dumps`` of a string or None, without its check of every option at each call.
+_json = json.JSONEncoder().encode
 
 
 def check_via(via: object, *, deliver_at: object, priority: object, mysql: bool) -> bool:
@@ -40,14 +44,13 @@ def check_via(via: object, *, deliver_at: object, priority: object, mysql: bool)
 
 def envelope(params: dict[str, Any]) -> str:
     """The message's JSON envelope, from ``publish``'s checked parameters."""
-    parts = [f'{{"topic": {json.dumps(params["topic"])}, "key": {json.dumps(params["key"])}']
     if "content_type" in params:
-        parts.append(f', "payload": "{base64.b64encode(params["payload"]).decode()}"')
-        parts.append(f', "content_type": {json.dumps(params["content_type"])}')
+        payload = f'"{base64.b64encode(params["payload"]).decode()}", "content_type": {_json(params["content_type"])}'
     else:
         text = params["payload_json"]
-        parts.append(f', "payload": {"null" if text is None else text}')
-    if params["headers"]:
-        parts.append(f', "headers": {params["headers_json"]}')
-    parts.append(f', "idempotency_key": {json.dumps(params["idempotency_key"])}}}')
-    return "".join(parts)
+        payload = "null" if text is None else text
+    headers = f', "headers": {params["headers_json"]}' if params["headers"] else ""
+    return (
+        f'{{"topic": {_json(params["topic"])}, "key": {_json(params["key"])}, "payload": {payload}{headers}, '
+        f'"idempotency_key": {_json(params["idempotency_key"])}}}'
+    )

@@ -73,6 +73,11 @@ def is_asyncmy(conn: object) -> bool:
     return _driver(conn) == "asyncmy"
 
 
+def is_either(conn: object) -> bool:
+    """Whether ``conn`` comes from PyMySQL or asyncmy (one look at its type, for every publish)."""
+    return _driver(conn) in ("pymysql", "asyncmy")
+
+
 def is_connection(conn: object) -> bool:
     """Whether ``conn`` (of either driver) is a connection, not a cursor or a pool."""
     return callable(getattr(conn, "cursor", None)) and callable(getattr(conn, "commit", None))

@@ -37,9 +37,10 @@ def with_trace_context(headers: Mapping[str, str] | None) -> dict[str, str]:
     the caller set win: if either trace header is present (in any case), the
     trace context is left as the caller gave it.
     """
-    result = dict(headers or {})
+    result = dict(headers) if headers else {}
     otel = _opentelemetry()
-    if otel is None or any(name.lower() in TRACE_HEADERS for name in result):
+    # `result and`: no generator set up for the many events without headers.
+    if otel is None or (result and any(name.lower() in TRACE_HEADERS for name in result)):
         return result
     propagator, get_current_span = otel
     if not get_current_span().get_span_context().is_valid:

@@ -26,6 +26,10 @@ __all__ = [
     "publish",
 ]
 
+#: What publish() and apublish() refuse from each other (a tuple: a union is built anew at each call).
+_ASYNC = (psycopg.AsyncConnection, psycopg.AsyncCursor)
+_SYNC = (psycopg.Connection, psycopg.Cursor)
+
 
 def publish(
     conn: psycopg.Connection[Any] | Any,
@@ -79,7 +83,7 @@ def publish(
     the event is committed on its own, even if the writes it announces roll
     back. ``allow_autocommit=True`` publishes it so on purpose, silently.
     """
-    if isinstance(conn, psycopg.AsyncConnection | psycopg.AsyncCursor) or _mysql.is_asyncmy(conn):
+    if isinstance(conn, _ASYNC) or _mysql.is_asyncmy(conn):
         # Its execute() would make a coroutine nobody awaits: nothing written, and a key returned.
         name = type(conn).__name__
         raise TypeError(f"publish() takes a connection that writes at once, not {name}: await apublish(...) with it")
@@ -122,7 +126,7 @@ async def apublish(
     via: str = "table",
 ) -> str:
     """The same as :func:`publish`, for a psycopg ``AsyncConnection`` or an asyncmy connection."""
-    if isinstance(conn, psycopg.Connection | psycopg.Cursor) or _mysql.is_pymysql(conn):
+    if isinstance(conn, _SYNC) or _mysql.is_pymysql(conn):
         raise TypeError(f"apublish() takes an async connection, not {type(conn).__name__}: call publish(...) with it")
     _refuse_what_is_no_connection(conn, "apublish")
     _check_options(table, max_deliver_ahead)
