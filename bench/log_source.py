@@ -46,6 +46,7 @@ from bench.baselines import l_db, l_kafka
 from bench.services import DISTINCT_KEYS, SEED_SQL
 from devservers import Tansu
 from devservers.postgres import LOGICAL_DECODING, embedded_postgres
+from relay.app import tune_collector
 from relay.config import PUBLISH_TIMEOUT_SECONDS, KafkaSinkConfig, RelaySettings, TableName, parse_sink_url
 from relay.events import Event, Outcome
 from relay.holds import KeyHolds
@@ -418,6 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drains-only", action="store_true", help="the drains and floors, nothing else")
     args = parser.parse_args(argv)
     n = args.events
+    tune_collector()  # the relays run here, in this process: set as ``outbox-relay run`` sets its own
     results: dict[str, Any] = {"events": n, "drains": {}}
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(embedded_postgres(LOGICAL_DECODING))
