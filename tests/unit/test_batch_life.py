@@ -10,6 +10,7 @@ from uuid import uuid4
 
 import pytest
 
+from relay.backoff import Backoff
 from relay.batch import Batch, Costs, Deliveries, State
 from relay.batch import costs as costs_module
 from relay.batch.life import hand_to_sink
@@ -252,6 +253,6 @@ def test_each_acknowledged_event_counts_its_own_latency_whether_or_not_it_shares
     outcomes: list[Outcome] = [None, None, None, None, Failure("no"), None]
     seen: list[float] = []
     monkeypatch.setattr(costs_module, "observe_many", lambda _histogram, values: seen.extend(values))
-    verdict = costs_module.judge(events, outcomes, FAST, costs_module.Backoff(0.1, 1.0), Metrics())
+    verdict = costs_module.judge(events, outcomes, FAST, Backoff(0.1, 1.0), Metrics())
     assert verdict.sent == [0, 1, 2, 3, 5]
     assert seen == pytest.approx([10.0, 10.0, 5.0, 10.0, 7.0], abs=1.0)
