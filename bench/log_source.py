@@ -10,7 +10,10 @@ Measured, each to an acknowledging in-memory sink (the relay's own cost, no brok
   each spread of keys (null keys, one key per event, 1,000 keys, 1 key);
 - L_log, the floor of the log's side: a bare loop that reads the slot's stream as the relay does (every
   frame one wait on the socket brought) and counts the inserts (no parsing, no events, no sink); with
-  ``--kafka`` also L_kafka, the bare producer loop;
+  ``--kafka`` also L_kafka, the bare producer loop, and L_log_kafka, the two joined: the bare stream read
+  producing each insert's payload bytes (and key) to Kafka with the relay's producer settings, no event
+  built, until every delivery is reported. L_log_kafka is what one Python process does here at all: the
+  floor of both issue 38 targets (drain >= 1.5 x L_db, CPU <= 0.5 x the table source's);
 - the relay's own latency at 500 events/s: a writer's COMMIT to the event handed to the sink, p50/p99, over
   the raw client's (the same writer, a bare loop reading the inserts' frames off the stream);
 - the server's decoding alone through ``pg_logical_slot_peek_binary_changes`` (the polling design's floor);
@@ -35,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from confluent_kafka import Producer
 
 import producers
 from bench import stats
@@ -42,16 +46,18 @@ from bench.baselines import l_db, l_kafka
 from bench.services import DISTINCT_KEYS, SEED_SQL
 from devservers import Tansu
 from devservers.postgres import LOGICAL_DECODING, embedded_postgres
-from relay.config import RelaySettings, TableName, parse_sink_url
+from relay.app import tune_collector
+from relay.config import PUBLISH_TIMEOUT_SECONDS, KafkaSinkConfig, RelaySettings, TableName, parse_sink_url
 from relay.events import Event, Outcome
 from relay.holds import KeyHolds
 from relay.log_relay import LogRelay
 from relay.loop import Relay
 from relay.sinks import build_sink
 from relay.sinks.base import Sink
+from relay.sinks.kafka import producer_config
 from relay.sinks.memory import MemorySink
 from relay.sources.log import pgoutput
-from relay.sources.log.pgoutput import INSERT, XLOG_DATA, XLOG_HEADER
+from relay.sources.log.pgoutput import INSERT, XLOG_DATA, XLOG_HEADER, pick_columns
 from relay.sources.log.publication import prepare, publication_name
 from relay.sources.log.stream import ReplicationStream
 from relay.store.adapters import build_store
@@ -66,6 +72,12 @@ BARE = "bare jsonb INSERT"
 MESSAGE = "publish(via='message')"
 WRITER_ROUND = 100
 WRITER_WARM_UP = 10
+#: pgoutput's relation message ('R'): L_log_kafka finds the key and payload columns by name in it.
+_RELATION = 0x52
+#: Issue 38's targets: a drain to Kafka at this many x L_db at least, the relay's CPU at this share of the
+#: table source's at most.
+TARGET_X_L_DB = 1.5
+TARGET_CPU_SHARE = 0.5
 
 
 def _url(server: str, name: str) -> str:
@@ -189,6 +201,58 @@ async def _l_log(url: str, events: int) -> dict[str, float]:
     elapsed = time.perf_counter() - started
     spent = _cpu() - cpu
     await stream.close()
+    return {"seconds": elapsed, "rate": events / elapsed, "cpu_per_1000": spent / events * 1000}
+
+
+async def _l_log_kafka(url: str, kafka: str, events: int) -> dict[str, float]:
+    """L_log's loop producing each insert's payload bytes (its key too) to Kafka with the relay's producer
+    settings, until every delivery is reported: no event, no batch, no judge. The columns are found by name
+    once (the relation message); each insert is picked in one pass (:func:`pgoutput.pick_columns`), as the
+    relay's reader does. Process CPU, as the relay's: librdkafka's threads count."""
+    slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+    stream = ReplicationStream(url, slot, publication_name(slot), sender_timeout_seconds=60.0)
+    settings = producer_config(
+        KafkaSinkConfig(bootstrap_servers=kafka), publish_timeout_seconds=PUBLISH_TIMEOUT_SECONDS, client_id="floor"
+    )
+    report = {"acked": 0, "failed": 0}
+
+    def delivered(error: Any, _message: Any) -> None:
+        report["failed" if error is not None else "acked"] += 1
+
+    places: tuple[int, ...] = ()
+    cpu, started = _cpu(), time.perf_counter()
+    producer = Producer(settings)
+    producer.list_topics(timeout=10.0)  # on the clock, as the relay's sink's start-up probe is
+    produce, poll = producer.produce, producer.poll
+    await stream.start(10.0)
+    seen = 0
+    while seen < events:
+        for frame in await stream.read_frames(5.0, 10_000):
+            if frame[0] != XLOG_DATA:
+                continue
+            kind = frame[XLOG_HEADER]
+            if kind == INSERT:
+                key, payload = pick_columns(frame, XLOG_HEADER + 6, places, 2)
+                assert payload is not None
+                while True:
+                    try:
+                        produce("bench-log-floor", payload, key, on_delivery=delivered)
+                        break
+                    except BufferError:
+                        poll(0.005)
+                seen += 1
+            elif kind == _RELATION:
+                relation = pgoutput.parse_message(frame[XLOG_HEADER:])
+                assert isinstance(relation, pgoutput.Relation)
+                wanted = ("key", "payload")
+                places = tuple(wanted.index(c) if c in wanted else -1 for c in relation.columns)
+        poll(0)  # serve the delivery reports so far, once a read
+    left = producer.flush(PUBLISH_TIMEOUT_SECONDS * 2)
+    elapsed = time.perf_counter() - started
+    spent = _cpu() - cpu
+    await stream.close()
+    if report["failed"] or left:
+        raise RuntimeError(f"L_log_kafka: {report['failed']} deliveries failed, {left} unreported")
     return {"seconds": elapsed, "rate": events / elapsed, "cpu_per_1000": spent / events * 1000}
 
 
@@ -355,6 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drains-only", action="store_true", help="the drains and floors, nothing else")
     args = parser.parse_args(argv)
     n = args.events
+    tune_collector()  # the relays run here, in this process: set as ``outbox-relay run`` sets its own
     results: dict[str, Any] = {"events": n, "drains": {}}
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(embedded_postgres(LOGICAL_DECODING))
@@ -368,6 +433,9 @@ def main(argv: list[str] | None = None) -> None:
         results["l_log"] = asyncio.run(_l_log(floor_url, n))
         if kafka is not None:
             results["l_kafka"] = l_kafka(kafka, "bench-floor", n)
+            floor_url = _database(server, "l_log_kafka", slot=True)
+            _seed(floor_url, n)
+            results["l_log_kafka"] = asyncio.run(_l_log_kafka(floor_url, kafka, n))
         for i, (name, keys) in enumerate(SPREADS.items()):
             log_url = _database(server, f"log_drain_{i}", slot=True)
             _seed(log_url, n, keys)
@@ -388,19 +456,39 @@ def main(argv: list[str] | None = None) -> None:
     _summary(results)
 
 
+def _floor_verdict(floor: dict[str, float], ldb: dict[str, float], tables: list[dict[str, float]]) -> None:
+    """Whether issue 38's targets are within what a bare Python process reaches here (L_log_kafka)."""
+    rate, cpu = floor["rate"] / ldb["rate"], floor["cpu_per_1000"]
+    shares = [cpu / table["cpu_per_1000"] for table in tables]
+    if rate < TARGET_X_L_DB:
+        print(f"L_log_kafka is {rate:.2f} x L_db, under the {TARGET_X_L_DB} x target: the drain target is above "
+              "what a bare Python reader-producer does here at all")  # fmt: skip
+    if max(shares) > TARGET_CPU_SHARE:
+        print(f"L_log_kafka's CPU is {min(shares):.2f}-{max(shares):.2f} x the table source's, over the "
+              f"{TARGET_CPU_SHARE} x target in {sum(s > TARGET_CPU_SHARE for s in shares)} of {len(shares)} "
+              "spreads: there the CPU target is below what a bare Python reader-producer spends")  # fmt: skip
+
+
 def _summary(results: dict[str, Any]) -> None:
     ldb, llog = results["l_db"], results["l_log"]
     print(f"L_db {ldb['rate']:,.0f}/s; L_log {llog['rate']:,.0f}/s = {llog['rate'] / ldb['rate']:.2f} x L_db "
           f"({llog['cpu_per_1000']:.3f} s CPU per 1,000)")  # fmt: skip
     if "l_kafka" in results:
         print(f"L_kafka {results['l_kafka']['rate']:,.0f}/s = {results['l_kafka']['rate'] / ldb['rate']:.2f} x L_db")
+    floor = results.get("l_log_kafka")
+    if floor is not None:
+        print(f"L_log_kafka {floor['rate']:,.0f}/s = {floor['rate'] / ldb['rate']:.2f} x L_db "
+              f"({floor['cpu_per_1000']:.3f} s CPU per 1,000)")  # fmt: skip
     print(f"server decoding alone (peek): {results['peek']['rate']:,.0f} changes/s")
     for name, drain in results["drains"].items():
         log, table = drain["log"], drain["table"]
+        versus_floor = f"{log['rate'] / floor['rate']:.2f} x L_log_kafka, " if floor is not None else ""
         print(f"{name}: log {log['rate']:,.0f}/s = {log['rate'] / ldb['rate']:.2f} x L_db, "
-              f"{log['rate'] / llog['rate']:.2f} x L_log, {log['rate'] / table['rate']:.2f} x the table source "
-              f"({table['rate']:,.0f}/s); CPU per 1,000: log {log['cpu_per_1000']:.3f} s, "
+              f"{log['rate'] / llog['rate']:.2f} x L_log, {versus_floor}{log['rate'] / table['rate']:.2f} x the "
+              f"table source ({table['rate']:,.0f}/s); CPU per 1,000: log {log['cpu_per_1000']:.3f} s, "
               f"table {table['cpu_per_1000']:.3f} s = {log['cpu_per_1000'] / table['cpu_per_1000']:.2f}")  # fmt: skip
+    if floor is not None:
+        _floor_verdict(floor, ldb, [drain["table"] for drain in results["drains"].values()])
     if "latency" in results:
         latency, raw = results["latency"]["relay"], results["latency"]["raw"]
         print(f"latency at {LATENCY_RATE:.0f}/s from COMMIT: relay (to the sink) p50 {latency['p50_ms']:.1f} ms, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -33,6 +34,20 @@ from relay.store.adapters import build_store
 from relay.store.base import Admin
 
 logger = logging.getLogger(__name__)
+
+#: The collector's youngest-generation threshold, in allocations (CPython's default is 700). A relay
+#: builds a few objects per event that live until its batch is confirmed; at 700 most of them survive a
+#: collection or two and are traversed again in the older generations before they die. At this threshold
+#: most die young (the log relay's CPU per event 6-7% lower, docs/log-source.md). The relay makes no
+#: cyclic garbage in volume, so the collections are rarer, not bigger in memory; the older generations'
+#: thresholds stay.
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def tune_collector() -> None:
+    """Set the garbage collector for a relay process: ``run`` calls it once, before serving."""
+    _young, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def owner_id() -> str:

@@ -61,11 +61,18 @@ def judge(
     now = datetime.now(UTC)
     per_topic: Counter[str] = Counter()
     latencies: list[float] = []
+    # The events of one transaction share their creation time (now()): its latency is worked out once
+    # (an equality test costs a twentieth of the subtraction).
+    created: datetime | None = None
+    latency = 0.0
     for event, outcome in zip(events, outcomes, strict=True):
         if outcome is None:
             sent.append(event.id)
             per_topic[event.topic] += 1
-            latencies.append(max(0.0, (now - event.created_at).total_seconds()))
+            if event.created_at != created:
+                created = event.created_at
+                latency = max(0.0, (now - created).total_seconds())
+            latencies.append(latency)
             continue
         if outcome.timed_out:
             timed_out.append(event.id)

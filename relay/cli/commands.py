@@ -82,7 +82,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``outbox-relay run``."""
-    from relay.app import RunConfig, serve
+    from relay.app import RunConfig, serve, tune_collector
 
     dsn, table = database(args)
     source, slot = source_and_slot(args)
@@ -118,5 +118,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         source_kind=source,
         slot=slot,
     )
+    tune_collector()
     asyncio.run(serve(run_config))
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,8 +12,9 @@ from relay import app
 
 
 @pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """What ``outbox-relay run`` would serve, each run's config, instead of serving it (no I/O)."""
+def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """What ``outbox-relay run`` would serve, each run's config, instead of serving it (no I/O); the
+    collector's thresholds, which ``run`` sets for its process, are restored afterwards."""
     configs: list[Any] = []
 
     async def serve(run_config: Any) -> None:
@@ -20,4 +23,6 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     monkeypatch.setattr(app, "serve", serve)
     for name in ("RELAY_BATCH_BYTES", "RELAY_BATCH_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    return configs
+    thresholds = gc.get_threshold()
+    yield configs
+    gc.set_threshold(*thresholds)

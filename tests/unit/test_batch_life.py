@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
 import pytest
 
+from relay.backoff import Backoff
 from relay.batch import Batch, Costs, Deliveries, State
+from relay.batch import costs as costs_module
 from relay.batch.life import hand_to_sink
 from relay.batching import BatchLimits
 from relay.errors import SinkTimeout, SinkUnavailable
@@ -236,3 +239,20 @@ def test_events_taken_over_before_the_settle_count_as_lost_leases() -> None:
     assert batch.state is State.SETTLED and len(sink.delivered) == 3
     assert costs.metrics.lost_leases._value.get() == 2
     assert len(store.rows) == 2, "only the event still leased here is deleted"
+
+
+def test_each_acknowledged_event_counts_its_own_latency_whether_or_not_it_shares_its_creation_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = datetime.now(UTC)
+    ages = [10.0, 10.0, 5.0, 10.0, 0.0, 7.0]  # a run sharing one time, others between, one failed at 0
+    created = {age: now - timedelta(seconds=age) for age in set(ages)}
+    events = [Event(i, "t", "k", b"{}", {}, f"i{i}", 1, created[age]) for i, age in enumerate(ages)]
+    # Equal times as distinct objects too (the table's rows): equal, not identical, is what counts.
+    events[3].created_at = now - timedelta(seconds=10.0)
+    outcomes: list[Outcome] = [None, None, None, None, Failure("no"), None]
+    seen: list[float] = []
+    monkeypatch.setattr(costs_module, "observe_many", lambda _histogram, values: seen.extend(values))
+    verdict = costs_module.judge(events, outcomes, FAST, Backoff(0.1, 1.0), Metrics())
+    assert verdict.sent == [0, 1, 2, 3, 5]
+    assert seen == pytest.approx([10.0, 10.0, 5.0, 10.0, 7.0], abs=1.0)

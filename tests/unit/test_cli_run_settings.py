@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import re
 from typing import Any
 
 import pytest
 
-from relay import cli, config
+from relay import app, cli, config
 
 RUN = ["run", "--database-url", "postgresql://app@127.0.0.1:5432/shop", "--sink", "kafka://127.0.0.1:9092"]
 
@@ -74,3 +75,18 @@ def test_the_lease_floor_in_run_help_is_the_one_run_checks(
     assert cli.main([*argv, "--lease-seconds", f"{floor - 0.5:g}"]) == 2
     assert "--lease-seconds" in capsys.readouterr().err
     assert len(served) == 1
+
+
+def test_run_sets_the_collectors_young_threshold_before_serving(
+    served: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gc.set_threshold(700, 10, 10)
+    seen: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(app, "serve", lambda config: _noted(seen, served, config))
+    assert cli.main(RUN) == 0
+    assert seen == [(app.GC_YOUNG_THRESHOLD, 10, 10)]  # the older generations' thresholds stay
+
+
+async def _noted(seen: list[tuple[int, int, int]], served: list[Any], config: Any) -> None:
+    seen.append(gc.get_threshold())
+    served.append(config)
