@@ -157,9 +157,9 @@ def test_migrate_upgrades_a_table_of_version_3_keeping_its_events_up_to_the_limi
         " VALUES ('t', %s, X'00ff', %s, 'bytes')",
         [b"j" * 1024, content_type],
     )
-    assert migrate(mysql_empty_url, table) == [4, 5, 6]
+    assert migrate(mysql_empty_url, table) == [4, 5, 6, 7]
     assert migrate(mysql_empty_url, table) == []
-    assert schema_version(mysql_empty_url, table) == 6
+    assert schema_version(mysql_empty_url, table) == 7
     for column, value in (("topic", "t" * 250), ("key", b"k" * 1025), ("idempotency_key", b"i" * 801)):
         assert _outcome(mysql_empty_url, "", column, value) == "refused", column
     assert _outcome(mysql_empty_url, "", "content_type", "a" * 256) == "refused"

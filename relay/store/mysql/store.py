@@ -82,7 +82,8 @@ class MySQLStore(MySQLAdmin):
         statement_timeout: float | None = None,
     ) -> None:
         super().__init__(url, table, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
-        self._owner = owner
+        # The lease_owner column is a CHAR(80) whose width never changes (migrations/0007).
+        self._owner = owner[:OWNER_CHARS]
         self._lease_seconds = lease_seconds
         self._keep_sent = keep_sent
 
@@ -389,5 +390,7 @@ class MySQLStore(MySQLAdmin):
 #: A claim's locking read brings each payload, and headers, of up to this many bytes along, or up to the byte cap's
 #: share of each event of the batch if that is more (relay/store/mysql/queries.sql, claim_candidates).
 INLINE_BYTES_AT_LEAST = 4096
+#: The most of the relay's owner (host:pid, for operators) the lease writes: lease_owner is a CHAR(80).
+OWNER_CHARS = 80
 #: "No byte cap" to the claim's SQL.
 UNBOUNDED_BYTES = 2**62
