@@ -186,14 +186,9 @@ def test_the_checks_take_a_bytes_row_with_a_content_type_of_255_bytes(mysql_url:
     assert rows == [(None, b"", content_type), (None, b"\x80\xff", " ")]
 
 
-def test_migrate_upgrades_a_table_of_the_first_version_and_keeps_its_events(
-    mysql_empty_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_migrate_upgrades_a_table_of_the_first_version_and_keeps_its_events(mysql_empty_url: str) -> None:
     table = TableName.parse("outbox")
-    first = named.migrations()[0]
-    with monkeypatch.context() as patched:
-        patched.setattr(named, "migrations", lambda: (first,))
-        assert migrate(mysql_empty_url, table) == [1]
+    assert mysql_support.migrate_up_to(mysql_empty_url, 1) == [1]
     mysql_support.execute(
         mysql_empty_url, "INSERT INTO outbox (topic, `key`, payload) VALUES ('t', 'k', '{\"n\": 1}'), ('t', NULL, '[]')"
     )
@@ -342,21 +337,7 @@ def test_the_fixed_width_lease_keeps_the_leases_held_and_frees_the_rest(mysql_em
     # whose lease was given back become "no lease", and the store claims those and only those.
     table = TableName.parse("outbox")
     token = str(uuid.uuid4())
-    # Migrations 1 to 6 by hand, not by patching named.migrations: the fixtures migrate other tests'
-    # databases in threads meanwhile, with the same module.
-    mysql_support.execute(
-        mysql_empty_url,
-        "CREATE TABLE outbox_schema_version (version INT NOT NULL PRIMARY KEY, name VARCHAR(200) NOT NULL,"
-        " applied_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))) ENGINE = InnoDB",
-    )
-    for step in named.migrations()[:6]:
-        for statement in named.statements(named.render(step.template, table)):
-            mysql_support.execute(mysql_empty_url, statement)
-        mysql_support.execute(
-            mysql_empty_url,
-            "INSERT INTO outbox_schema_version (version, name) VALUES (%s, %s)",
-            (step.version, step.name),
-        )
+    assert mysql_support.migrate_up_to(mysql_empty_url, 6) == [1, 2, 3, 4, 5, 6]
     mysql_support.execute(
         mysql_empty_url,
         "INSERT INTO outbox (topic, `key`, payload, idempotency_key, claim_token, lease_owner, lease_expires_at,"
