@@ -64,7 +64,8 @@ PG_SETTLE = "DELETE FROM outbox WHERE id = ANY(%(ids)s::bigint[]) AND claim_toke
 
 MYSQL_SELECT = (
     "SELECT id, topic, `key`, payload, headers, idempotency_key, attempts, created_at, priority FROM outbox"
-    " WHERE state = 'pending' AND id > %s AND lease_expires_at IS NULL AND deliver_at <= UTC_TIMESTAMP(6)"
+    " WHERE state = 'pending' AND id > %s AND lease_expires_at = '1000-01-01 00:00:00'"
+    " AND deliver_at <= UTC_TIMESTAMP(6)"
     " ORDER BY priority DESC, id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 MYSQL_LEASE = (

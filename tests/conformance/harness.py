@@ -21,6 +21,7 @@ from relay.config import TableName
 from relay.store.base import Admin
 from relay.store.memory import MemoryStore
 from relay.store.mysql import MySQLAdmin, MySQLStore
+from relay.store.mysql.admin import NO_LEASE
 from relay.store.postgres import PostgresAdmin, PostgresStore
 from tests import mysql_support
 
@@ -224,8 +225,8 @@ class MySQLHarness:
     def expire_leases(self, ago: float = 1, *, idem: str | None = None) -> None:
         self._execute(
             "UPDATE outbox SET lease_expires_at = UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND"
-            " WHERE lease_expires_at IS NOT NULL AND (%s IS NULL OR idempotency_key = %s)",
-            [round(ago * 1e6), idem, idem],
+            " WHERE lease_expires_at <> %s AND (%s IS NULL OR idempotency_key = %s)",
+            [round(ago * 1e6), NO_LEASE, idem, idem],
         )
 
     def make_due(self) -> None:
@@ -250,7 +251,7 @@ class MySQLHarness:
             state,
             attempts,
             UUID(token) if token else None,
-            lease_expires_at.replace(tzinfo=UTC) if lease_expires_at else None,
+            None if lease_expires_at == NO_LEASE else lease_expires_at.replace(tzinfo=UTC),
             deliver_at.replace(tzinfo=UTC),
             last_error,
         )

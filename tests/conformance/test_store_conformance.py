@@ -501,6 +501,16 @@ def test_renew_leaves_an_event_dead_lettered_meanwhile(h: Harness) -> None:
     assert h.snapshot("x") == before and before[0] == "failed"
 
 
+def test_an_event_with_no_lease_is_never_reaped_whatever_its_attempts(h: Harness) -> None:
+    # Its attempts at the limit (max_attempts lowered since, or a retry's): no relay holds it, so the reaper
+    # leaves it, and it is claimed (MySQL's "no lease" is a date in the past, not NULL: migration 0007).
+    h.insert("t", {}, key="k", idempotency_key="x")
+    h.set_attempts("x", MAX)
+    assert run(h.store.reap(max_attempts=MAX)) == 0
+    assert h.state_of("x") == "pending"
+    assert [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events] == ["x"]
+
+
 def test_the_oldest_pending_age_looks_past_a_hundred_priorities(h: Harness) -> None:
     # One old event below many fresh ones, each of its own priority: the gauge an alert on
     # "events are not moving" reads must still find it (MySQL probed 100 priorities, then stopped).

@@ -15,6 +15,7 @@ from relay.config import TableName
 from relay.errors import SchemaError
 from relay.store.mysql import MySQLStore, Target
 from relay.store.mysql import sql as named
+from relay.store.mysql.admin import NO_LEASE
 from relay.store.mysql.migrate import create_roles, migrate, schema_version
 from tests import mysql_support
 
@@ -72,7 +73,7 @@ def test_migrate_is_idempotent_and_safe_when_two_run_at_once(mysql_empty_url: st
     for thread in threads:
         thread.join(60)
     assert errors == []
-    assert sorted(results) == [[], [], [1, 2, 3, 4, 5, 6]]
+    assert sorted(results) == [[], [], [1, 2, 3, 4, 5, 6, 7]]
     assert migrate(mysql_empty_url, table) == []
     assert mysql_support.execute(mysql_empty_url, "SELECT version, name FROM outbox_schema_version ORDER BY 1") == [
         (1, "initial"),
@@ -81,6 +82,7 @@ def test_migrate_is_idempotent_and_safe_when_two_run_at_once(mysql_empty_url: st
         (4, "length_checks"),
         (5, "writer_bounds"),
         (6, "same_event"),
+        (7, "fixed_width_lease"),
     ]
 
 
@@ -111,7 +113,7 @@ def test_two_spellings_of_one_table_migrated_at_once_take_one_lock(mysql_server_
             for thread in threads:
                 thread.join(60)
             assert errors == []
-            assert sorted(results) == [[]] * 5 + [[1, 2, 3, 4, 5, 6]]
+            assert sorted(results) == [[]] * 5 + [[1, 2, 3, 4, 5, 6, 7]]
     finally:
         mysql_support.execute(mysql_server_url, f"DROP DATABASE IF EXISTS `{database}`")
 
@@ -119,7 +121,7 @@ def test_two_spellings_of_one_table_migrated_at_once_take_one_lock(mysql_server_
 def test_a_table_in_another_database_is_created_there(mysql_empty_url: str, mysql_server_url: str) -> None:
     database = mysql_empty_url.rsplit("/", 1)[1] + "_events"
     try:
-        assert migrate(mysql_empty_url, TableName.parse(f"{database}.outbox")) == [1, 2, 3, 4, 5, 6]
+        assert migrate(mysql_empty_url, TableName.parse(f"{database}.outbox")) == [1, 2, 3, 4, 5, 6, 7]
         rows = mysql_support.execute(mysql_empty_url, f"SELECT COUNT(*) FROM `{database}`.`outbox`")
         assert rows == [(0,)]
     finally:
@@ -184,19 +186,14 @@ def test_the_checks_take_a_bytes_row_with_a_content_type_of_255_bytes(mysql_url:
     assert rows == [(None, b"", content_type), (None, b"\x80\xff", " ")]
 
 
-def test_migrate_upgrades_a_table_of_the_first_version_and_keeps_its_events(
-    mysql_empty_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_migrate_upgrades_a_table_of_the_first_version_and_keeps_its_events(mysql_empty_url: str) -> None:
     table = TableName.parse("outbox")
-    first = named.migrations()[0]
-    with monkeypatch.context() as patched:
-        patched.setattr(named, "migrations", lambda: (first,))
-        assert migrate(mysql_empty_url, table) == [1]
+    assert mysql_support.migrate_up_to(mysql_empty_url, 1) == [1]
     mysql_support.execute(
         mysql_empty_url, "INSERT INTO outbox (topic, `key`, payload) VALUES ('t', 'k', '{\"n\": 1}'), ('t', NULL, '[]')"
     )
-    assert migrate(mysql_empty_url, table) == [2, 3, 4, 5, 6]
-    assert schema_version(mysql_empty_url, table) == 6
+    assert migrate(mysql_empty_url, table) == [2, 3, 4, 5, 6, 7]
+    assert schema_version(mysql_empty_url, table) == 7
     conn = mysql_support.connect(mysql_empty_url, autocommit=False)
     try:
         producers.publish(conn, "t", b"\x00\xff", key="k", content_type="a/b", idempotency_key="raw")
@@ -333,3 +330,40 @@ def test_a_topic_of_spaces_is_taken_as_on_postgresql_and_an_empty_one_refused(my
     assert mysql_support.execute(mysql_url, "SELECT topic FROM outbox") == [(topic,)]
     with pytest.raises(Exception, match="topic_check"):
         mysql_support.execute(mysql_url, "INSERT INTO outbox (topic, payload) VALUES ('', '{}')")
+
+
+def test_the_fixed_width_lease_keeps_the_leases_held_and_frees_the_rest(mysql_empty_url: str) -> None:
+    # Migration 0007 on a table in use: a live lease stays (its owner goes), a row never leased and one
+    # whose lease was given back become "no lease", and the store claims those and only those.
+    table = TableName.parse("outbox")
+    token = str(uuid.uuid4())
+    assert mysql_support.migrate_up_to(mysql_empty_url, 6) == [1, 2, 3, 4, 5, 6]
+    mysql_support.execute(
+        mysql_empty_url,
+        "INSERT INTO outbox (topic, `key`, payload, idempotency_key, claim_token, lease_owner, lease_expires_at,"
+        " attempts) VALUES ('t', 'a', '{}', 'held', %s, 'host:1', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, 1),"
+        " ('t', 'b', '{}', 'free', NULL, NULL, NULL, 0), ('t', 'c', '{}', 'given-back', NULL, NULL, NULL, 2)",
+        (token,),
+    )
+    assert migrate(mysql_empty_url, table) == [7]
+    rows = mysql_support.execute(
+        mysql_empty_url,
+        "SELECT idempotency_key, claim_token, lease_owner, lease_expires_at > UTC_TIMESTAMP(6), lease_expires_at"
+        " FROM outbox ORDER BY id",
+    )
+    held, free, given_back = rows
+    assert held[:4] == (b"held", token, "", 1)
+    assert free[1:] == given_back[1:] == ("", "", 0, NO_LEASE)
+    store = MySQLStore(mysql_empty_url, table, owner="o" * 200, lease_seconds=30)
+
+    async def claim() -> list[tuple[str, int]]:
+        await store.open()
+        try:
+            return [(e.idempotency_key, e.attempts) for e in (await store.claim(10, max_attempts=3)).events]
+        finally:
+            await store.close()
+
+    assert asyncio.run(claim()) == [("free", 1), ("given-back", 3)]
+    # A long owner is cut to the column's 80 characters, and a claim leases nothing it did not choose.
+    owners = mysql_support.execute(mysql_empty_url, "SELECT lease_owner FROM outbox ORDER BY id")
+    assert owners == [("",), ("o" * 80,), ("o" * 80,)]

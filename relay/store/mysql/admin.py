@@ -66,6 +66,11 @@ def _key(key: str | None) -> bytes | None:
     return None if key is None else binary(key)
 
 
+#: "No lease" in lease_expires_at, which is never NULL (migrations/0007_fixed_width_lease.sql; claim_token and
+#: lease_owner hold '' then): the smallest DATETIME, before every clock.
+NO_LEASE = datetime(1000, 1, 1)
+
+
 def utc(value: Any) -> Any:
     """A DATETIME(6) column (UTC, read naive) as an aware datetime."""
     return value.replace(tzinfo=UTC) if isinstance(value, datetime) else value
@@ -313,6 +318,10 @@ class MySQLAdmin:
         # MariaDB's JSON check lets through some text no JSON parser takes (e.g. {"a":1e}): shown as it is.
         with contextlib.suppress(ValueError):
             row["headers"] = json.loads(row["headers"])
+        # No lease is shown as PostgreSQL shows it, as nulls (the columns hold '' and NO_LEASE: migration 0007).
+        if row["lease_expires_at"] == NO_LEASE.replace(tzinfo=UTC):
+            row["lease_expires_at"] = None
+        row["lease_owner"] = row["lease_owner"] or None
         # The relay writes UUIDs, as PostgreSQL's column type holds them; plain SQL may write any text.
         if not row["claim_token"]:
             row["claim_token"] = None

@@ -3,6 +3,11 @@
 -- the driver sends escaped. MySQL 8 dialect only (no RETURNING, no LATERAL,
 -- no FOR UPDATE OF), so that every statement runs on MariaDB 10.11 too.
 -- Times are UTC_TIMESTAMP(6): DATETIME(6) columns hold UTC.
+-- The lease columns are never NULL, and keep their width (migrations/0007):
+-- no lease is lease_expires_at = '1000-01-01 00:00:00' (the smallest DATETIME,
+-- before every clock, so "expired" and "not live" hold for it as they did for
+-- NULL), claim_token = '' and lease_owner = ''. "Never leased, or given back"
+-- is lease_expires_at = '1000-01-01 00:00:00' where it was IS NULL.
 
 -- name: claim_candidates
 -- Step 1 of the claim (inside its short transaction): lock the first
@@ -34,7 +39,7 @@
 -- commit, they are what the claim leases; a payload, and headers, only up to
 -- %(inline_bytes)s bytes each, so that a claim of big events reads no more than
 -- its byte cap of them (claim_payloads reads the others the claim leases).
-SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at IS NOT NULL AS reaped,
+SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at <> '1000-01-01 00:00:00' AS reaped,
        COALESCE(LENGTH(o.payload), LENGTH(o.payload_bytes)) AS bytes,
        CASE WHEN COALESCE(LENGTH(o.payload), LENGTH(o.payload_bytes)) <= %(inline_bytes)s THEN o.payload END AS payload,
        CASE WHEN COALESCE(LENGTH(o.payload), LENGTH(o.payload_bytes)) <= %(inline_bytes)s THEN o.payload_bytes END
@@ -50,7 +55,7 @@ SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at IS NOT NULL AS rea
 FROM {table} AS o
 WHERE o.state = 'pending'
   AND o.deliver_at <= UTC_TIMESTAMP(6)
-  AND (o.lease_expires_at IS NULL
+  AND (o.lease_expires_at = '1000-01-01 00:00:00'
        OR (o.lease_expires_at < UTC_TIMESTAMP(6) AND o.attempts < %(max_attempts)s))
   AND (o.`key` IS NULL OR (%(tailed)s AND o.`key` IN %(tail_keys)s)
        -- The key's head (as head below): the EXISTS would find it so, at the cost of one more lookup.
@@ -67,7 +72,7 @@ WHERE o.state = 'pending'
           AND (f.id = o.id
                OR (f.state = 'pending' AND f.lease_expires_at >= UTC_TIMESTAMP(6))
                OR (f.state = 'pending' AND f.priority >= o.priority AND f.deliver_at <= UTC_TIMESTAMP(6)
-                   AND (f.lease_expires_at IS NULL OR f.attempts < %(max_attempts)s)))))
+                   AND (f.lease_expires_at = '1000-01-01 00:00:00' OR f.attempts < %(max_attempts)s)))))
 ORDER BY o.priority DESC, o.id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -78,7 +83,7 @@ FOR UPDATE SKIP LOCKED;
 UPDATE {table}
 SET state = 'failed', failed_at = UTC_TIMESTAMP(6), attempts = LEAST(GREATEST(attempts, 0), 2147483646) + 1,
     last_error = LEFT(%(error)s, 16000),
-    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+    lease_expires_at = '1000-01-01 00:00:00', claim_token = '', lease_owner = ''
 WHERE id = %(id)s AND state = 'pending';
 
 -- name: claim_payloads
@@ -116,7 +121,10 @@ WHERE t.id IN %(ids)s AND t.state = 'pending' AND t.claim_token IN %(mine)s AND 
 -- name: claim_lease
 -- Step 2: lease the chosen candidates (locked by step 1) to this claim.
 -- attempts counts claims, so a lease that expires because its relay died
--- still counts as an attempt.
+-- still counts as an attempt. Every column it sets keeps its width (the token
+-- a CHAR(36), the owner a CHAR(80) of at most 80 bytes, the expiry a DATETIME
+-- that is never NULL), so InnoDB overwrites each row where it is instead of
+-- moving it (migrations/0007).
 UPDATE {table}
 SET claim_token = %(token)s,
     lease_owner = %(owner)s,
@@ -130,10 +138,11 @@ WHERE id IN %(ids)s;
 -- holding them died or stalled every time, so another try would loop. The
 -- lease's end stays, for skip_select (as on PostgreSQL).
 UPDATE {table}
-SET state = 'failed', failed_at = UTC_TIMESTAMP(6), claim_token = NULL,
+SET state = 'failed', failed_at = UTC_TIMESTAMP(6), claim_token = '',
     last_error = CONCAT('lease expired on attempt ', attempts, ': the relay holding it crashed or stalled')
 WHERE state = 'pending'
   AND lease_expires_at < UTC_TIMESTAMP(6)
+  AND lease_expires_at <> '1000-01-01 00:00:00'
   AND attempts >= %(max_attempts)s;
 
 -- name: ack_delete
@@ -142,19 +151,19 @@ WHERE id IN %(ids)s AND claim_token = %(token)s;
 
 -- name: ack_keep
 UPDATE {table}
-SET state = 'sent', published_at = UTC_TIMESTAMP(6), lease_expires_at = NULL
+SET state = 'sent', published_at = UTC_TIMESTAMP(6), lease_expires_at = '1000-01-01 00:00:00'
 WHERE id IN %(ids)s AND claim_token = %(token)s;
 
 -- name: retry
 -- last_error is TEXT (64 kB): errors are cut to 16,000 characters, as every write of it below.
 UPDATE {table}
-SET lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL,
+SET lease_expires_at = '1000-01-01 00:00:00', claim_token = '', lease_owner = '',
     deliver_at = UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND, last_error = LEFT(%(error)s, 16000)
 WHERE id = %(id)s AND claim_token = %(token)s;
 
 -- name: dead_letter
 UPDATE {table}
-SET state = 'failed', failed_at = UTC_TIMESTAMP(6), lease_expires_at = NULL, claim_token = NULL,
+SET state = 'failed', failed_at = UTC_TIMESTAMP(6), lease_expires_at = '1000-01-01 00:00:00', claim_token = '',
     last_error = LEFT(%(error)s, 16000)
 WHERE id = %(id)s AND claim_token = %(token)s;
 
@@ -178,7 +187,7 @@ WHERE id IN %(ids)s;
 -- count as an attempt. A positive delay makes them due again only then; they
 -- still block later events of their key.
 UPDATE {table}
-SET lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL,
+SET lease_expires_at = '1000-01-01 00:00:00', claim_token = '', lease_owner = '',
     attempts = GREATEST(attempts - 1, 0),
     deliver_at = CASE WHEN %(delay_us)s > 0
                       THEN UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND
@@ -290,7 +299,7 @@ SELECT MAX(priority) AS priority FROM {table} WHERE state = 'pending' AND priori
 SELECT TIMESTAMPDIFF(MICROSECOND, MIN(h.created_at), UTC_TIMESTAMP(6)) / 1e6 AS age
 FROM (SELECT created_at FROM {table}
       WHERE state = 'pending' AND priority = %(priority)s AND deliver_at <= UTC_TIMESTAMP(6)
-        AND (lease_expires_at IS NULL OR lease_expires_at < UTC_TIMESTAMP(6))
+        AND lease_expires_at < UTC_TIMESTAMP(6)
         AND created_at >= '0001-01-01'
       ORDER BY priority DESC, id
       LIMIT 100) AS h;
@@ -301,7 +310,7 @@ FROM (SELECT created_at FROM {table}
 SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1e6 AS age
 FROM {table}
 WHERE state = 'pending' AND priority < %(below)s AND deliver_at <= UTC_TIMESTAMP(6)
-  AND (lease_expires_at IS NULL OR lease_expires_at < UTC_TIMESTAMP(6))
+  AND lease_expires_at < UTC_TIMESTAMP(6)
   AND created_at >= '0001-01-01';
 
 -- name: dead
@@ -336,7 +345,7 @@ SELECT id FROM {table} WHERE id IN %(ids)s AND state = %(state)s ORDER BY id FOR
 -- name: requeue
 UPDATE {table}
 SET state = 'pending', attempts = 0, failed_at = NULL, deliver_at = UTC_TIMESTAMP(6),
-    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+    lease_expires_at = '1000-01-01 00:00:00', claim_token = '', lease_owner = ''
 WHERE id IN %(ids)s AND state = 'failed';
 
 -- name: retry_now_select
@@ -371,7 +380,7 @@ FOR UPDATE;
 -- name: skip
 -- failed_at holds the skip: retention ages a skipped event from it (purge_batch).
 UPDATE {table}
-SET state = 'skipped', lease_expires_at = NULL, claim_token = NULL, failed_at = UTC_TIMESTAMP(6),
+SET state = 'skipped', lease_expires_at = '1000-01-01 00:00:00', claim_token = '', failed_at = UTC_TIMESTAMP(6),
     -- after the last error, if there was one
     last_error = CONCAT(COALESCE(CONCAT(LEFT(last_error, 16000), ' '), ''), '[skipped by operator]')
 WHERE id = %(id)s;
@@ -428,7 +437,7 @@ LIMIT %(limit)s;
 -- name: replay
 UPDATE {table}
 SET state = 'pending', attempts = 0, deliver_at = UTC_TIMESTAMP(6), published_at = NULL,
-    lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL
+    lease_expires_at = '1000-01-01 00:00:00', claim_token = '', lease_owner = ''
 WHERE id IN %(ids)s AND state = 'sent';
 
 -- name: gauges_head

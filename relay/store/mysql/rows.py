@@ -26,8 +26,9 @@ EMPTY_JSON_OBJECT = "{}"
 SHOWN_BYTES = 64
 
 
-def unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
-    """Why no event can be made of a claimed row (None: it can), with its headers parsed into ``headers_parsed``.
+def unusable(row: dict[str, Any], *, check_payload: bool, check_headers: bool = True) -> str | None:
+    """Why no event can be made of a claimed row (None: it can), with its headers parsed into ``headers_parsed``
+    (unless ``check_headers`` is false: they were, as :func:`headers_problem` read them late).
 
     The table's checks leave room for rows the relay cannot send as the
     contract says: ``key`` and ``idempotency_key`` are VARBINARY, so a writer
@@ -47,7 +48,9 @@ def unusable(row: dict[str, Any], *, check_payload: bool) -> str | None:
             return f"{column} is not valid UTF-8 (its bytes in hex: {raw[:SHOWN_BYTES].hex()}{more})"
     if not isinstance(row["created_at"], datetime):  # a zero date, which MariaDB's default sql_mode lets in
         return f"created_at is not a date: {str(row['created_at'])[:40]!r}"
-    return headers_problem(row) or (payload_problem(row["payload"]) if check_payload else None)
+    return (headers_problem(row) if check_headers else None) or (
+        payload_problem(row["payload"]) if check_payload else None
+    )
 
 
 def headers_problem(row: dict[str, Any]) -> str | None:

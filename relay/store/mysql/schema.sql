@@ -25,9 +25,11 @@ CREATE TABLE {table} (
     state            VARCHAR(8)   CHARACTER SET ascii NOT NULL DEFAULT 'pending',
     attempts         INT          NOT NULL DEFAULT 0,
     last_error       TEXT         CHARACTER SET utf8mb4,
-    lease_owner      VARCHAR(255) CHARACTER SET utf8mb4,
-    claim_token      CHAR(36)     CHARACTER SET ascii,
-    lease_expires_at DATETIME(6),
+    -- Never NULL, and of one width leased or not (migration 0007): no lease is '', '' and
+    -- '1000-01-01 00:00:00', and the lease UPDATE overwrites the row in place.
+    lease_owner      CHAR(80)     CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+    claim_token      CHAR(36)     CHARACTER SET ascii NOT NULL DEFAULT '',
+    lease_expires_at DATETIME(6)  NOT NULL DEFAULT '1000-01-01 00:00:00',
     created_at       DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     published_at     DATETIME(6),
     failed_at        DATETIME(6),
@@ -67,4 +69,4 @@ CREATE FUNCTION {same_event_func}(given_idempotency_key VARBINARY(801), given_to
     RETURN (SELECT CAST(topic AS BINARY) = given_topic FROM {table} WHERE idempotency_key = given_idempotency_key);
 
 INSERT INTO {version_table} (version, name) VALUES (1, 'initial'), (2, 'bytes_payloads'), (3, 'topic_check'), (4, 'length_checks'),
-    (5, 'writer_bounds'), (6, 'same_event');
+    (5, 'writer_bounds'), (6, 'same_event'), (7, 'fixed_width_lease');

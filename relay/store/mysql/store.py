@@ -63,8 +63,8 @@ def check_binlog(log_bin: object, binlog_format: object) -> str | None:
     return f"binary logging is on with binlog_format={form}: ROW is the safe format for SKIP LOCKED (docs/mysql.md)"
 
 
-class _PayloadsFirst(Exception):
-    """A claim leased a row whose payload makes no event: roll back, and claim again parsing the payloads first."""
+class _RowsFirst(Exception):
+    """A claim leased a row that makes no event: roll back, and claim again checking the rows first."""
 
 
 class MySQLStore(MySQLAdmin):
@@ -82,7 +82,8 @@ class MySQLStore(MySQLAdmin):
         statement_timeout: float | None = None,
     ) -> None:
         super().__init__(url, table, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
-        self._owner = owner
+        # The lease_owner column is a CHAR(80) whose width never changes (migrations/0007).
+        self._owner = owner[:OWNER_CHARS]
         self._lease_seconds = lease_seconds
         self._keep_sent = keep_sent
 
@@ -119,7 +120,7 @@ class MySQLStore(MySQLAdmin):
         inline_bytes = UNBOUNDED_BYTES if max_bytes is None else max(INLINE_BYTES_AT_LEAST, max_bytes // limit)
 
         async def lease(
-            cur: Any, *, payloads_first: bool
+            cur: Any, *, checks_first: bool
         ) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]], dict[int, str]]:
             params = {
                 "max_attempts": max_attempts,
@@ -131,15 +132,13 @@ class MySQLStore(MySQLAdmin):
             }
             await cur.execute(queries["claim_candidates"], params)
             rows = {r["id"]: r for r in rows_of(cur, await cur.fetchall())}
-            # MariaDB's payloads are parsed (rows.payload_problem): first, or else while the lease UPDATE runs.
-            check_payloads = mariadb and payloads_first
             unusable: dict[int, str] = {}
             candidates = []
             for r in rows.values():
                 r["key"] = key = text(r["key"])  # once, for the runs and the events
                 r["inline"] = inline = (r["bytes"] is None or r["bytes"] <= inline_bytes) and r["headers"] is not None
-                problem = rows_module.unusable(r, check_payload=check_payloads and inline)
-                if problem is not None:
+                # The checks (rows.unusable) run while the server leases, unless a first try found a row that fails.
+                if checks_first and (problem := rows_module.unusable(r, check_payload=mariadb and inline)):
                     unusable[r["id"]] = problem
                 candidates.append(
                     planner.Candidate(
@@ -173,11 +172,15 @@ class MySQLStore(MySQLAdmin):
                         "ids": tuple(c.id for c in placed),
                     },
                 )
-            # The payloads of the rows still chosen, parsed while the server leases: a bad one (a row the first
-            # pass would have buried, cutting its key's run there) sends the claim back to its start.
-            later = [] if check_payloads or not mariadb else [rows[i] for i in chosen if rows[i]["inline"]]
-            if await alongside(leasing, lambda: any(rows_module.payload_problem(r["payload"]) for r in later)):
-                raise _PayloadsFirst
+            # The rows still chosen, checked while the server leases (their headers parsed for the events, and
+            # on MariaDB their payloads): one that fails (a row the first pass would have buried, cutting its
+            # key's run there) sends the claim back to its start. A late row's headers were checked as read.
+            later = () if checks_first else [rows[i] for i in chosen]
+            checked = (
+                rows_module.unusable(r, check_payload=mariadb and r["inline"], check_headers=r["inline"]) for r in later
+            )
+            if await alongside(leasing, lambda: any(checked)):
+                raise _RowsFirst
             return [(c, chosen[c.id]) for c in placed], rows, buried
 
         async def work(
@@ -185,9 +188,9 @@ class MySQLStore(MySQLAdmin):
         ) -> tuple[list[tuple[planner.Candidate, bool]], dict[int, dict[str, Any]], dict[int, str]]:
             # The rows were read locked, so they are what the commit leases: no read by token after it.
             try:
-                return await transaction(cur, lambda: lease(cur, payloads_first=False))
-            except _PayloadsFirst:  # rolled back: again, as the rows that make no event are dead-lettered
-                return await transaction(cur, lambda: lease(cur, payloads_first=True))
+                return await transaction(cur, lambda: lease(cur, checks_first=False))
+            except _RowsFirst:  # rolled back: again, as the rows that make no event are dead-lettered
+                return await transaction(cur, lambda: lease(cur, checks_first=True))
 
         try:
             placed, rows, buried = await self._db.call("main", work)
@@ -389,5 +392,7 @@ class MySQLStore(MySQLAdmin):
 #: A claim's locking read brings each payload, and headers, of up to this many bytes along, or up to the byte cap's
 #: share of each event of the batch if that is more (relay/store/mysql/queries.sql, claim_candidates).
 INLINE_BYTES_AT_LEAST = 4096
+#: The most of the relay's owner (host:pid, for operators) the lease writes: lease_owner is a CHAR(80).
+OWNER_CHARS = 80
 #: "No byte cap" to the claim's SQL.
 UNBOUNDED_BYTES = 2**62
