@@ -14,6 +14,7 @@ import re
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from producers import _encoding
@@ -178,6 +179,36 @@ def _json_text(value: Any, what: str) -> str | None:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError(f"{what} holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
+    return text
+
+
+def with_connection_json(conn: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` for a message: a JSON payload ``json`` could not write (``payload_json`` None), as ``conn``'s
+    own JSON dumper writes it, as the table's INSERT hands it to that dumper; else the message's payload would
+    be null. Its text is checked here: no jsonb column checks a message."""
+    if "content_type" in params or params["payload_json"] is not None:
+        return params
+    text = _encoding.connection_json(conn, params["payload"], "payload")
+    return {**params, "payload_json": _checked_dumped(text, "payload")}
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON number")
+
+
+def _checked_dumped(text: str, what: str) -> str:
+    """JSON text of a connection's dumper, refused where :func:`_json_text` refuses json's (NaN and
+    Infinity, a lone surrogate, NUL, MariaDB's depth), and where the relay's decoding would (no JSON)."""
+    try:  # numbers as Decimal, as the relay reads an envelope: 1.50 and 1e400 stay what jsonb keeps
+        value = json.loads(text, parse_float=Decimal, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise ValueError(f"{what} as the connection's JSON dumper writes it is not JSON: {exc}") from None
+    try:
+        json.dumps(value, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
+    _check_depth(value, text)
+    _check_jsonb(text, what)
     return text
 
 

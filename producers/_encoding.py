@@ -56,7 +56,14 @@ def encoded(value: Any, default: Callable[[Any], Any], what: str) -> Any:
 def check_connection_encodes(conn: Any, value: Any, what: str) -> None:
     """Refuse, before any SQL, a ``value`` that neither ``json`` nor ``conn``'s own JSON dumper
     (psycopg's ``set_json_dumps``) can encode; psycopg raised a bare ``TypeError`` from inside."""
+    connection_json(conn, value, what)
+
+
+def connection_json(conn: Any, value: Any, what: str) -> str:
+    """``value`` as ``conn``'s own JSON dumper writes it for a jsonb parameter; the ``TypeError`` naming
+    the value if it cannot."""
     try:
-        conn.adapters.get_dumper(Jsonb, PyFormat.TEXT)(Jsonb, conn).dump(Jsonb(value))
+        dumped = conn.adapters.get_dumper(Jsonb, PyFormat.TEXT)(Jsonb, conn).dump(Jsonb(value))
     except TypeError:
         raise unencodable_error(value, what) from None
+    return bytes(dumped).decode()

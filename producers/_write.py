@@ -11,7 +11,14 @@ from typing import Any
 import psycopg
 
 from producers import _message, _mysql
-from producers._arguments import MAX_DELIVER_AHEAD, TABLE_MAX_DELIVER_AHEAD, _check_options, _params, _with_default
+from producers._arguments import (
+    MAX_DELIVER_AHEAD,
+    TABLE_MAX_DELIVER_AHEAD,
+    _check_options,
+    _params,
+    _with_default,
+    with_connection_json,
+)
 from producers._connections import _refuse_what_is_no_connection, _unfit_for_insert, _warn_autocommit
 from producers._errors import AutocommitWarning, IdempotencyKeyTaken
 from producers._postgres import _acheck_same_event, _check_encodes, _check_same_event, _for_postgres, _statement
@@ -95,7 +102,8 @@ def publish(
     )
     _warn_autocommit(conn, "publish", allow_autocommit)  # after the arguments' checks, as close to the SQL
     if _message.check_via(via, deliver_at=deliver_at, priority=priority, mysql=_mysql.is_pymysql(conn)):
-        (psycopg.Cursor(conn) if _unfit_for_insert(conn) else conn).execute(_message.EMIT, [_message.envelope(params)])
+        writer = psycopg.Cursor(conn) if _unfit_for_insert(conn) else conn
+        writer.execute(_message.EMIT, [_message.envelope(with_connection_json(writer, params))])
     elif _mysql.is_pymysql(conn):
         _mysql.insert(conn, table, params)
     else:
@@ -137,7 +145,7 @@ async def apublish(
     _warn_autocommit(conn, "apublish", allow_autocommit)
     if _message.check_via(via, deliver_at=deliver_at, priority=priority, mysql=_mysql.is_asyncmy(conn)):
         writer = psycopg.AsyncCursor(conn) if _unfit_for_insert(conn) else conn
-        await writer.execute(_message.EMIT, [_message.envelope(params)])
+        await writer.execute(_message.EMIT, [_message.envelope(with_connection_json(writer, params))])
     elif _mysql.is_asyncmy(conn):
         await _mysql.ainsert(conn, table, params)
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import compileall
 import functools
+import gc
 import os
 import shutil
 import sys
@@ -65,6 +66,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if not any(item.path.is_relative_to(suite) for suite in parallel):
             item.add_marker(pytest.mark.serial)
+
+
+@pytest.fixture(autouse=True)
+def _collector_as_found() -> Iterator[None]:
+    """The garbage collector's thresholds put back after each test: ``outbox-relay run`` sets them for its
+    process (relay.app.tune_collector), and a test that runs it in this one, with ``serve`` stubbed however,
+    would leave them to every test after it (which ones, pytest-randomly's order decides)."""
+    thresholds = gc.get_threshold()
+    yield
+    gc.set_threshold(*thresholds)
 
 
 def _url_for(database: str) -> str:

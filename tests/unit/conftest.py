@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,9 +10,9 @@ from relay import app
 
 
 @pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+def served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """What ``outbox-relay run`` would serve, each run's config, instead of serving it (no I/O); the
-    collector's thresholds, which ``run`` sets for its process, are restored afterwards."""
+    collector's thresholds ``run`` sets are put back by tests/conftest.py, for every test."""
     configs: list[Any] = []
 
     async def serve(run_config: Any) -> None:
@@ -23,6 +21,4 @@ def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     monkeypatch.setattr(app, "serve", serve)
     for name in ("RELAY_BATCH_BYTES", "RELAY_BATCH_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    thresholds = gc.get_threshold()
-    yield configs
-    gc.set_threshold(*thresholds)
+    return configs

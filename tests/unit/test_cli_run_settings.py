@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import gc
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from relay import app, cli, config
 
+#: The collector's thresholds before any test ran (this module is imported at collection).
+THRESHOLDS_BEFORE_THE_TESTS = gc.get_threshold()
 RUN = ["run", "--database-url", "postgresql://app@127.0.0.1:5432/shop", "--sink", "kafka://127.0.0.1:9092"]
 
 
@@ -90,3 +93,21 @@ def test_run_sets_the_collectors_young_threshold_before_serving(
 async def _noted(seen: list[tuple[int, int, int]], served: list[Any], config: Any) -> None:
     seen.append(gc.get_threshold())
     served.append(config)
+
+
+@pytest.fixture(scope="module")
+def collector_checked_after_the_module() -> Iterator[None]:
+    """Once this module's tests have run and been torn down: the collector is as the tests found it."""
+    yield
+    assert gc.get_threshold() == THRESHOLDS_BEFORE_THE_TESTS, "a test left run's collector threshold to later tests"
+
+
+def test_a_run_in_a_test_leaves_the_collector_as_it_found_it(
+    collector_checked_after_the_module: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As tests that stub serve themselves (test_cli_durations, test_lease) run it: the tests' own fixtures
+    restore the collector, whichever stub they use, or every later test runs under run's threshold."""
+    served: list[Any] = []
+    monkeypatch.setattr(app, "serve", lambda config: _noted([], served, config))
+    assert cli.main(RUN) == 0
+    assert served and gc.get_threshold()[0] == app.GC_YOUNG_THRESHOLD
