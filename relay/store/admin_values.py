@@ -48,7 +48,7 @@ class DeadEvent:
 def undecodable(value: object) -> bool:
     """Whether ``value`` is text holding bytes that are not UTF-8, as lone surrogates: a MySQL
     VARBINARY column's bytes (relay/store/mysql/admin.py, ``text``) or a command-line argument."""
-    if not isinstance(value, str):
+    if not isinstance(value, str) or value.isascii():  # isascii() reads a flag the string carries
         return False
     try:
         value.encode("utf-8")

@@ -266,6 +266,37 @@ def test_the_claim_reads_a_few_index_entries_per_candidate_whatever_the_events_p
     assert reads < 20 * claimed, reads
 
 
+def test_the_claim_probes_a_head_of_its_key_three_times(mysql_url: str) -> None:
+    # A candidate that is its key's oldest unsent event costs the WHERE's two probes (its key's first pending
+    # and first dead-lettered events) and the head column's one (the first pending, again: MariaDB's subquery
+    # cache does not share it with the WHERE's). The head column repeated both probes before: 4 per candidate.
+    rows = [("t", f"k{i}", f'{{"i": {i}}}') for i in range(400)]
+    conn = mysql_support.connect(mysql_url)
+    try:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", rows)
+            conn.commit()
+            query = named.render(named.queries()["claim_candidates"], TableName.parse("outbox"))
+            params = {"max_attempts": 3, "limit": 200, "inline_bytes": 4096, "tailed": False, "tail_keys": (b"",)}
+            cur.execute("FLUSH STATUS")
+            cur.execute(query, params)
+            heads = [row[-1] for row in cur.fetchall()]
+            conn.rollback()
+            cur.execute(
+                "SHOW SESSION STATUS"
+                " WHERE Variable_name IN ('Handler_read_key', 'Subquery_cache_hit', 'Subquery_cache_miss')"
+            )
+            counters = {name: int(value) for name, value in cur.fetchall()}
+    finally:
+        conn.close()
+    # Handler_read_key counts MariaDB's subquery cache's lookups too (one a subquery evaluated, while the cache is on).
+    probes = (
+        counters["Handler_read_key"] - counters.get("Subquery_cache_hit", 0) - counters.get("Subquery_cache_miss", 0)
+    )
+    assert heads == [1] * 200
+    assert probes <= 3 * len(heads) + 1, counters
+
+
 def test_create_roles_grants_the_least_each_role_needs_and_can_run_again(mysql_url: str) -> None:
     suffix = uuid.uuid4().hex[:8]
     relay_role, writer_role = f"relay_t_{suffix}", f"writer_t_{suffix}"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import datetime
+from datetime import UTC, datetime
+from uuid import uuid4
 
 import pymysql
 import pytest
@@ -14,7 +15,7 @@ from relay.config import TableName
 from relay.errors import ConfigError, SchemaError, StoreError, StoreReadOnly, StoreUnavailable
 from relay.store.mysql import BinlogUnsafe, MySQLAdmin, Target, check_binlog, connection
 from relay.store.mysql.connection import Database, session_settings, translate
-from relay.store.mysql.rows import event, unusable
+from relay.store.mysql.rows import Leased, event, unusable
 from relay.store.mysql.runs import Candidate, Tail, Unsent, lone_runs, runs, within_bytes
 from relay.store.mysql.sql import identifiers, queries, statements
 
@@ -223,6 +224,33 @@ def test_a_json_payload_given_as_text_or_bytes_becomes_the_same_utf8(payload: st
     assert unusable(row, check_payload=True) is None
     built = event(row, chained=False, attempts=1)
     assert built.payload == (payload.encode() if isinstance(payload, str) else bytes(payload))
+
+
+def test_a_claims_events_carry_each_rows_own_creation_time_as_utc() -> None:
+    # The events of one claim make each created_at aware once per run of equal values (rows.Leased.events).
+    times = [datetime(2026, 1, 1), datetime(2026, 1, 1), datetime(2026, 1, 2), datetime(2026, 1, 1, 0, 0, 0, 1)]
+    rows = {
+        i: {
+            "id": i,
+            "topic": "t",
+            "key": None,
+            "priority": 0,
+            "payload": "{}",
+            "payload_bytes": None,
+            "headers": '{"h": "v"}' if i == 2 else "{}",
+            "idempotency_key": f"i{i}".encode(),
+            "created_at": at,
+            "content_type": None,
+            "attempts": 0,
+        }
+        for i, at in enumerate(times)
+    }
+    for row in rows.values():
+        assert unusable(row, check_payload=True) is None
+    claim = asyncio.run(Leased(uuid4(), rows, [(i, False) for i in rows], frozenset(), 0).events())
+    assert [e.created_at for e in claim.events] == [at.replace(tzinfo=UTC) for at in times]
+    assert [e.headers for e in claim.events] == [{}, {}, {"h": "v"}, {}]
+    assert [e.idempotency_key for e in claim.events] == ["i0", "i1", "i2", "i3"]
 
 
 def test_alongside_runs_the_work_while_the_statement_waits_and_cancels_the_statement_with_the_call() -> None:
