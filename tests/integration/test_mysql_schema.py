@@ -243,52 +243,47 @@ def test_the_claim_reads_the_claim_index(mysql_url: str, tails: int) -> None:
     assert "filesort" not in (outer["Extra"] or "").lower(), plan
 
 
-def test_the_claim_reads_a_few_index_entries_per_candidate_whatever_the_events_per_key(mysql_url: str) -> None:
-    # A correlated MIN() or MAX() reads every event of the key, where ORDER BY id LIMIT 1 stops at the
-    # first: over 4 keys of 300 events each, the claim of 100 read 32,308 index entries (issue 39).
-    rows = [("t", f"k{i % 4}", f'{{"i": {i}}}') for i in range(1200)]
+def _claim_once(mysql_url: str, rows: list[tuple[str, str, str]], limit: int) -> tuple[list[Any], dict[str, int]]:
+    """The rows of one locking read of the claim over ``rows`` (rolled back), and the session's counters."""
     conn = mysql_support.connect(mysql_url)
     try:
         with conn.cursor() as cur:
             cur.executemany("INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", rows)
             conn.commit()
             query = named.render(named.queries()["claim_candidates"], TableName.parse("outbox"))
-            params = {"max_attempts": 3, "limit": 100, "inline_bytes": 4096, "tailed": False, "tail_keys": (b"",)}
+            params = {"max_attempts": 3, "limit": limit, "inline_bytes": 4096, "tailed": False, "tail_keys": (b"",)}
             cur.execute("FLUSH STATUS")
             cur.execute(query, params)
-            claimed = len(cur.fetchall())
+            claimed = list(cur.fetchall())
             conn.rollback()
-            cur.execute("SHOW SESSION STATUS LIKE 'Handler_read_%%'")
-            reads = sum(int(value) for name, value in cur.fetchall() if name != "Handler_read_rnd_next")
+            cur.execute(
+                "SHOW SESSION STATUS WHERE Variable_name LIKE 'Handler_read_%' OR Variable_name LIKE 'Subquery_cache_%'"
+            )
+            counters = {name: int(value) for name, value in cur.fetchall()}
     finally:
         conn.close()
-    assert claimed == 100
-    assert reads < 20 * claimed, reads
+    return claimed, counters
+
+
+def test_the_claim_reads_a_few_index_entries_per_candidate_whatever_the_events_per_key(mysql_url: str) -> None:
+    # A correlated MIN() or MAX() reads every event of the key, where ORDER BY id LIMIT 1 stops at the
+    # first: over 4 keys of 300 events each, the claim of 100 read 32,308 index entries (issue 39).
+    claimed, counters = _claim_once(mysql_url, [("t", f"k{i % 4}", f'{{"i": {i}}}') for i in range(1200)], limit=100)
+    reads = sum(
+        value
+        for name, value in counters.items()
+        if name.startswith("Handler_read_") and name != "Handler_read_rnd_next"
+    )
+    assert len(claimed) == 100
+    assert reads < 20 * len(claimed), reads
 
 
 def test_the_claim_probes_a_head_of_its_key_three_times(mysql_url: str) -> None:
     # A candidate that is its key's oldest unsent event costs the WHERE's two probes (its key's first pending
     # and first dead-lettered events) and the head column's one (the first pending, again: MariaDB's subquery
     # cache does not share it with the WHERE's). The head column repeated both probes before: 4 per candidate.
-    rows = [("t", f"k{i}", f'{{"i": {i}}}') for i in range(400)]
-    conn = mysql_support.connect(mysql_url)
-    try:
-        with conn.cursor() as cur:
-            cur.executemany("INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", rows)
-            conn.commit()
-            query = named.render(named.queries()["claim_candidates"], TableName.parse("outbox"))
-            params = {"max_attempts": 3, "limit": 200, "inline_bytes": 4096, "tailed": False, "tail_keys": (b"",)}
-            cur.execute("FLUSH STATUS")
-            cur.execute(query, params)
-            heads = [row[-1] for row in cur.fetchall()]
-            conn.rollback()
-            cur.execute(
-                "SHOW SESSION STATUS"
-                " WHERE Variable_name IN ('Handler_read_key', 'Subquery_cache_hit', 'Subquery_cache_miss')"
-            )
-            counters = {name: int(value) for name, value in cur.fetchall()}
-    finally:
-        conn.close()
+    claimed, counters = _claim_once(mysql_url, [("t", f"k{i}", f'{{"i": {i}}}') for i in range(400)], limit=200)
+    heads = [row[-1] for row in claimed]
     # Handler_read_key counts MariaDB's subquery cache's lookups too (one a subquery evaluated, while the cache is on).
     probes = (
         counters["Handler_read_key"] - counters.get("Subquery_cache_hit", 0) - counters.get("Subquery_cache_miss", 0)
