@@ -65,12 +65,12 @@ async def test_an_idle_stream_waits_on_its_socket_without_spinning(log_database:
         while await stream.read_frames(0.5, 100):
             pass  # what the slot held before: nothing new comes
         cpu, wall = time.thread_time(), time.monotonic()
-        for _ in range(6):
+        # Reads for 3 s: a read may end before its timeout on a keepalive (the walsender sends them while idle).
+        while time.monotonic() - wall < 3.0:
             assert _numbers(await stream.read_frames(0.5, 100)) == []
         cpu, wall = time.thread_time() - cpu, time.monotonic() - wall
     finally:
         await stream.close()
-    assert wall >= 2.9, "each read waited its timeout"
     assert cpu < 0.3, f"{cpu:.3f} s of CPU in {wall:.1f} s of idle reads"  # a spinning read: about all of it
 
 
