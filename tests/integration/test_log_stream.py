@@ -26,6 +26,14 @@ async def _started(url: str, slot: str) -> ReplicationStream:
     return stream
 
 
+async def _caught_up(url: str, slot: str) -> ReplicationStream:
+    """A started stream that has read what the slot held before: nothing new comes after."""
+    stream = await _started(url, slot)
+    while await stream.read_frames(0.5, 100):
+        pass
+    return stream
+
+
 def _numbers(frames: list[bytes]) -> list[int]:
     """The numbers the frames' messages carry, in the order read (keepalives and begin/commit skipped)."""
     numbers = []
@@ -60,10 +68,8 @@ async def test_a_backlog_is_read_whole_and_in_order_in_batches_of_any_size(log_d
 @synchronous
 async def test_an_idle_stream_waits_on_its_socket_without_spinning(log_database: tuple[str, str]) -> None:
     url, slot = log_database
-    stream = await _started(url, slot)
+    stream = await _caught_up(url, slot)
     try:
-        while await stream.read_frames(0.5, 100):
-            pass  # what the slot held before: nothing new comes
         cpu, wall = time.thread_time(), time.monotonic()
         # Reads for 3 s: a read may end before its timeout on a keepalive (the walsender sends them while idle).
         while time.monotonic() - wall < 3.0:
@@ -78,10 +84,8 @@ async def test_an_idle_stream_waits_on_its_socket_without_spinning(log_database:
 @synchronous
 async def test_a_walsender_ended_under_a_waiting_read_raises_at_once(log_database: tuple[str, str]) -> None:
     url, slot = log_database
-    stream = await _started(url, slot)
+    stream = await _caught_up(url, slot)
     try:
-        while await stream.read_frames(0.5, 100):
-            pass
         reading = asyncio.create_task(stream.read_frames(20.0, 100))
         await asyncio.sleep(0.3)
         with psycopg.connect(url, autocommit=True) as conn:
