@@ -67,3 +67,26 @@ def test_what_the_connection_s_dumper_writes_is_checked_as_json_s_text_is(
         with pytest.raises(ValueError, match="payload"):
             producers.publish(conn, "t", PAYLOAD, key="k", via="message")
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE, "no SQL was sent"
+
+
+@synchronous
+async def test_big_messages_of_one_hot_non_ascii_key_arrive_byte_for_byte_and_in_order(
+    log_database: tuple[str, str],
+) -> None:
+    # The envelope is written in one f-string now: a multi-MB payload, ~400 KB of headers and a key with
+    # '/', '@', '%' and non-ASCII go through it, and through the relay, as they were published.
+    url, slot = log_database
+    key = "tenant/ä@ß%20-键"
+    headers = {f"h{i}-é": "ü" * 2_000 for i in range(200)}
+    payloads = [{"n": n, "blob": ("ø%/@" * 250_000) if n % 2 else "x", "quote": '"\\'} for n in range(4)]
+    with psycopg.connect(url) as conn:
+        for payload in payloads:
+            producers.publish(conn, "t/ä", payload, key=key, headers=headers, via="message")
+    sink = MemorySink()
+    done = caught_up(url, slot)
+    async with running(url, slot, sink):
+        await until(lambda: len(sink.delivered) >= 4 and done(), timeout=60)
+    assert [json.loads(e.payload) for e in sink.delivered] == payloads
+    assert {e.key for e in sink.delivered} == {key}
+    assert {e.topic for e in sink.delivered} == {"t/ä"}
+    assert all(e.headers == headers for e in sink.delivered)
