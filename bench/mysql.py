@@ -207,7 +207,9 @@ def measure(
     steps = results["l_steps_mysql_runs"]
     results["l_steps_mysql"] = sum(steps) / len(steps)
     results["l_steps_ratio"] = results["l_steps_mysql"] / results["l_db_mysql"]
-    results["l_keyed_mysql"] = {label: sum(rates) / len(rates) for label, rates in results["l_keyed_mysql_runs"].items()}
+    results["l_keyed_mysql"] = {
+        label: sum(rates) / len(rates) for label, rates in results["l_keyed_mysql_runs"].items()
+    }
     for label in drains:
         results[label]["ratio"] = results[label]["rows_per_second"] / results["l_db_mysql"]
         results[label]["steps_ratio"] = results[label]["rows_per_second"] / results["l_steps_mysql"]
