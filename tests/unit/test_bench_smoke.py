@@ -285,7 +285,7 @@ def test_the_gauges_section_renders_and_a_partial_run_replaces_only_it() -> None
     assert replaced.replace("NEW GAUGES", text) == page
 
 
-MYSQL = {
+MYSQL: dict[str, Any] = {
     "events": 50_000,
     "keys": 5_000,
     "target_ratio": 0.8,
