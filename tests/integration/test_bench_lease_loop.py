@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
@@ -68,6 +69,71 @@ def test_the_mysql_loop_deletes_every_claimable_row_and_no_other(
     assert result["rate"] > 0
     # No lease is an empty owner on MySQL (relay/store/mysql/migrations/0007).
     assert [tuple(row) for row in left] == [("other", "pending", 0), ("", "failed", 0), ("", "pending", 1)]
+
+
+@pytest.mark.parametrize(("batch", "depth"), [(1_000, 2), (3, 1)])
+def test_the_keyed_mysql_loop_deletes_every_key_in_order_and_nothing_behind_another_event(
+    mysql_url: str, batch: int, depth: int
+) -> None:
+    # What no stateless claim may take: an event whose key has an earlier dead letter ('kd'), or an earlier
+    # event leased to another relay ('kl'); events of one key are deleted in id order, in batches of one each.
+    execute(mysql_url, "INSERT INTO outbox (topic, `key`, payload, state) VALUES ('t', 'kd', '{}', 'failed')")
+    execute(
+        mysql_url,
+        "INSERT INTO outbox (topic, `key`, payload, claim_token, lease_owner, lease_expires_at)"
+        " VALUES ('t', 'kl', '{}', %s, 'other', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)",
+        (str(uuid.uuid4()),),
+    )
+    events = [("t", None if g % 7 == 0 else f"k{g % 5}", f'{{"g": {g}}}') for g in range(600)]
+    insert_many(mysql_url, "INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", events)
+    insert_many(
+        mysql_url,
+        "INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)",
+        [("t", key, "{}") for key in ("kd", "kl", "kd")],
+    )
+    deleted: list[tuple[list[int], str]] = []
+    settle = lease_loop.MYSQL_SETTLE
+
+    class Noting:
+        """The settle's connection, noting each batch it deletes."""
+
+        def __init__(self) -> None:
+            self.conn = bench_mysql.connect(mysql_url)
+
+        def cursor(self) -> Any:
+            cur = self.conn.cursor()
+            execute_now = cur.execute
+
+            def noted(query: str, args: Any = None) -> Any:
+                if query == settle:
+                    deleted.append((list(args[0]), args[1]))
+                return execute_now(query, args)
+
+            cur.execute = noted
+            return cur
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.conn, name)
+
+    connections = [bench_mysql.connect(mysql_url), Noting()]
+    result = lease_loop.l_keyed_steps_mysql(lambda: connections.pop(0), batch=batch, depth=depth)
+    left = execute(mysql_url, "SELECT `key`, state, lease_owner FROM outbox ORDER BY id")
+    assert result["events"] == 600
+    assert [tuple(row) for row in left] == [
+        (b"kd", "failed", ""),
+        (b"kl", "pending", "other"),
+        (b"kd", "pending", ""),
+        (b"kl", "pending", ""),
+        (b"kd", "pending", ""),
+    ]
+    keys = {i + 3: key for i, (_, key, _) in enumerate(events)}  # ids 3 to 602: after the two rows above
+    order = [i for ids, _ in deleted for i in ids]
+    assert sorted(order) == list(keys)
+    for key in {key for key in keys.values() if key is not None}:
+        ids = [i for i in order if keys[i] == key]
+        assert ids == sorted(ids)
+        # One event of a key a batch: its next waits for the delete.
+        assert all(sum(keys[i] == key for i in batch_ids) <= 1 for batch_ids, _ in deleted)
 
 
 def test_the_kafka_loop_delivers_every_claimable_row_before_deleting_it(

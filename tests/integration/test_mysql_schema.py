@@ -243,7 +243,9 @@ def test_the_claim_reads_the_claim_index(mysql_url: str, tails: int) -> None:
     assert "filesort" not in (outer["Extra"] or "").lower(), plan
 
 
-def _claim_once(mysql_url: str, rows: list[tuple[str, str, str]], limit: int) -> tuple[list[Any], dict[str, int]]:
+def _claim_once(
+    mysql_url: str, rows: list[tuple[str, str, str]], limit: int, tail_keys: tuple[bytes, ...] = ()
+) -> tuple[list[Any], dict[str, int]]:
     """The rows of one locking read of the claim over ``rows`` (rolled back), and the session's counters."""
     conn = mysql_support.connect(mysql_url)
     try:
@@ -251,7 +253,13 @@ def _claim_once(mysql_url: str, rows: list[tuple[str, str, str]], limit: int) ->
             cur.executemany("INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", rows)
             conn.commit()
             query = named.render(named.queries()["claim_candidates"], TableName.parse("outbox"))
-            params = {"max_attempts": 3, "limit": limit, "inline_bytes": 4096, "tailed": False, "tail_keys": (b"",)}
+            params = {
+                "max_attempts": 3,
+                "limit": limit,
+                "inline_bytes": 4096,
+                "tailed": bool(tail_keys),
+                "tail_keys": tail_keys or (b"",),
+            }
             cur.execute("FLUSH STATUS")
             cur.execute(query, params)
             claimed = list(cur.fetchall())
@@ -278,10 +286,18 @@ def test_the_claim_reads_a_few_index_entries_per_candidate_whatever_the_events_p
     assert reads < 20 * len(claimed), reads
 
 
-def test_the_claim_probes_a_head_of_its_key_three_times(mysql_url: str) -> None:
-    # A candidate that is its key's oldest unsent event costs the WHERE's two probes (its key's first pending
-    # and first dead-lettered events) and the head column's one (the first pending, again: MariaDB's subquery
-    # cache does not share it with the WHERE's). The head column repeated both probes before: 4 per candidate.
+@pytest.mark.parametrize("dead_letters", [0, 1], ids=["no dead letter", "a dead letter of another key"])
+def test_the_claim_probes_a_head_of_its_key_twice_and_its_dead_letters_only_while_there_are_any(
+    mysql_url: str, dead_letters: int
+) -> None:
+    # A candidate that is its key's oldest unsent event costs the WHERE's probe of its key's first pending event
+    # and the head column's (the same again: MariaDB's subquery cache does not share it with the WHERE's); the
+    # probe of its key's first dead letter only while the table has one (an uncorrelated NOT EXISTS, one read a
+    # statement). The head column repeated both of the WHERE's probes before: 4 per candidate, then 3.
+    if dead_letters:
+        mysql_support.execute(
+            mysql_url, "INSERT INTO outbox (topic, `key`, payload, state) VALUES ('t', 'x', '{}', 'failed')"
+        )
     claimed, counters = _claim_once(mysql_url, [("t", f"k{i}", f'{{"i": {i}}}') for i in range(400)], limit=200)
     heads = [row[-1] for row in claimed]
     # Handler_read_key counts MariaDB's subquery cache's lookups too (one a subquery evaluated, while the cache is on).
@@ -289,7 +305,18 @@ def test_the_claim_probes_a_head_of_its_key_three_times(mysql_url: str) -> None:
         counters["Handler_read_key"] - counters.get("Subquery_cache_hit", 0) - counters.get("Subquery_cache_miss", 0)
     )
     assert heads == [1] * 200
-    assert probes <= 3 * len(heads) + 1, counters
+    assert probes <= (3 if dead_letters else 2) * len(heads) + 2, counters
+    assert probes > (3 if dead_letters else 2) * len(heads) - 2, counters  # the switch: no probe skipped with one
+
+
+def test_the_claim_does_not_probe_the_head_of_a_key_it_goes_on_with(mysql_url: str) -> None:
+    # A key of this relay's tails passes the WHERE by its tail, and its runs go on after it: no probe at all.
+    tails = tuple(f"k{i}".encode() for i in range(200))
+    claimed, counters = _claim_once(
+        mysql_url, [("t", f"k{i}", f'{{"i": {i}}}') for i in range(200)], limit=200, tail_keys=tails
+    )
+    assert len(claimed) == 200 and {row[-1] for row in claimed} == {None}
+    assert counters["Handler_read_key"] <= 2, counters
 
 
 def test_create_roles_grants_the_least_each_role_needs_and_can_run_again(mysql_url: str) -> None:

@@ -285,7 +285,7 @@ def test_the_gauges_section_renders_and_a_partial_run_replaces_only_it() -> None
     assert replaced.replace("NEW GAUGES", text) == page
 
 
-MYSQL = {
+MYSQL: dict[str, Any] = {
     "events": 50_000,
     "keys": 5_000,
     "target_ratio": 0.8,
@@ -550,3 +550,18 @@ def test_claim_shapes_fill_the_batch_and_render() -> None:
             assert spread.keys and shape.params["heads"] * (shape.params["run"] + 1) == claim_shapes.LIMIT, name
             assert render(shape.query, TABLE).as_string(None).count("FOR UPDATE") == 2
         assert len(shapes) == (3 if spread.keys else 1)
+
+
+def test_the_mysql_scenario_reports_the_keyed_floor_and_the_relay_over_it() -> None:
+    keyed = {
+        **MYSQL,
+        "keyed": {**MYSQL["keyed"], "keyed_ratio": 0.8},
+        "l_keyed_mysql_runs": {"keyed": [7_000.0, 9_000.0]},
+        "l_keyed_mysql": {"keyed": 8_000.0},
+    }
+    text = mysql.mysql_text(keyed)
+    assert (
+        "L_keyed_mysql: 5,000 keys 8,000 rows/s (the mean of 7,000, 9,000), 0.50 x L_steps_mysql, the relay 0.80 x it."
+        in text
+    )
+    assert "L_keyed_mysql" not in mysql.mysql_text(MYSQL)  # a run saved before it existed

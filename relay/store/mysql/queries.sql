@@ -48,8 +48,9 @@ SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at <> '1000-01-01 00:
        CASE WHEN LENGTH(o.headers) <= %(inline_bytes)s THEN o.headers END AS headers,
        o.content_type, o.idempotency_key, o.attempts, o.created_at,
        -- The pending probe alone: a row whose key has an older dead letter passes the WHERE only by its key's
-       -- tail (where head does not matter), so the dead letters' probe would repeat what the WHERE settled.
-       CASE WHEN o.`key` IS NOT NULL THEN
+       -- tail (where head does not matter), so the dead letters' probe would repeat what the WHERE settled. None
+       -- for a key of this relay's tails: its runs go on after the tail, and never read the head.
+       CASE WHEN o.`key` IS NOT NULL AND NOT (%(tailed)s AND o.`key` IN %(tail_keys)s) THEN
            (SELECT p.id FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' ORDER BY p.id LIMIT 1) = o.id
        END AS head
 FROM {table} AS o
@@ -59,16 +60,21 @@ WHERE o.state = 'pending'
        OR (o.lease_expires_at < UTC_TIMESTAMP(6) AND o.attempts < %(max_attempts)s))
   AND (o.`key` IS NULL OR (%(tailed)s AND o.`key` IN %(tail_keys)s)
        -- The key's head (as head below): the EXISTS would find it so, at the cost of one more lookup.
+       -- A key's dead letters are probed only while the table has one: the NOT EXISTS, uncorrelated, is
+       -- evaluated once a statement, in the snapshot the probes read.
        OR ((SELECT p.id FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' ORDER BY p.id LIMIT 1) = o.id
-           AND COALESCE((SELECT d.id FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed'
-                         ORDER BY d.id LIMIT 1) > o.id, TRUE))
+           AND (NOT EXISTS (SELECT 1 FROM {table} AS n WHERE n.state = 'failed')
+                OR COALESCE((SELECT d.id FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed'
+                             ORDER BY d.id LIMIT 1) > o.id, TRUE)))
        OR EXISTS (
         SELECT 1 FROM {table} AS f
         WHERE f.id = LEAST(
                   COALESCE((SELECT p.id FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending'
                             ORDER BY p.id LIMIT 1), o.id),
-                  COALESCE((SELECT d.id FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed'
-                            ORDER BY d.id LIMIT 1), o.id))
+                  CASE WHEN EXISTS (SELECT 1 FROM {table} AS n WHERE n.state = 'failed')
+                       THEN COALESCE((SELECT d.id FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed'
+                                      ORDER BY d.id LIMIT 1), o.id)
+                       ELSE o.id END)
           AND (f.id = o.id
                OR (f.state = 'pending' AND f.lease_expires_at >= UTC_TIMESTAMP(6))
                OR (f.state = 'pending' AND f.priority >= o.priority AND f.deliver_at <= UTC_TIMESTAMP(6)

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import uuid4
 
+from asyncmy.cursors import DictCursor
+
 from relay.config import CONNECT_TIMEOUT_SECONDS, TableName
 from relay.errors import ClaimTimeout, StoreError, StoreUnavailable
 from relay.store.base import (
@@ -31,7 +33,7 @@ from relay.store.base import (
 from relay.store.mysql import rows as rows_module
 from relay.store.mysql import runs as planner
 from relay.store.mysql.admin import MySQLAdmin, binary, micros, text
-from relay.store.mysql.connection import STATEMENT_TIMEOUT, alongside, error_code, rows_of, transaction
+from relay.store.mysql.connection import STATEMENT_TIMEOUT, alongside, error_code, transaction
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +132,11 @@ class MySQLStore(MySQLAdmin):
                 "tailed": bool(tails),
                 "tail_keys": tuple(binary(key) for key in tails) or (b"",),
             }
-            await cur.execute(queries["claim_candidates"], params)
-            rows = {r["id"]: r for r in rows_of(cur, await cur.fetchall())}
+            # Rows by column name, made by the driver's own cursor: dicts built in Python from its tuples took
+            # twice as long (about 0.7 us a row more, 4,000 rows a claim).
+            async with cur.connection.cursor(DictCursor) as by_name:
+                await by_name.execute(queries["claim_candidates"], params)
+                rows = {r["id"]: r for r in await by_name.fetchall()}
             unusable: dict[int, str] = {}
             candidates = []
             for r in rows.values():
