@@ -17,6 +17,8 @@ from relay.batching import BatchLimits
 from relay.config import TableName
 from relay.events import Event, Outcome
 from relay.holds import KeyHolds
+from relay.log_relay import LogRelay
+from relay.loop import Relay
 from relay.metrics import Metrics
 from relay.sinks.memory import MemorySink
 from relay.sources.log.leader import Leader
@@ -24,6 +26,7 @@ from relay.sources.log.queue import Reading
 from relay.sources.log.source import LogSource
 from relay.sources.log.window import Window
 from relay.store.claims import Retry
+from relay.store.memory import MemoryStore
 from tests.unit.test_loop import FAST
 
 NOW = datetime(2026, 12, 7, tzinfo=UTC)
@@ -126,7 +129,7 @@ def _log_room(keys: list[str | None], sink: MemorySink) -> tuple[LogSource, Deli
     reading = _reading(keys)
     source.leader.reading = reading  # as a leader that reads would (no server: nothing here writes)
     costs = Costs(FAST, metrics, BatchLimits(FAST.batch_size, FAST.batch_bytes))
-    return source, Deliveries(source, sink, FAST, metrics, costs), reading
+    return source, Deliveries(source, sink, FAST, metrics, costs, recurring=False), reading
 
 
 def test_the_loops_batch_room_lives_a_log_batch_and_the_source_confirms_it() -> None:
@@ -179,3 +182,25 @@ def test_a_retry_waits_in_memory_behind_its_key_with_its_attempt_spent() -> None
         assert [e.id for e in later.events] == [3]
 
     asyncio.run(scenario())
+
+
+def test_only_the_table_relay_keeps_recurring_keys_the_log_takes_every_key_in_hand() -> None:
+    """The log's take goes on with every key of the batches in hand: its relay builds no sets of recurring keys
+    per take and per batch (the table's claim needs them)."""
+    log = LogRelay("postgresql://unused", TableName.parse("outbox"), "s", MemorySink(), FAST)
+    assert not log.deliveries.recurring and Relay(MemoryStore(), MemorySink(), FAST).deliveries.recurring
+    sink = MemorySink()
+    source, deliveries, _ = _log_room(["a", "a", "b"], sink)
+
+    async def scenario() -> None:
+        first = await (await source.take(1, max_bytes=1 << 20)).events()
+        batch = deliveries.take(first, time.monotonic())
+        chain = deliveries.chain(time.monotonic())
+        assert [c.recurring for c in chain] == [frozenset()]
+        second = await (await source.take(10, max_bytes=1 << 20, chain=chain)).events()
+        assert [(e.id, e.chained) for e in second.events] == [(2, True), (3, False)]
+        await deliveries.deliver(batch)
+        await deliveries.deliver(deliveries.take(second, time.monotonic()))
+
+    asyncio.run(scenario())
+    assert not deliveries.recent_keys and [e.id for e in sink.delivered] == [1, 2, 3]
