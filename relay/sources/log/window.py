@@ -42,7 +42,8 @@ class Pending(Event):
     """An event read from the log, in flight until acknowledged or dead-lettered: the event the sink is
     handed, with the window's bookkeeping on it (one object per event between the reader and the sink).
 
-    The reader builds it as an event (its fields by position); :meth:`Window.add` fills the rest.
+    The reader builds it as an event (its fields by position); the window fills in the rest as it takes it
+    (:meth:`Window.add`, :meth:`Window.add_rows`). Equal as events are; never a key of a dict or set.
     """
 
     transaction: Transaction = field(init=False, repr=False)
