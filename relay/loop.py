@@ -106,8 +106,9 @@ class Relay:
         self.costs = Costs(settings, self.metrics, self.limits, publish_grace_seconds=publish_grace_seconds)
         #: The batches in hand, their turns and the keys on hold: relay/batch/life.py.
         self.deliveries = Deliveries(
-            self.source, sink, settings, self.metrics, self.costs, publish_grace_seconds=publish_grace_seconds
-        )
+            self.source, sink, settings, self.metrics, self.costs, publish_grace_seconds=publish_grace_seconds,
+            recurring=isinstance(source, TableSource),  # only the table's claim goes on with recurring keys
+        )  # fmt: skip
         #: Keys whose chain of events in flight broke (relay/holds.py); the deliveries own them.
         self.holds = self.deliveries.holds
         self._wake = asyncio.Event()

@@ -97,8 +97,13 @@ class Deliveries:
         costs: Costs,
         *,
         publish_grace_seconds: float = 0.0,
+        recurring: bool = True,
     ) -> None:
+        """``recurring``: whether claims are told which keys of the batches in hand recur (the table's claim
+        goes on with them, :func:`relay.store.claims.chained_keys`; the log's take goes on with every key in
+        hand, and needs no such sets built per take and per batch)."""
         self.source = source
+        self.recurring = recurring
         self.sink = sink
         self.settings = settings
         self.metrics = metrics
@@ -128,7 +133,7 @@ class Deliveries:
         held = self.holds.snapshot()
         if held:
             chain = [replace(claim, events=[e for e in claim.events if e.key not in held]) for claim in chain]
-        if self.recent_keys:
+        if self.recurring and self.recent_keys:
             recent = frozenset().union(*self.recent_keys)
             chain = [
                 replace(claim, recurring=frozenset(e.key for e in claim.events if e.key in recent)) for claim in chain
@@ -186,7 +191,7 @@ class Deliveries:
         if not batch.turn.is_set():
             self.holds.hold(batch.taken.events)
             batch.turn.set()
-        if self.flying.pop(batch.taken.token, None) is not None and self.sink.chains_keys:
+        if self.flying.pop(batch.taken.token, None) is not None and self.sink.chains_keys and self.recurring:
             self.recent_keys.append(frozenset(e.key for e in batch.taken.events if e.key is not None))
 
     async def _within_lease(self, batch: Batch) -> bool:

@@ -3,19 +3,22 @@ and migrate's refusals."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
+from collections import deque
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from relay.config import TableLayout
+from relay.config import NATIVE, TableLayout, TableName
 from relay.errors import ConfigError
 from relay.sources.log import pgoutput
 from relay.sources.log.decode import BadEnvelope, RowReader, jsonb_text, message_event, message_idempotency_key
 from relay.sources.log.publication import check_slot_name, publication_name, published_columns, refusal
-from relay.sources.log.window import Window
+from relay.sources.log.reader import FrameReader
+from relay.sources.log.window import Pending, Window
 
 NOW = datetime(2026, 12, 6, tzinfo=UTC)
 
@@ -262,6 +265,56 @@ def test_an_insert_read_from_its_frame_in_one_pass_is_the_same_event() -> None:
         pgoutput.pick_columns(_tuple(["1", "2"]), 0, (0,), 1)  # more columns than its relation
     with pytest.raises(pgoutput.ProtocolError):
         pgoutput.insert_relation(b"I" + struct.pack("!I", 1) + b"K", 0)
+
+
+def test_rows_added_and_confirmed_a_batch_at_a_time_count_as_one_by_one() -> None:
+    window = Window(max_events=3, max_bytes=10**9)
+    first, second = window.begin(), window.begin()
+    rows = [Pending.of(message_event(i, b'{"topic": "t", "payload": 1}', NOW)) for i in (1, 2, 3)]
+    window.add_rows(rows[:2], first)
+    window.add_rows(rows[2:], second)
+    assert [(p.seq, p.row, p.done, p.transaction) for p in rows] == [
+        (1, True, False, first),
+        (2, True, False, first),
+        (3, True, False, second),
+    ]
+    assert window.full() and window.bytes == sum(len(p.payload) + 64 for p in rows)
+    first.end_lsn, second.end_lsn = 10, 20
+    window.all_done(rows[2:])
+    assert window.confirmable() is None  # the first transaction is not done: nothing after it either
+    window.all_done(rows)
+    window.all_done(rows)  # twice counts once
+    assert window.confirmable() == 20 and window.idle() and (window.events, window.bytes) == (0, 0)
+
+
+def _frame(message: bytes, lsn: int = 0) -> bytes:
+    return b"w" + struct.pack("!QQq", lsn, lsn, 0) + message
+
+
+def test_the_reader_keeps_read_order_around_messages_and_hands_out_the_window_entries() -> None:
+    """Rows go into the window a run at a time, the runs ended by other messages: ``ready`` keeps the
+    order read, and holds the events themselves (one object per event from the reader to the sink)."""
+    window = Window(max_events=100, max_bytes=10**9)
+    ready: deque[Pending] = deque()
+    reader = FrameReader(
+        window, ready, TableName.parse("outbox"), NATIVE, batch_size=10, more=asyncio.Event(),
+        message_event=lambda m, at: message_event(m.lsn, m.content, at),
+    )  # fmt: skip
+    relation = b"R" + struct.pack("!I", 7) + b"public\0outbox\0d" + struct.pack("!h", len(COLUMNS))
+    for name in COLUMNS:
+        relation += b"\0" + name.encode() + b"\0" + struct.pack("!Ii", 25, -1)
+
+    def insert(row_id: int) -> bytes:
+        values = [None if v is None else v.decode() for v in _row(id=str(row_id))]
+        return _frame(b"I" + struct.pack("!I", 7) + b"N" + _tuple(values))
+
+    envelope = b'{"topic": "t", "payload": 1}'
+    message = b"M\x01" + struct.pack("!Q", 5000) + b"outbox\0" + struct.pack("!i", len(envelope)) + envelope
+    reader.take([_frame(relation), _frame(b"B" + struct.pack("!Qqi", 900, 0, 1)), insert(1), insert(2)])
+    reader.take([_frame(message, 5000), insert(3), _frame(b"C" + struct.pack("!BQQq", 0, 900, 950, 0)), insert(4)])
+    assert [(p.id, p.seq, p.row) for p in ready] == [(1, 1, True), (2, 2, True), (5000, 3, False), (3, 4, True)]
+    assert all(p.transaction is ready[0].transaction for p in ready) and ready[0].transaction.pending == 4
+    assert ready[0].transaction.end_lsn == 950 and window.events == 4, "a row after the commit is no event"
 
 
 def test_events_held_behind_a_retry_have_a_bound_of_their_own() -> None:

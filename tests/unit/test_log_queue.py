@@ -17,6 +17,8 @@ from relay.batching import BatchLimits
 from relay.config import TableName
 from relay.events import Event, Outcome
 from relay.holds import KeyHolds
+from relay.log_relay import LogRelay
+from relay.loop import Relay
 from relay.metrics import Metrics
 from relay.sinks.memory import MemorySink
 from relay.sources.log.leader import Leader
@@ -24,6 +26,7 @@ from relay.sources.log.queue import Reading
 from relay.sources.log.source import LogSource
 from relay.sources.log.window import Window
 from relay.store.claims import Retry
+from relay.store.memory import MemoryStore
 from tests.unit.test_loop import FAST
 
 NOW = datetime(2026, 12, 7, tzinfo=UTC)
@@ -41,16 +44,16 @@ def _reading(keys: list[str | None]) -> Reading:
 
 def _ids(reading: Reading, limit: int = 10, going_on: tuple[str, ...] = ()) -> list[int]:
     taken = reading.take(uuid4(), limit, 1 << 20, lambda: going_on)
-    return [p.event.id for p in taken.batch]
+    return [p.id for p in taken.batch]
 
 
 def test_a_key_in_flight_waits_unless_the_batches_in_hand_go_on_with_it() -> None:
     reading = _reading(["a", "a", "b", None, "a"])
     token = uuid4()
     first = reading.take(token, 2, 1 << 20, lambda: ())
-    assert [p.event.id for p in first.batch] == [1, 2]
-    assert [p.event.chained for p in first.batch] == [False, True]
-    assert all(p.event.attempts == 1 for p in first.batch)
+    assert [p.id for p in first.batch] == [1, 2]
+    assert [p.chained for p in first.batch] == [False, True]
+    assert all(p.attempts == 1 for p in first.batch)
     # Key a is in flight and not gone on with: its event 5 waits, the others go.
     assert _ids(reading) == [3, 4]
     assert reading.take(uuid4(), 10, 1 << 20, lambda: ()).batch == []
@@ -58,7 +61,7 @@ def test_a_key_in_flight_waits_unless_the_batches_in_hand_go_on_with_it() -> Non
     for pending in reading.untake(token, [1, 2]):
         reading.done(pending)
     taken = reading.take(uuid4(), 10, 1 << 20, lambda: ())
-    assert [(p.event.id, p.event.chained) for p in taken.batch] == [(5, False)]
+    assert [(p.id, p.chained) for p in taken.batch] == [(5, False)]
     assert reading.delivered_rows == [1, 2]
 
 
@@ -66,7 +69,7 @@ def test_a_key_gone_on_with_is_chained() -> None:
     reading = _reading(["a", "a", "a"])
     reading.take(uuid4(), 1, 1 << 20, lambda: ())
     taken = reading.take(uuid4(), 10, 1 << 20, lambda: ("a",))
-    assert [(p.event.id, p.event.chained) for p in taken.batch] == [(2, True), (3, True)]
+    assert [(p.id, p.chained) for p in taken.batch] == [(2, True), (3, True)]
 
 
 def test_an_event_given_back_goes_again_before_its_keys_later_events_and_others_flow_on() -> None:
@@ -99,11 +102,11 @@ def test_parked_keys_and_bad_envelopes_go_to_the_table_not_the_sink() -> None:
     reading = _reading(["p", None, "q"])
     reading.parked.add("p")
     bad = reading.ready[1]
-    reading.bad[id(bad.event)] = "not JSON"
+    reading.bad[id(bad)] = "not JSON"
     taken = reading.take(uuid4(), 10, 1 << 20, lambda: ())
-    assert [p.event.id for p in taken.batch] == [3]
-    assert [p.event.id for p in taken.parked] == [1]
-    assert [(p.event.id, why) for p, why in taken.bad] == [(2, "not JSON")]
+    assert [p.id for p in taken.batch] == [3]
+    assert [p.id for p in taken.parked] == [1]
+    assert [(p.id, why) for p, why in taken.bad] == [(2, "not JSON")]
 
 
 class BrokenSink(MemorySink):
@@ -126,7 +129,7 @@ def _log_room(keys: list[str | None], sink: MemorySink) -> tuple[LogSource, Deli
     reading = _reading(keys)
     source.leader.reading = reading  # as a leader that reads would (no server: nothing here writes)
     costs = Costs(FAST, metrics, BatchLimits(FAST.batch_size, FAST.batch_bytes))
-    return source, Deliveries(source, sink, FAST, metrics, costs), reading
+    return source, Deliveries(source, sink, FAST, metrics, costs, recurring=False), reading
 
 
 def test_the_loops_batch_room_lives_a_log_batch_and_the_source_confirms_it() -> None:
@@ -134,8 +137,10 @@ def test_the_loops_batch_room_lives_a_log_batch_and_the_source_confirms_it() -> 
     source, deliveries, reading = _log_room(["a", "a", None], sink)
 
     async def scenario() -> None:
+        read = list(reading.ready)
         claim = await (await source.take(10, max_bytes=1 << 20)).events()
         assert [e.id for e in claim.events] == [1, 2, 3]
+        assert all(e is p for e, p in zip(claim.events, read, strict=True)), "the window's entries, not copies"
         assert await source.renew(claim) == {1, 2, 3}, "nothing leased: a renewal keeps every event"
         await deliveries.deliver(deliveries.take(claim, time.monotonic()))
 
@@ -158,7 +163,7 @@ def test_a_log_batch_whose_task_fails_holds_its_keys_and_a_give_back_keeps_their
         await source.give_back(claim, [1], delay_seconds=60)
         later = await (await source.take(10, max_bytes=1 << 20)).events()
         assert [e.id for e in later.events] == [3]
-        assert [(p.event.id, p.event.attempts) for p in reading.blocked["a"].events] == [(1, 0), (2, 0)]
+        assert [(p.id, p.attempts) for p in reading.blocked["a"].events] == [(1, 0), (2, 0)]
 
     asyncio.run(scenario())
     assert reading.window.confirmable() is None
@@ -172,8 +177,30 @@ def test_a_retry_waits_in_memory_behind_its_key_with_its_attempt_spent() -> None
         settled = await source.confirm(claim, 0.0, retry=[Retry(1, 60.0, "refused")])
         assert settled is not None and settled.retried == 1
         assert reading.blocked["a"].retrying and reading.window.held == 1
-        assert reading.blocked["a"].events[0].event.attempts == 1
+        assert reading.blocked["a"].events[0].attempts == 1
         later = await (await source.take(10, max_bytes=1 << 20)).events()
         assert [e.id for e in later.events] == [3]
 
     asyncio.run(scenario())
+
+
+def test_only_the_table_relay_keeps_recurring_keys_the_log_takes_every_key_in_hand() -> None:
+    """The log's take goes on with every key of the batches in hand: its relay builds no sets of recurring keys
+    per take and per batch (the table's claim needs them)."""
+    log = LogRelay("postgresql://unused", TableName.parse("outbox"), "s", MemorySink(), FAST)
+    assert not log.deliveries.recurring and Relay(MemoryStore(), MemorySink(), FAST).deliveries.recurring
+    sink = MemorySink()
+    source, deliveries, _ = _log_room(["a", "a", "b"], sink)
+
+    async def scenario() -> None:
+        first = await (await source.take(1, max_bytes=1 << 20)).events()
+        batch = deliveries.take(first, time.monotonic())
+        chain = deliveries.chain(time.monotonic())
+        assert [c.recurring for c in chain] == [frozenset()]
+        second = await (await source.take(10, max_bytes=1 << 20, chain=chain)).events()
+        assert [(e.id, e.chained) for e in second.events] == [(2, True), (3, False)]
+        await deliveries.deliver(batch)
+        await deliveries.deliver(deliveries.take(second, time.monotonic()))
+
+    asyncio.run(scenario())
+    assert not deliveries.recent_keys and [e.id for e in sink.delivered] == [1, 2, 3]

@@ -70,7 +70,9 @@ _OPTIONAL = ("state", "last_error", "payload_bytes", "content_type")
 class RowReader:
     """Builds events from the outbox table's inserted rows, its columns found by name once per relation."""
 
-    def __init__(self, relation: Relation) -> None:
+    def __init__(self, relation: Relation, make: type[Event] = Event) -> None:
+        """``make``: the class of the events built (the log's reader builds its window's entries at once)."""
+        self._make = make
         index = {name: i for i, name in enumerate(relation.columns)}
         missing = set(_NEEDED) - index.keys()
         if missing:
@@ -107,7 +109,7 @@ class RowReader:
             created_at = parse_timestamptz(created.decode())
             self._created = (created, created_at)
         # By position, in the order of Event's fields: a keyword call costs the event about twice as much.
-        return Event(
+        return self._make(
             int(row_id or 0),
             topic.decode() if topic else "",
             key.decode() if key is not None else None,

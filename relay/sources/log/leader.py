@@ -45,7 +45,7 @@ from relay.sources.log.queue import Reading
 from relay.sources.log.reader import FrameReader
 from relay.sources.log.slot import TableLink
 from relay.sources.log.stream import ReplicationStream, SlotBusy, SlotMissing
-from relay.sources.log.window import Window
+from relay.sources.log.window import Pending, Window
 
 logger = logging.getLogger(__name__)
 
@@ -293,10 +293,10 @@ class Leader:
     def _message(self, reading: Reading) -> Callable[[pgoutput.Message, datetime], Event]:
         def event_of(message: pgoutput.Message, commit_time: datetime) -> Event:
             try:
-                return message_event(message.lsn, message.content, commit_time)
+                return Pending.of(message_event(message.lsn, message.content, commit_time))
             except BadEnvelope as exc:
                 # Dead-lettered when taken: an event whose reason is its bad envelope (attempts past the maximum).
-                event = Event(
+                event = Pending(
                     id=message.lsn, topic="", key=None, payload=message.content, headers={},
                     idempotency_key=f"pg-message-{format_lsn(message.lsn)}", attempts=self.settings.max_attempts,
                     created_at=commit_time, content_type="application/octet-stream",

@@ -111,13 +111,12 @@ class Reading:
         ready, blocked, flying, bad_ones, parked_keys = self.ready, self.blocked, self.flying, self.bad, self.parked
         while ready and len(batch) < limit and size < max_bytes:
             pending = ready.popleft()
-            event = pending.event
-            key = event.key
-            if bad_ones and id(event) in bad_ones:
-                bad.append((pending, bad_ones.pop(id(event))))
+            key = pending.key
+            if bad_ones and id(pending) in bad_ones:
+                bad.append((pending, bad_ones.pop(id(pending))))
                 continue
             if key is None:
-                event.chained = False
+                pending.chained = False
             elif key in blocked:
                 bisect.insort(blocked[key].events, pending, key=_read_order)
                 continue
@@ -134,11 +133,11 @@ class Reading:
                         continue
                 elif not count:
                     fresh.add(key)  # its run in this batch goes on from it
-                event.chained = count > 0
+                pending.chained = count > 0
                 flying[key] = count + 1
-            event.attempts += 1
+            pending.attempts += 1
             batch.append(pending)
-            taken[event.id] = pending
+            taken[pending.id] = pending
             size += pending.size
         if batch:
             self.taken[token] = taken
@@ -160,7 +159,7 @@ class Reading:
             del self.taken[token]
         flying = self.flying
         for pending in found:
-            if (key := pending.event.key) is not None:
+            if (key := pending.key) is not None:
                 if flying[key] == 1:
                     del flying[key]
                 else:
@@ -175,8 +174,13 @@ class Reading:
         """``pending`` was acknowledged (``delivered``), or dead-lettered or parked in the table: done in the
         window. An acknowledged table event's row is deleted before the next confirm."""
         if delivered and pending.row:
-            self.delivered_rows.append(pending.event.id)
+            self.delivered_rows.append(pending.id)
         self.window.done(pending)
+
+    def all_done(self, pendings: list[Pending]) -> None:
+        """:meth:`done` for each of ``pendings``, all acknowledged (a batch's): the window's counts move once."""
+        self.delivered_rows.extend([p.id for p in pendings if p.row])
+        self.window.all_done(pendings)
 
     def park(self, key: str) -> None:
         """``key`` has a dead letter now: its later events go to the table behind it."""
@@ -185,7 +189,7 @@ class Reading:
 
     def block(self, pending: Pending, due: float, *, retrying: bool = False) -> None:
         """Keep ``pending`` behind its key's first event given back (a key of its own if keyless) until ``due``."""
-        key: object = pending.event.key if pending.event.key is not None else pending
+        key: object = pending.key if pending.key is not None else pending.seq
         blocked = self.blocked.get(key)
         if blocked is None:
             self.blocked[key] = Blocked([pending], due, retrying)

@@ -67,20 +67,27 @@ class FrameReader:
         """Read ``frames``, in order."""
         rows = self._rows
         ready = self._ready
-        add = self._window.add
+        # The rows read since the last other message, all of one transaction: into the window at once.
+        read: list[Pending] = []
+        transaction = self._transaction
+        commit_time = self._commit_time
         for frame in frames:
             kind = frame[0]
             if kind == XLOG_DATA and frame[XLOG_HEADER] == INSERT:
                 if frame[_TUPLE_AT - 1] != NEW_TUPLE:
                     insert_relation(frame, XLOG_HEADER)  # raises ProtocolError
                 reader = rows.get(oid_at(frame, XLOG_HEADER + 1)[0])
-                transaction = self._transaction
                 if reader is not None and transaction is not None:
-                    event = reader.event_at(frame, _TUPLE_AT, self._commit_time)
+                    event = reader.event_at(frame, _TUPLE_AT, commit_time)
                     if event is not None:
-                        ready.append(add(event, transaction, row=True))
-            elif kind == XLOG_DATA:
+                        read.append(event if isinstance(event, Pending) else Pending.of(event))
+                continue
+            if read:
+                self._add(read, transaction)
+                read = []
+            if kind == XLOG_DATA:
                 self._other(pgoutput.xlog_start(frame), pgoutput.parse_message(frame[XLOG_HEADER:]))
+                transaction, commit_time = self._transaction, self._commit_time
             elif kind == KEEPALIVE:
                 keepalive = pgoutput.parse_frame(frame)
                 assert isinstance(keepalive, pgoutput.Keepalive)
@@ -90,8 +97,15 @@ class FrameReader:
                     self._more.set()
             else:
                 pgoutput.parse_frame(frame)  # raises ProtocolError
+        if read:
+            self._add(read, transaction)
         if len(ready) >= self._batch_size:
             self._more.set()
+
+    def _add(self, read: list[Pending], transaction: Transaction | None) -> None:
+        assert transaction is not None  # rows are read only inside a transaction
+        self._window.add_rows(read, transaction)
+        self._ready.extend(read)
 
     def _other(self, lsn: int, message: pgoutput.Decoded) -> None:
         window = self._window
@@ -109,8 +123,10 @@ class FrameReader:
             if (message.namespace, message.name) != self._schema_name:
                 self._rows[message.oid] = None
             else:
-                debezium = self._layout.debezium
-                self._rows[message.oid] = DebeziumRowReader(message, self._layout) if debezium else RowReader(message)
+                layout = self._layout
+                # A native row is read straight into its window entry; a Debezium row's event is copied into one.
+                rows = DebeziumRowReader(message, layout) if layout.debezium else RowReader(message, Pending)
+                self._rows[message.oid] = rows
         elif isinstance(message, pgoutput.Message):
             ours = message.transactional and message.prefix == MESSAGE_PREFIX
             if ours and self._layout.debezium:

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from uuid import uuid4
 
 from relay.errors import StoreUnavailable
+from relay.events import Event
 from relay.sources.log.leader import (
     CONNECT_TIMEOUT_SECONDS,
     STANDBY_POLL_SECONDS,
@@ -91,7 +92,8 @@ class LogSource:
             reading.untake(token)  # never handed to the sink: the next leadership need not wait for it
             self.leader.broken(exc)
             raise
-        return Built(Claim(token, [p.event for p in taken.batch], buried=len(taken.bad)))
+        events: list[Event] = list(taken.batch)  # the events themselves: no object made per event
+        return Built(Claim(token, events, buried=len(taken.bad)))
 
     async def confirm(
         self,
@@ -116,8 +118,7 @@ class LogSource:
             return None
         settlement = Settlement(sent=len(sent), retried=len(retry), dead=len(dead))
         if len(sent) == len(pendings) and not (retry or dead or release):  # all acknowledged: the usual case
-            for pending in pendings:
-                reading.done(pending)
+            reading.all_done(pendings)
             reading.has_room()
             return settlement
         retried = {r.id: r.delay_seconds for r in retry}
@@ -127,7 +128,7 @@ class LogSource:
         now = time.monotonic()
         try:
             for pending in pendings:
-                event_id = pending.event.id
+                event_id = pending.id
                 if event_id in acked:
                     reading.done(pending)
                 elif event_id in died:
@@ -135,10 +136,10 @@ class LogSource:
                 elif event_id in retried:
                     await self._back(reading, pending, now + retried[event_id], retrying=True)
                 elif event_id in delays:
-                    pending.event.attempts -= 1  # not tried, or not answered: no attempt spent
+                    pending.attempts -= 1  # not tried, or not answered: no attempt spent
                     await self._back(reading, pending, now + delays[event_id])
                 else:
-                    pending.event.attempts -= 1
+                    pending.attempts -= 1
                     await self._back(reading, pending, now)
         except StoreUnavailable as exc:
             logger.warning("could not write a dead letter, reading again: %s", exc, extra={"action": "settle_retry"})
@@ -160,7 +161,7 @@ class LogSource:
         due = time.monotonic() + delay_seconds
         try:
             for pending in pendings:
-                pending.event.attempts -= 1
+                pending.attempts -= 1
                 await self._back(reading, pending, due)
         except StoreUnavailable as exc:
             self.leader.broken(exc)
@@ -199,22 +200,20 @@ class LogSource:
 
     async def _back(self, reading: Reading, pending: Pending, due: float, *, retrying: bool = False) -> None:
         """``pending`` back behind its key until ``due``; into the table if its key was parked meanwhile."""
-        key = pending.event.key
+        key = pending.key
         if key is not None and key in reading.parked:
             await self._park(reading, pending)
         else:
             reading.block(pending, due, retrying=retrying)
 
     async def _dead(self, reading: Reading, pending: Pending, reason: str) -> None:
-        event = pending.event
-        await self.link.write(event, row=pending.row, state="failed", reason=reason, attempts=event.attempts)
-        if event.key is not None:
-            reading.park(event.key)
-        logger.warning("dead-lettered event %d into the table; key parked", event.id, extra={"action": "dead_letter"})
+        await self.link.write(pending, row=pending.row, state="failed", reason=reason, attempts=pending.attempts)
+        if pending.key is not None:
+            reading.park(pending.key)
+        logger.warning("dead-lettered event %d into the table; key parked", pending.id, extra={"action": "dead_letter"})
         reading.done(pending, delivered=False)
 
     async def _park(self, reading: Reading, pending: Pending) -> None:
-        event = pending.event
-        reason = f"parked: an earlier event of key {event.key!r} is dead-lettered"
-        await self.link.write(event, row=pending.row, state="pending", reason=reason, attempts=0)
+        reason = f"parked: an earlier event of key {pending.key!r} is dead-lettered"
+        await self.link.write(pending, row=pending.row, state="pending", reason=reason, attempts=0)
         reading.done(pending, delivered=False)

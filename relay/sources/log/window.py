@@ -18,6 +18,7 @@ reading for every other key, and the other keys flow on until that bound too
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from relay.events import Event
@@ -37,17 +38,31 @@ class Transaction:
 
 
 @dataclass(slots=True, eq=False)
-class Pending:
-    """An event read from the log, in flight until acknowledged or dead-lettered."""
+class Pending(Event):
+    """An event read from the log, in flight until acknowledged or dead-lettered: the event the sink is
+    handed, with the window's bookkeeping on it (one object per event between the reader and the sink).
 
-    event: Event
-    transaction: Transaction
-    size: int
+    The reader builds it as an event (its fields by position); the window fills in the rest as it takes it
+    (:meth:`Window.add`, :meth:`Window.add_rows`). Equal as events are; never a key of a dict or set.
+    """
+
+    transaction: Transaction = field(init=False, repr=False)
+    size: int = field(init=False)
     #: Whether the event came from a table row (its row is deleted once acknowledged) or a message.
-    row: bool
+    row: bool = field(init=False)
     #: Its place in the order events were read.
-    seq: int = 0
-    done: bool = field(default=False)
+    seq: int = field(init=False)
+    done: bool = field(init=False)
+
+    @classmethod
+    def of(cls, event: Event) -> Pending:
+        """``event`` (a message's, a Debezium row's) as one to put in the window."""
+        if isinstance(event, Pending):
+            return event
+        return cls(
+            event.id, event.topic, event.key, event.payload, event.headers, event.idempotency_key,
+            event.attempts, event.created_at, event.chained, event.content_type,
+        )  # fmt: skip
 
 
 class Window:
@@ -69,12 +84,35 @@ class Window:
         return transaction
 
     def add(self, event: Event, transaction: Transaction, *, row: bool) -> Pending:
-        size = len(event.payload) + 64
+        """``event`` read in ``transaction``, in flight in the window from now."""
+        pending = event if isinstance(event, Pending) else Pending.of(event)
+        pending.size = size = len(event.payload) + 64
+        pending.transaction = transaction
+        pending.row = row
+        pending.done = False
         transaction.pending += 1
         self.events += 1
         self.bytes += size
         self._read += 1
-        return Pending(event, transaction, size, row, self._read)
+        pending.seq = self._read
+        return pending
+
+    def add_rows(self, pendings: list[Pending], transaction: Transaction) -> None:
+        """:meth:`add` for each of ``pendings``, table rows read in ``transaction``: the counts move once."""
+        seq = self._read
+        size = 0
+        for pending in pendings:
+            seq += 1
+            pending.seq = seq
+            pending.size = event_size = len(pending.payload) + 64
+            size += event_size
+            pending.transaction = transaction
+            pending.row = True
+            pending.done = False
+        transaction.pending += len(pendings)
+        self.events += len(pendings)
+        self.bytes += size
+        self._read = seq
 
     def done(self, pending: Pending) -> None:
         """``pending`` was acknowledged, dead-lettered or parked in the table: it holds its transaction no more."""
@@ -84,6 +122,18 @@ class Window:
         pending.transaction.pending -= 1
         self.events -= 1
         self.bytes -= pending.size
+
+    def all_done(self, pendings: Iterable[Pending]) -> None:
+        """:meth:`done` for each of ``pendings`` (a batch all acknowledged), the window's counts moved once."""
+        events = size = 0
+        for pending in pendings:
+            if not pending.done:
+                pending.done = True
+                pending.transaction.pending -= 1
+                events += 1
+                size += pending.size
+        self.events -= events
+        self.bytes -= size
 
     def full(self) -> bool:
         """No room to read: too many events in flight (besides the held ones), held ones, or bytes."""
