@@ -5,7 +5,9 @@ a poll thread that serves delivery reports, client errors and log lines, and
 one produce thread that fills librdkafka's queue, so a full queue never blocks
 the event loop and batches are enqueued strictly in the order ``publish`` was
 called. Each batch waits on a single asyncio future that the last delivery
-report resolves; there is no future per message.
+report resolves; there is no future per message. A delivery report is one
+call bound to its event's place in the batch (:meth:`Batch.delivered`); an
+acknowledgement is handled there in one frame, a failure by the client.
 
 A key's order holds with several of its events in flight (``chains_keys``):
 the idempotent producer keeps each partition's messages in order, librdkafka
