@@ -263,7 +263,7 @@ class KafkaSink:
             value, headers = encode(event)
             refused = None
             for name, header in headers:
-                if "\x00" in name or (header.__class__ is str and "\x00" in header):
+                if "\x00" in name or (isinstance(header, str) and "\x00" in header):
                     headers, refused = _nul_safe(headers)
                     break
             if refused is None and topic not in sendable:
