@@ -109,10 +109,10 @@ def test_librdkafka_logs_are_demoted_and_redacted(caplog: pytest.LogCaptureFixtu
 def test_batch_resolves_when_every_event_has_an_outcome() -> None:
     async def scenario() -> None:
         batch = Batch([make_event("t") for _ in range(3)], asyncio.get_running_loop())
-        batch.on_delivery(1, None, None)  # type: ignore[arg-type]
+        batch.on_delivery(1, None, None)
         batch.record(0, Failure("too big", permanent=True))
         assert not batch.future.done()
-        batch.on_delivery(2, KafkaError(KafkaError._MSG_TIMED_OUT), None)  # type: ignore[arg-type]
+        batch.on_delivery(2, KafkaError(KafkaError._MSG_TIMED_OUT), None)
         await asyncio.wait_for(batch.future, 1)
         outcomes = batch.close()
         assert outcomes[0] == Failure("too big", permanent=True)
@@ -126,9 +126,9 @@ def test_batch_resolves_when_every_event_has_an_outcome() -> None:
 def test_unreported_events_count_as_unreachable_timeouts() -> None:
     async def scenario() -> None:
         batch = Batch([make_event("t") for _ in range(2)], asyncio.get_running_loop())
-        batch.on_delivery(0, KafkaError(KafkaError._TRANSPORT), None)  # type: ignore[arg-type]
+        batch.on_delivery(0, KafkaError(KafkaError._TRANSPORT), None)
         outcomes = batch.close()
-        batch.on_delivery(1, None, None)  # type: ignore[arg-type]  # too late: ignored
+        batch.on_delivery(1, None, None)  # too late: ignored
         assert outcomes[1] is not None and not outcomes[1].permanent
         assert (batch.acked, batch.unreachable) == (0, 2)
 
@@ -138,10 +138,10 @@ def test_unreported_events_count_as_unreachable_timeouts() -> None:
 def test_failing_the_rest_keeps_earlier_outcomes() -> None:
     async def scenario() -> None:
         batch = Batch([make_event("t") for _ in range(4)], asyncio.get_running_loop())
-        batch.on_delivery(0, None, None)  # type: ignore[arg-type]
+        batch.on_delivery(0, None, None)
         batch.fail_unreported(Failure("queue full"), unreachable=True, start=2)
         assert not batch.future.done()
-        batch.on_delivery(1, None, None)  # type: ignore[arg-type]
+        batch.on_delivery(1, None, None)
         await asyncio.wait_for(batch.future, 1)
         assert batch.close() == [None, None, Failure("queue full"), Failure("queue full")]
 

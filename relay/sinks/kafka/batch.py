@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, Message
@@ -34,6 +34,7 @@ class Batch:
     """
 
     __slots__ = (
+        "_failed",
         "_finished",
         "_future",
         "_lock",
@@ -47,8 +48,16 @@ class Batch:
         "unreachable",
     )
 
-    def __init__(self, events: Sequence[Event], loop: asyncio.AbstractEventLoop, holds: KeyHolds | None = None) -> None:
+    def __init__(
+        self,
+        events: Sequence[Event],
+        loop: asyncio.AbstractEventLoop,
+        holds: KeyHolds | None = None,
+        failed: Callable[[Batch, int, KafkaError, Any], None] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
+        #: Where :meth:`delivered` hands a failed report (the client's check for a lost producer).
+        self._failed = failed
         self._loop = loop
         self._future: asyncio.Future[None] = loop.create_future()
         #: The events' place in their keys' order: admitted (produce thread) and held (either thread) there.
@@ -72,7 +81,27 @@ class Batch:
         with self._lock:
             return self._finished
 
-    def on_delivery(self, index: int, error: KafkaError | None, _message: Message[Any, Any]) -> None:
+    def delivered(self, index: int, error: KafkaError | None, message: Message[Any, Any] | None) -> None:
+        """librdkafka's delivery report for event ``index``, bound per message (poll or produce thread).
+
+        One frame for an acknowledgement, the common case: every message calls it.
+        A failed report goes to ``failed`` (the client), else to :meth:`on_delivery`."""
+        if error is not None:
+            if self._failed is not None:
+                self._failed(self, index, error, message)
+            else:
+                self.on_delivery(index, error, message)
+            return
+        with self._lock:
+            if self._finished or self.results[index] is not NOT_REPORTED:
+                return
+            self.results[index] = None
+            self.acked += 1
+            self._remaining -= 1
+            if self._remaining == 0:
+                self._finish_locked()
+
+    def on_delivery(self, index: int, error: KafkaError | None, _message: Message[Any, Any] | None) -> None:
         """librdkafka's delivery report for event ``index`` (runs on the poll thread)."""
         if error is None:
             self.record(index, None)

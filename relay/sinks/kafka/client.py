@@ -143,8 +143,12 @@ class Client:
         closer.join(timeout_seconds)
         return not closer.is_alive()
 
-    def on_delivery(self, batch: Batch, index: int, error: KafkaError | None, message: Message[Any, Any]) -> None:
-        """librdkafka's delivery report (poll thread): retire a producer whose idempotence state is lost."""
+    def on_delivery(
+        self, batch: Batch, index: int, error: KafkaError | None, message: Message[Any, Any] | None
+    ) -> None:
+        """A delivery report (poll thread): retire a producer whose idempotence state is lost.
+
+        :meth:`Batch.delivered` takes the acknowledgements itself and hands the failures here."""
         if error is None:
             batch.record(index, None)
             return

@@ -5,7 +5,9 @@ a poll thread that serves delivery reports, client errors and log lines, and
 one produce thread that fills librdkafka's queue, so a full queue never blocks
 the event loop and batches are enqueued strictly in the order ``publish`` was
 called. Each batch waits on a single asyncio future that the last delivery
-report resolves; there is no future per message.
+report resolves; there is no future per message. A delivery report is one
+call bound to its event's place in the batch (:meth:`Batch.delivered`); an
+acknowledgement is handled there in one frame, a failure by the client.
 
 A key's order holds with several of its events in flight (``chains_keys``):
 the idempotent producer keeps each partition's messages in order, librdkafka
@@ -20,11 +22,11 @@ takes over (see :mod:`.client`). docs/delivery.md has the rules.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -40,7 +42,6 @@ from relay.sinks.kafka.batch import Batch
 from relay.sinks.kafka.client import Client
 from relay.sinks.kafka.errors import MAX_ERROR_CHARS, classify, describe, error_of, is_fatal, is_unreachable
 from relay.sinks.kafka.settings import producer_config
-from relay.sinks.keyorder import Turns
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class KafkaSink:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._publish_timeout_seconds
         started = time.monotonic()
-        batch = Batch(events, loop, holds)
+        batch = Batch(events, loop, holds, client.on_delivery)
         client.add(batch)
         try:
             await loop.run_in_executor(
@@ -232,8 +233,15 @@ class KafkaSink:
             where = self._config.bootstrap_servers
             raise SinkUnavailable(f"cannot reach kafka at {where} within {timeout_seconds:g}s: {reason}") from None
 
-    def _admit(self, turns: Turns, index: int) -> bool:
-        """Whether event ``index`` may be handed over now (produce thread).
+    def _produce_all(
+        self, client: Client, batch: Batch, events: Sequence[Event], holds: KeyHolds | None, deadline: float
+    ) -> None:
+        """Admit and enqueue every event, in order (runs on the produce thread).
+
+        Every event runs this loop, so its checks are inline and each runs only
+        where it can matter: the holds and the topic memory for a keyed event
+        with holds, the topic's refusal once per topic, the headers' NULs
+        scanned in place (:func:`_nul_safe` only for a header that has one).
 
         Kafka keeps order only within a partition: a chained event goes only
         to the topic of its key's last event handed to this sink (the same
@@ -241,44 +249,54 @@ class KafkaSink:
         this sink did not see (another route's, or forgotten), is held instead:
         the relay gives it back, and claims it again once its key settled.
         """
-        if not turns.admit(index):
-            return False
-        event = turns.events[index]
-        key = event.key
-        if key is None:
-            return True
-        if event.chained and self._topics.get(key) != event.topic:
-            turns.hold((index,))
-            return False
-        if len(self._topics) >= TOPIC_MEMORY_KEYS and key not in self._topics:
-            self._topics.clear()
-        self._topics[key] = event.topic
-        return True
-
-    def _produce_all(
-        self, client: Client, batch: Batch, events: Sequence[Event], holds: KeyHolds | None, deadline: float
-    ) -> None:
-        """Admit and enqueue every event, in order (runs on the produce thread)."""
         produce = client.producer.produce
+        lock = client.lock
+        delivered = batch.delivered
         encode = self._encode
         format_refusal = self._format_refusal
+        admit = holds.admit if holds is not None else None
+        topics = self._topics
+        sendable: set[str] = set()  # this call's topics that _refusal passed
         for index, event in enumerate(events):
+            topic = event.topic
             # confluent-kafka encodes str keys and header values as UTF-8 itself, in C.
             value, headers = encode(event)
-            headers, refused = _nul_safe(headers)
-            refused = refused or _refusal(event) or (format_refusal(event) if format_refusal is not None else None)
-            callback = functools.partial(client.on_delivery, batch, index)
-            with client.lock:
+            refused = None
+            for name, header in headers:
+                if "\x00" in name or (isinstance(header, str) and "\x00" in header):
+                    headers, refused = _nul_safe(headers)
+                    break
+            if refused is None and topic not in sendable:
+                refused = _refusal(event)
+                if refused is None:
+                    sendable.add(topic)
+            if refused is None and format_refusal is not None:
+                refused = format_refusal(event)
+            callback = partial(delivered, index)
+            with lock:
                 if client.broken is not None:
                     return  # retire() failed this batch
-                if holds is not None and not self._admit(batch.turns, index):
-                    batch.refuse(index)
-                    continue
+                key = event.key
+                if admit is not None and key is not None:
+                    if not admit(event):
+                        batch.refuse(index)
+                        continue
+                    if event.chained and topics.get(key) != topic:
+                        batch.turns.hold((index,))
+                        batch.refuse(index)
+                        continue
+                    if len(topics) >= TOPIC_MEMORY_KEYS and key not in topics:
+                        topics.clear()
+                    topics[key] = topic
                 if refused is not None:
                     # After the holds: an event behind a held one of its key waits for it, refusable or not.
                     batch.record(index, Failure(refused, permanent=True))
                     continue
-                error = _produce(produce, event, value, headers, callback)
+                try:
+                    produce(topic, value, key, on_delivery=callback, headers=headers)
+                    continue
+                except (BufferError, KafkaException, ValueError, TypeError) as exc:
+                    error: KafkaError | None = _produce_error(exc)
             while error is QUEUE_FULL:
                 if time.monotonic() >= deadline:
                     full = Failure("kafka: local producer queue stayed full")
@@ -286,7 +304,7 @@ class KafkaSink:
                     return
                 # The poll thread drains the queue as acknowledgements arrive.
                 time.sleep(QUEUE_FULL_BACKOFF_SECONDS)
-                with client.lock:
+                with lock:
                     if client.broken is not None:
                         return
                     error = _produce(produce, event, value, headers, callback)
@@ -322,15 +340,20 @@ def _produce(
     """Enqueue one message; the error that refused it, if any."""
     try:
         produce(event.topic, value, event.key, on_delivery=callback, headers=headers)
-    except BufferError:
-        return QUEUE_FULL
-    except KafkaException as exc:
-        return error_of(exc)
-    except (ValueError, TypeError) as exc:
-        # The client refuses a value before sending it (a string it cannot pass to C):
-        # no retry can change that, and raising here would stop the relay.
-        return KafkaError(KafkaError._INVALID_ARG, f"the Kafka client refused the message: {exc}"[:MAX_ERROR_CHARS])
+    except (BufferError, KafkaException, ValueError, TypeError) as exc:
+        return _produce_error(exc)
     return None
+
+
+def _produce_error(exc: BufferError | KafkaException | ValueError | TypeError) -> KafkaError:
+    """The error that a ``produce`` call refused with stands for."""
+    if isinstance(exc, BufferError):
+        return QUEUE_FULL
+    if isinstance(exc, KafkaException):
+        return error_of(exc)
+    # The client refuses a value before sending it (a string it cannot pass to C):
+    # no retry can change that, and raising here would stop the relay.
+    return KafkaError(KafkaError._INVALID_ARG, f"the Kafka client refused the message: {exc}"[:MAX_ERROR_CHARS])
 
 
 def _refusal(event: Event) -> str | None:
