@@ -1,5 +1,6 @@
-"""The log source bench's floors (bench/log_source.py): L_log_kafka and L_log_kafka_contract produce every insert
-of the slot, and the contract floor does what the contract asks of a relay of table rows for each event."""
+"""The log source bench's floors (bench/log_source.py): L_log_kafka, L_log_kafka_headers and
+L_log_kafka_contract produce every insert of the slot, with the idempotency-key header and the rows deleted
+only where asked."""
 
 from __future__ import annotations
 
@@ -25,15 +26,21 @@ def seeded(logical_server: str) -> str:
     return url
 
 
-@pytest.mark.parametrize("contract", [False, True], ids=["L_log_kafka", "L_log_kafka_contract"])
-def test_a_floor_produces_every_insert_and_the_contract_floor_keys_and_deletes_each(
-    seeded: str, kafka_bootstrap: str, contract: bool
+@pytest.mark.parametrize(
+    ("headers", "deletes"),
+    [(False, False), (True, False), (True, True)],
+    ids=["L_log_kafka", "L_log_kafka_headers", "L_log_kafka_contract"],
+)
+def test_a_floor_produces_every_insert_with_the_header_and_deletes_it_as_asked(
+    seeded: str, kafka_bootstrap: str, headers: bool, deletes: bool
 ) -> None:
     with psycopg.connect(seeded) as conn:
         rows = conn.execute("SELECT key, payload::text, idempotency_key FROM outbox ORDER BY id").fetchall()
     topic = unique_topic("floor")
 
-    result = asyncio.run(log_source._l_log_kafka(seeded, kafka_bootstrap, EVENTS, contract=contract, topic=topic))
+    result = asyncio.run(
+        log_source._l_log_kafka(seeded, kafka_bootstrap, EVENTS, headers=headers, deletes=deletes, topic=topic)
+    )
 
     assert result["rate"] > 0
     received = consume(kafka_bootstrap, topic, count=EVENTS)
@@ -42,10 +49,9 @@ def test_a_floor_produces_every_insert_and_the_contract_floor_keys_and_deletes_e
     assert sent == sorted((key, payload) for key, payload, _ in rows)
     with psycopg.connect(seeded) as conn:
         left = conn.execute("SELECT count(*) FROM outbox").fetchone()
-    if contract:
+    if headers:
         by_payload = {payload: idempotency_key for _, payload, idempotency_key in rows}
         assert all(m.headers[IDEMPOTENCY_HEADER].decode() == by_payload[m.value.decode()] for m in received)
-        assert left == (0,)
     else:
         assert all(IDEMPOTENCY_HEADER not in m.headers for m in received)
-        assert left == (EVENTS,)
+    assert left == ((0,) if deletes else (EVENTS,))
