@@ -14,6 +14,10 @@ Measured, each to an acknowledging in-memory sink (the relay's own cost, no brok
   producing each insert's payload bytes (and key) to Kafka with the relay's producer settings, no event
   built, until every delivery is reported. L_log_kafka is what one Python process does here at all: the
   floor of both issue 38 targets (drain >= 1.5 x L_db, CPU <= 0.5 x the table source's);
+- with ``--kafka``, the same events written by table-less writers (``pg_logical_emit_message(true, 'outbox',
+  envelope)`` from SQL, in transactions of 20,000): the log relay's drain of them, each spread, over L_db and
+  over L_log_kafka_messages, their floor (the bare stream read producing each message's payload with its key
+  and idempotency-key header, the envelope parsed by plain ``json.loads``; nothing to delete);
 - the relay's own latency at 500 events/s: a writer's COMMIT to the event handed to the sink, p50/p99, over
   the raw client's (the same writer, a bare loop reading the inserts' frames off the stream);
 - the server's decoding alone through ``pg_logical_slot_peek_binary_changes`` (the polling design's floor);
@@ -45,7 +49,7 @@ from confluent_kafka import Producer
 import producers
 from bench import stats
 from bench.baselines import l_db, l_kafka
-from bench.services import DISTINCT_KEYS, SEED_SQL
+from bench.services import DISTINCT_KEYS, EVENTS_SQL, SEED_SQL
 from devservers import Tansu
 from devservers.postgres import LOGICAL_DECODING, embedded_postgres
 from relay.app import tune_collector
@@ -76,10 +80,20 @@ WRITER_ROUND = 100
 WRITER_WARM_UP = 10
 #: pgoutput's relation message ('R'): L_log_kafka finds the key and payload columns by name in it.
 _RELATION = 0x52
+#: pgoutput's logical message ('M'): L_log_kafka_messages reads its envelope.
+_MESSAGE = 0x4D
+#: The seeded events of ``_seed`` as table-less writers write them: one ``outbox`` message each, its envelope
+#: the one ``producers.publish(..., via="message")`` writes (an idempotency key of its own, no headers).
+SEED_MESSAGES_SQL = (
+    "SELECT count(pg_logical_emit_message(true, 'outbox', jsonb_build_object('topic', topic, 'key', key,"
+    " 'payload', payload, 'idempotency_key', gen_random_uuid()::text)::text)) FROM (" + EVENTS_SQL + ") AS e"
+)
 #: Issue 38's targets: a drain to Kafka at this many x L_db at least, the relay's CPU at this share of the
 #: table source's at most.
 TARGET_X_L_DB = 1.5
 TARGET_CPU_SHARE = 0.5
+#: A slot for each floor and drain of one run (their slots stay, inactive, until the server goes).
+BENCH_SLOTS = {**LOGICAL_DECODING, "max_replication_slots": "24", "max_wal_senders": "24"}
 
 
 def _url(server: str, name: str) -> str:
@@ -120,6 +134,16 @@ def _seed(url: str, events: int, keys: int | None = DISTINCT_KEYS) -> None:
             conn.execute(sql, {"topic": "bench", "keyed": keys != 0, "n": min(step, events - first)})
 
 
+def _seed_messages(url: str, events: int, keys: int | None = DISTINCT_KEYS, topic: str = "bench") -> None:
+    """``_seed``'s events as ``outbox`` messages (no rows) to ``topic``, in transactions of 20,000."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        step = 20_000
+        for first in range(0, events, step):
+            spread = keys if keys is not None else events * 2
+            sql = SEED_MESSAGES_SQL.format(keys=spread).replace("(g %% ", f"((g + {first}) %% ", 1)
+            conn.execute(sql, {"topic": topic, "keyed": keys != 0, "n": min(step, events - first)})
+
+
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -135,14 +159,18 @@ def _sink(kafka: str | None) -> Sink:
     return build_sink(parse_sink_url(f"kafka://{kafka}"), publish_timeout_seconds=30.0)
 
 
-def _published(relay: LogRelay | Relay, sink: Sink) -> int:
+def _published(relay: LogRelay | Relay, sink: Sink, topic: str = "bench") -> int:
     if isinstance(sink, MemorySink):
         return len(sink.delivered)
     # One counter read, not a collect of the whole registry: the drains poll this every 10 ms.
-    return int(relay.metrics.published.labels("bench")._value.get())
+    return int(relay.metrics.published.labels(topic)._value.get())
 
 
-async def _drain_log(url: str, events: int, kafka: str | None = None) -> dict[str, float]:
+async def _drain_log(
+    url: str, events: int, kafka: str | None = None, *, rows: bool = True, topic: str = "bench"
+) -> dict[str, float]:
+    """The log relay's drain of ``events`` to ``topic`` in the slot: rows (deleted once confirmed: their WAL
+    counted) or, with ``rows=False``, messages (nothing to delete: the WAL of the confirms only)."""
     sink = _sink(kafka)
     slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
     relay = LogRelay(url, TABLE, slot, sink, _settings())
@@ -150,13 +178,13 @@ async def _drain_log(url: str, events: int, kafka: str | None = None) -> dict[st
     wal = _lsn(url)
     cpu, started = _cpu(), time.perf_counter()
     task = asyncio.create_task(relay.run(stop))
-    while _published(relay, sink) < events:
+    while _published(relay, sink, topic) < events:
         await asyncio.sleep(0.01)
         if task.done():
             task.result()
     elapsed = time.perf_counter() - started
     spent = _cpu() - cpu
-    while True:  # its share of WAL: the deletes of the delivered rows, once confirmed
+    while rows:  # its share of WAL: the deletes of the delivered rows, once confirmed
         with psycopg.connect(url) as conn:
             row = conn.execute("SELECT count(*) FROM outbox").fetchone()
         if row is not None and row[0] == 0:
@@ -290,6 +318,58 @@ async def _l_log_kafka(
             row = conn.execute("SELECT count(*) FROM outbox").fetchone()
         if row is None or row[0]:
             raise RuntimeError(f"L_log_kafka_contract: {row} rows left undeleted")
+    return {"seconds": elapsed, "rate": events / elapsed, "cpu_per_1000": spent / events * 1000}
+
+
+async def _l_log_kafka_messages(
+    url: str, kafka: str, events: int, *, topic: str = "bench-log-floor"
+) -> dict[str, float]:
+    """L_log_kafka_messages, the floor of a drain of ``outbox`` messages: the bare stream read (as L_log_kafka's)
+    producing each message's payload, with its key and ``idempotency-key`` header, to Kafka with the relay's
+    producer settings until every delivery is reported. The envelope is parsed with plain ``json.loads`` and the
+    payload written back with ``json.dumps`` (no jsonb text, no checks): no event, no batch, no judge, and
+    nothing to delete."""
+    slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+    stream = ReplicationStream(url, slot, publication_name(slot), sender_timeout_seconds=60.0)
+    settings = producer_config(
+        KafkaSinkConfig(bootstrap_servers=kafka), publish_timeout_seconds=PUBLISH_TIMEOUT_SECONDS, client_id="floor"
+    )
+    report = {"acked": 0, "failed": 0}
+
+    def delivered(error: Any, _message: Any) -> None:
+        report["failed" if error is not None else "acked"] += 1
+
+    loads, dumps = json.loads, json.JSONEncoder(ensure_ascii=False).encode
+    cpu, started = _cpu(), time.perf_counter()
+    producer = Producer(settings)
+    producer.list_topics(timeout=10.0)  # on the clock, as the relay's sink's start-up probe is
+    produce, poll = producer.produce, producer.poll
+    await stream.start(10.0)
+    seen = 0
+    while seen < events:
+        for frame in await stream.read_frames(5.0, 10_000):
+            if frame[0] != XLOG_DATA or frame[XLOG_HEADER] != _MESSAGE:
+                continue
+            # 'M', transactional flag, LSN (8), the prefix up to its NUL, the content's length (4), the content.
+            at = frame.index(0, XLOG_HEADER + 10) + 5
+            envelope = loads(frame[at:])
+            key = envelope["key"]
+            header = [(IDEMPOTENCY_HEADER, envelope["idempotency_key"])]
+            payload = dumps(envelope["payload"])
+            while True:
+                try:
+                    produce(topic, payload, key, headers=header, on_delivery=delivered)
+                    break
+                except BufferError:
+                    poll(0.005)
+            seen += 1
+        poll(0)  # serve the delivery reports so far, once a read
+    left = producer.flush(PUBLISH_TIMEOUT_SECONDS * 2)
+    elapsed = time.perf_counter() - started
+    spent = _cpu() - cpu
+    await stream.close()
+    if report["failed"] or left:
+        raise RuntimeError(f"L_log_kafka_messages: {report['failed']} deliveries failed, {left} unreported")
     return {"seconds": elapsed, "rate": events / elapsed, "cpu_per_1000": spent / events * 1000}
 
 
@@ -464,9 +544,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     n = args.events
     tune_collector()  # the relays run here, in this process: set as ``outbox-relay run`` sets its own
-    results: dict[str, Any] = {"events": n, "drains": {}}
+    results: dict[str, Any] = {"events": n, "drains": {}, "message_drains": {}}
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(embedded_postgres(LOGICAL_DECODING))
+        server = stack.enter_context(embedded_postgres(BENCH_SLOTS))
         kafka = stack.enter_context(Tansu()).bootstrap if args.kafka else None
         results["sink"] = "kafka (Tansu)" if kafka else "in-memory"
         db_url = _database(server, "l_db", slot=False)
@@ -486,6 +566,9 @@ def main(argv: list[str] | None = None) -> None:
             floor_url = _database(server, "l_log_kafka_deletes", slot=True)
             _seed(floor_url, n)
             results["l_log_kafka_contract"] = asyncio.run(_l_log_kafka(floor_url, kafka, n, headers=True, deletes=True))
+            floor_url = _database(server, "l_log_kafka_messages", slot=True)
+            _seed_messages(floor_url, n)
+            results["l_log_kafka_messages"] = asyncio.run(_l_log_kafka_messages(floor_url, kafka, n))
         for i, (name, keys) in enumerate(SPREADS.items()):
             log_url = _database(server, f"log_drain_{i}", slot=True)
             _seed(log_url, n, keys)
@@ -497,6 +580,10 @@ def main(argv: list[str] | None = None) -> None:
                 "log": asyncio.run(_drain_log(log_url, n, kafka)),
                 "table": asyncio.run(_drain_table(table_url, n, kafka)),
             }
+            if kafka is not None:  # the same events from table-less writers, between the spreads' row drains
+                message_url = _database(server, f"message_drain_{i}", slot=True)
+                _seed_messages(message_url, n, keys)
+                results["message_drains"][name] = asyncio.run(_drain_log(message_url, n, kafka, rows=False))
         if not args.drains_only:
             latency_url = _database(server, "latency", slot=True)
             results["latency"] = asyncio.run(_latency(latency_url, LATENCY_RATE, args.latency_seconds))
@@ -545,6 +632,17 @@ def _summary(results: dict[str, Any]) -> None:
               f"table {table['cpu_per_1000']:.3f} s = {log['cpu_per_1000'] / table['cpu_per_1000']:.2f}")  # fmt: skip
     if floor is not None:
         _floor_verdict(floor, ldb, [drain["table"] for drain in results["drains"].values()])
+    messages_floor = results.get("l_log_kafka_messages")
+    if messages_floor is not None:
+        print(f"L_log_kafka_messages (messages: the envelope parsed, the payload with its header) "
+              f"{messages_floor['rate']:,.0f}/s = {messages_floor['rate'] / ldb['rate']:.2f} x L_db "
+              f"({messages_floor['cpu_per_1000']:.3f} s CPU per 1,000)")  # fmt: skip
+    for name, drain in results.get("message_drains", {}).items():
+        versus_floor = (
+            f", {drain['rate'] / messages_floor['rate']:.2f} x L_log_kafka_messages" if messages_floor else ""
+        )
+        print(f"{name}, messages: log {drain['rate']:,.0f}/s = {drain['rate'] / ldb['rate']:.2f} x L_db"
+              f"{versus_floor}; CPU per 1,000: {drain['cpu_per_1000']:.3f} s")  # fmt: skip
     if "latency" in results:
         latency, raw = results["latency"]["relay"], results["latency"]["raw"]
         print(f"latency at {LATENCY_RATE:.0f}/s from COMMIT: relay (to the sink) p50 {latency['p50_ms']:.1f} ms, "

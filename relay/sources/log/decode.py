@@ -126,7 +126,8 @@ class RowReader:
 def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
     """The event of an ``outbox`` message; raise :class:`BadEnvelope` when its envelope is not one."""
     try:
-        envelope = json.loads(content, parse_float=Decimal, object_pairs_hook=_last_wins)
+        # As json.loads reads bytes; a dict built by the decoder keeps the last of duplicate keys, as jsonb does.
+        envelope = _decode(content.decode(json.detect_encoding(content), "surrogatepass"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadEnvelope(f"the message is not a JSON envelope: {exc}") from None
     if not isinstance(envelope, dict):
@@ -175,8 +176,14 @@ def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
     )
 
 
-def _last_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    return dict(pairs)  # as jsonb: the last of duplicate keys wins
+#: Numbers with a fraction or an exponent as Decimal: numeric prints them from their digits, not a float's.
+_decode = json.JSONDecoder(parse_float=Decimal).decode
+#: ``json.dumps(..., ensure_ascii=False)`` without building an encoder at each call: ", " and ": " as jsonb.
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+
+
+class _Inexact(Exception):
+    """A Decimal in a value: json's encoder cannot print it as numeric does."""
 
 
 def _jsonb_key(name: str) -> tuple[int, bytes]:
@@ -185,14 +192,46 @@ def _jsonb_key(name: str) -> tuple[int, bytes]:
 
 
 def jsonb_text(value: Any) -> str:
-    """``value`` as PostgreSQL prints it as jsonb: keys shortest first then bytewise, ``", "`` and ``": "``.
+    """``value`` (as json decodes it) as PostgreSQL prints it as jsonb: keys shortest first then bytewise,
+    ``", "`` and ``": "``.
 
     The payload of a message event then has the bytes a table row of the same
     payload gets from the jsonb column, so both writers' events look alike.
+    Objects are put in jsonb's order and json's C encoder prints the rest; a
+    value holding a Decimal (a number with a fraction or an exponent) is
+    written piece by piece, its numbers as numeric prints them.
     """
-    parts: list[str] = []
-    _write(value, parts.append)
-    return "".join(parts)
+    try:
+        return _encode(_in_jsonb_order(value))
+    except _Inexact:
+        parts: list[str] = []
+        _write(value, parts.append)
+        return "".join(parts)
+
+
+def _in_jsonb_order(value: Any) -> Any:
+    """``value`` with every object's keys in jsonb's order; raise :class:`_Inexact` at a Decimal."""
+    kind = type(value)
+    if kind is dict:
+        # Code points order as UTF-8 bytes do: only the length differs, and only past ASCII (a C sort then).
+        names = sorted(sorted(value), key=len) if "".join(value).isascii() else sorted(value, key=_jsonb_key)
+        if _SCALARS.issuperset(map(type, value.values())):  # the common event: one object of strings and integers
+            return value if names == list(value) else {name: value[name] for name in names}
+        ordered = {}
+        for name in names:
+            item = value[name]
+            ordered[name] = _in_jsonb_order(item) if type(item) in _NOT_SCALARS else item
+        return ordered
+    if kind is list:
+        return [_in_jsonb_order(item) if type(item) in _NOT_SCALARS else item for item in value]
+    if kind is Decimal:
+        raise _Inexact
+    return value
+
+
+#: What json decodes a document's leaves to (a float only from NaN and Infinity), and what it does not.
+_SCALARS = frozenset({str, int, bool, float, type(None)})
+_NOT_SCALARS = frozenset({dict, list, Decimal})
 
 
 def _write(value: Any, out: Callable[[str], None]) -> None:
@@ -219,5 +258,5 @@ def _write(value: Any, out: Callable[[str], None]) -> None:
 
 
 def _numeric(value: Decimal) -> str:
-    """A JSON number as numeric prints it: no exponent (``1e2`` is ``100``), its scale kept."""
-    return format(value, "f")
+    """A JSON number as numeric prints it: no exponent (``1e2`` is ``100``), its scale kept, no negative zero."""
+    return format(value if value else value.copy_abs(), "f")
