@@ -115,6 +115,14 @@ def test_envelopes() -> None:
             message_event(1, content, NOW)
 
 
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize("where", ['{"payload": %s}', '{"payload": [1, {"x": %s}]}', '{"payload": 1, "key": %s}'])
+def test_an_envelope_with_a_number_json_has_not_is_a_bad_one(constant: str, where: str) -> None:
+    content = ('{"topic": "t", ' + where[1:]) % constant
+    with pytest.raises(BadEnvelope, match=f"{constant} is not a JSON number"):
+        message_event(1, content.encode(), NOW)
+
+
 @pytest.mark.parametrize(
     ("value", "text"),
     [({"b": 1, "aa": 2, "a": 3}, '{"a": 3, "b": 1, "aa": 2}'), ([], "[]"), ({}, "{}"), ("é\n", '"é\\n"'),

@@ -176,8 +176,13 @@ def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
     )
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")  # jsonb refuses it: it would reach no consumer as JSON
+
+
 #: Numbers with a fraction or an exponent as Decimal: numeric prints them from their digits, not a float's.
-_decode = json.JSONDecoder(parse_float=Decimal).decode
+#: ``NaN`` and ``Infinity``, which Python's json reads and JSON has not, make the envelope a bad one.
+_decode = json.JSONDecoder(parse_float=Decimal, parse_constant=_not_json).decode
 #: ``json.dumps(..., ensure_ascii=False)`` without building an encoder at each call: ", " and ": " as jsonb.
 _encode = json.JSONEncoder(ensure_ascii=False).encode
 
