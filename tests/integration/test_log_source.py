@@ -361,3 +361,36 @@ async def test_a_poison_while_the_confirms_delete_waits_on_a_lock_is_dead_letter
 def _states(url: str) -> list[tuple[str, str]]:
     with psycopg.connect(url, autocommit=True) as conn:
         return [(k, s) for k, s in conn.execute("SELECT key, state FROM outbox ORDER BY id").fetchall()]
+
+
+#: Envelopes written with plain SQL whose text PostgreSQL could not store: escapes of a lone surrogate or a
+#: NUL (in the payload, a key, a header, the topic), and a surrogate's raw bytes through the bytea variant.
+UNFIT_ENVELOPES = [
+    '{"topic": "orders", "key": "a", "payload": {"\\ud800": 1}}',
+    '{"topic": "orders", "key": "a", "payload": "x\\u0000"}',
+    '{"topic": "orders", "key": "\\udfff", "payload": 1}',
+    '{"topic": "orders", "key": "b", "payload": 1, "headers": {"h": "\\u0000"}}',
+    '{"topic": "orders\\u0000", "payload": 1}',
+]
+
+
+@synchronous
+async def test_envelopes_postgresql_could_not_store_are_dead_lettered_and_the_rest_flows(
+    log_database: tuple[str, str],
+) -> None:
+    url, slot = log_database
+    with psycopg.connect(url, autocommit=True) as conn:
+        for n, text in enumerate(UNFIT_ENVELOPES):
+            conn.execute("SELECT pg_logical_emit_message(true, 'outbox', %s::text)", [text])
+            _message(conn, {"topic": "orders", "key": "a", "payload": {"n": n}})
+        conn.execute("SELECT pg_logical_emit_message(true, 'outbox', '\\x7b22746f706963223a22eda080227d'::bytea)")
+        _message(conn, {"topic": "orders", "key": "b", "payload": {"n": 99}})
+    sink = MemorySink()
+    async with running(url, slot, sink):
+        await until(lambda: len(sink.delivered) >= len(UNFIT_ENVELOPES) + 1)
+        await until(lambda: len(_outbox_rows(url)) >= len(UNFIT_ENVELOPES) + 1)
+        await asyncio.sleep(0.3)
+    assert [_n(e) for e in sink.delivered] == [*range(len(UNFIT_ENVELOPES)), 99]
+    rows = _outbox_rows(url)
+    assert len(rows) == len(UNFIT_ENVELOPES) + 1
+    assert all(state == "failed" and key is None and "envelope" in str(error) for _, state, key, error in rows)

@@ -354,3 +354,47 @@ def test_the_column_list_leaves_out_only_the_unread_relay_columns_and_none_befor
         "relay_seq",
         "relay_state",
     ]
+
+
+#: Envelopes from plain SQL whose text PostgreSQL could not store (a NUL, a lone surrogate: by escape, or a
+#: surrogate's raw bytes) or whose base64 is not ASCII: each is a bad envelope, never an exception of another
+#: kind (the reader would stop on it, and read it again after every restart).
+UNFIT = [
+    rb'{"topic": "t", "payload": {"\ud800": 1}}',
+    rb'{"topic": "t", "payload": "\udfff"}',
+    rb'{"topic": "t", "payload": [1, {"a": ["x\ud800y"]}]}',
+    rb'{"topic": "t", "payload": "a\u0000"}',
+    rb'{"topic": "t", "payload": {"a\u0000": 1}}',
+    rb'{"topic": "t", "payload": {"a": 1.5, "b": "\u0000"}}',
+    rb'{"topic": "t", "payload": {"a": 1.5, "b": "\ud800"}}',
+    rb'{"topic": "t\u0000", "payload": 1}',
+    rb'{"topic": "\ud800", "payload": 1}',
+    rb'{"topic": "t", "key": "a\u0000", "payload": 1}',
+    rb'{"topic": "t", "key": "\udbff", "payload": 1}',
+    rb'{"topic": "t", "payload": 1, "headers": {"a\u0000": "b"}}',
+    rb'{"topic": "t", "payload": 1, "headers": {"a": "\ud800"}}',
+    rb'{"topic": "t", "payload": 1, "idempotency_key": "\ud800"}',
+    rb'{"topic": "t", "payload": "AA==", "content_type": "\ud800"}',
+    rb'{"topic": "t", "payload": "AA==", "content_type": "a\u0000"}',
+    b'{"topic": "t", "payload": "\xed\xa0\x80"}',
+    '{"topic": "t", "payload": "\u00e9", "content_type": "a/b"}'.encode(),
+]
+
+
+@pytest.mark.parametrize("content", UNFIT)
+def test_an_envelope_postgresql_could_not_store_is_a_bad_one(content: bytes) -> None:
+    with pytest.raises(BadEnvelope):
+        message_event(1, content, NOW)
+
+
+@pytest.mark.parametrize(
+    ("content", "payload", "key"),
+    [
+        (rb'{"topic": "t", "key": "\ud83d\ude00", "payload": "\ud83d\ude00"}', '"\U0001f600"', "\U0001f600"),
+        (rb'{"topic": "t", "key": "a\\u0000", "payload": "\\u0000"}', '"\\\\u0000"', "a\\u0000"),
+        (rb'{"topic": "t", "payload": {"\u00e9": "\u0041"}}', '{"\u00e9": "A"}', None),
+    ],
+)
+def test_escapes_that_spell_text_are_kept(content: bytes, payload: str, key: str | None) -> None:
+    event = message_event(1, content, NOW)
+    assert (event.payload, event.key) == (payload.encode(), key)

@@ -21,8 +21,8 @@ one from that LSN, the same on every re-read.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -126,8 +126,10 @@ class RowReader:
 def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
     """The event of an ``outbox`` message; raise :class:`BadEnvelope` when its envelope is not one."""
     try:
-        # As json.loads reads bytes; a dict built by the decoder keeps the last of duplicate keys, as jsonb does.
-        envelope = _decode(content.decode(json.detect_encoding(content), "surrogatepass"))
+        # As json.loads reads bytes, but strictly: a surrogate's bytes are no UTF-8. A dict built by the decoder
+        # keeps the last of duplicate keys, as jsonb does.
+        text = content.decode(json.detect_encoding(content))
+        envelope = _decode(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadEnvelope(f"the message is not a JSON envelope: {exc}") from None
     if not isinstance(envelope, dict):
@@ -135,6 +137,8 @@ def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
     unknown = envelope.keys() - ENVELOPE_FIELDS
     if unknown:
         raise BadEnvelope(f"the envelope has unknown fields {sorted(unknown)}")
+    # Only an escape (\u0000, or \ud800 unpaired) spells a NUL or a lone surrogate: the tests below run then.
+    escaped = "\\u" in text
     topic = envelope.get("topic")
     if not isinstance(topic, str) or not topic or len(topic) > TOPIC_MAX_CHARS:
         raise BadEnvelope(f"the envelope's topic must be a string of 1 to {TOPIC_MAX_CHARS} characters")
@@ -149,19 +153,29 @@ def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
         idempotency_key = message_idempotency_key(lsn)
     elif not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= IDEMPOTENCY_KEY_MAX_CHARS:
         raise BadEnvelope(f"the envelope's idempotency_key must be a string of 1 to {IDEMPOTENCY_KEY_MAX_CHARS} chars")
+    content_type = envelope.get("content_type")
+    if content_type is not None and not isinstance(content_type, str):
+        raise BadEnvelope(f"the envelope's content_type must be 1 to {CONTENT_TYPE_MAX_BYTES} bytes")
+    if escaped:
+        _check_texts(topic, key, headers, idempotency_key, content_type)
     if "payload" not in envelope:
         raise BadEnvelope("the envelope has no payload")
-    content_type = envelope.get("content_type")
     if content_type is None:
-        payload = jsonb_text(envelope["payload"]).encode()
+        try:
+            payload_text = jsonb_text(envelope["payload"])
+        except UnicodeEncodeError:  # a key's bytes, in jsonb's order
+            raise BadEnvelope(f"the envelope's payload {_UNFIT}") from None
+        if escaped:
+            _check_payload(payload_text)
+        payload = payload_text.encode()
     else:
-        if not isinstance(content_type, str) or not 0 < len(content_type.encode()) <= CONTENT_TYPE_MAX_BYTES:
+        if not 0 < len(content_type.encode()) <= CONTENT_TYPE_MAX_BYTES:
             raise BadEnvelope(f"the envelope's content_type must be 1 to {CONTENT_TYPE_MAX_BYTES} bytes")
         if not isinstance(envelope["payload"], str):
             raise BadEnvelope("with a content_type, the envelope's payload is the bytes in base64")
         try:
             payload = base64.b64decode(envelope["payload"], validate=True)
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, or a character past ASCII
             raise BadEnvelope(f"the envelope's payload is not base64: {exc}") from None
     return Event(
         id=lsn,
@@ -174,6 +188,41 @@ def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
         created_at=commit_time,
         content_type=content_type,
     )
+
+
+#: The text a NUL or a lone surrogate makes unfit: PostgreSQL stores neither (a table row cannot hold one, a
+#: dead letter could not be written), and a table writer's event never carries one.
+_UNFIT = "holds a NUL (\\u0000) or a lone surrogate (\\ud800-\\udfff), which PostgreSQL cannot store"
+#: A NUL in JSON text: \u0000 after an even number of backslashes (an odd number spells a backslash).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _fit(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_texts(
+    topic: str, key: str | None, headers: dict[str, str], idempotency_key: str, content_type: str | None
+) -> None:
+    """Raise :class:`BadEnvelope` for the first of the envelope's texts that holds a NUL or a lone surrogate."""
+    named = [("topic", topic), ("key", key), ("idempotency_key", idempotency_key), ("content_type", content_type)]
+    named += [("headers", text) for pair in headers.items() for text in pair]
+    for what, text in named:
+        if text is not None and not _fit(text):
+            raise BadEnvelope(f"the envelope's {what} {_UNFIT}")
+
+
+def _check_payload(text: str) -> None:
+    """Raise :class:`BadEnvelope` if a JSON payload's text holds a NUL (jsonb refuses \\u0000) or a lone
+    surrogate (no UTF-8 has it)."""
+    if _NUL_ESCAPE.search(text) is not None or not _fit(text):
+        raise BadEnvelope(f"the envelope's payload {_UNFIT}")
 
 
 def _not_json(name: str) -> Any:
