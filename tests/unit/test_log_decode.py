@@ -378,6 +378,9 @@ UNFIT = [
     rb'{"topic": "t", "payload": "AA==", "content_type": "a\u0000"}',
     b'{"topic": "t", "payload": "\xed\xa0\x80"}',
     '{"topic": "t", "payload": "\u00e9", "content_type": "a/b"}'.encode(),
+    b'{"topic": "t", "payload": ' + b"[" * 900 + b"]" * 900 + b"}",
+    b'{"topic": "t", "payload": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"}",
+    b'{"topic": "t", "payload": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
 ]
 
 

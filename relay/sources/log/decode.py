@@ -132,6 +132,8 @@ def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
         envelope = _decode(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadEnvelope(f"the message is not a JSON envelope: {exc}") from None
+    except RecursionError:
+        raise BadEnvelope(_TOO_DEEP) from None
     if not isinstance(envelope, dict):
         raise BadEnvelope("the message's envelope is not a JSON object")
     unknown = envelope.keys() - ENVELOPE_FIELDS
@@ -165,6 +167,8 @@ def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
             payload_text = jsonb_text(envelope["payload"])
         except UnicodeEncodeError:  # a key's bytes, in jsonb's order
             raise BadEnvelope(f"the envelope's payload {_UNFIT}") from None
+        except RecursionError:
+            raise BadEnvelope(_TOO_DEEP) from None
         if escaped:
             _check_payload(payload_text)
         payload = payload_text.encode()
@@ -190,6 +194,8 @@ def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
     )
 
 
+#: Python's recursion limit, reached by arrays or objects some hundreds deep (producers.publish writes at most 31).
+_TOO_DEEP = "the envelope's payload is nested too deep for the relay to decode (hundreds of arrays or objects)"
 #: The text a NUL or a lone surrogate makes unfit: PostgreSQL stores neither (a table row cannot hold one, a
 #: dead letter could not be written), and a table writer's event never carries one.
 _UNFIT = "holds a NUL (\\u0000) or a lone surrogate (\\ud800-\\udfff), which PostgreSQL cannot store"
