@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -20,6 +19,7 @@ from typing import Any
 from producers import _encoding
 from producers._tracing import with_trace_context
 from relay.attribute_values import media_type_problem, shown
+from relay.stored_text import has_json_nul, has_lone_surrogate, refuse_json_constant
 
 #: The content type of a bytes payload published without one (RFC 2046: arbitrary bytes).
 DEFAULT_BYTES_CONTENT_TYPE = "application/octet-stream"
@@ -154,10 +154,6 @@ def uuid4_text() -> str:
     return f"{text[:8]}-{text[8:12]}-4{text[13:16]}-{_VARIANT[text[16]]}{text[17:20]}-{text[20:]}"
 
 
-#: A NUL character in JSON text: \u0000 after an even number of backslashes (an odd number spells a backslash).
-_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
 def _json_text(value: Any, what: str) -> str | None:
     """``value`` as the JSON text the database gets; None for a value of a type only the
     connection's own JSON dumper knows (psycopg's ``set_json_dumps``: ``Decimal``, ...).
@@ -192,15 +188,11 @@ def with_connection_json(conn: Any, params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "payload_json": _checked_dumped(text, "payload")}
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is no JSON number")
-
-
 def _checked_dumped(text: str, what: str) -> str:
     """JSON text of a connection's dumper, refused where :func:`_json_text` refuses json's (NaN and
     Infinity, a lone surrogate, NUL, MariaDB's depth), and where the relay's decoding would (no JSON)."""
     try:  # numbers as Decimal, as the relay reads an envelope: 1.50 and 1e400 stay what jsonb keeps
-        value = json.loads(text, parse_float=Decimal, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_float=Decimal, parse_constant=refuse_json_constant)
     except ValueError as exc:
         raise ValueError(f"{what} as the connection's JSON dumper writes it is not JSON: {exc}") from None
     try:
@@ -233,7 +225,7 @@ def _check_depth(payload: Any, text: str | None) -> None:
 
 def _check_jsonb(text: str, what: str) -> None:
     """Refuse what PostgreSQL's ``jsonb`` refuses and MySQL's JSON keeps: a NUL character."""
-    if "\\u0000" in text and _NUL.search(text):
+    if has_json_nul(text):
         raise ValueError(f"{what} holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store")
 
 
@@ -258,10 +250,8 @@ def _check_texts(topic: str, key: str | None, idempotency_key: str | None) -> No
 
 
 def _check_no_lone_surrogate(text: str, what: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{what} holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
+    if has_lone_surrogate(text):
+        raise ValueError(f"{what} holds a lone surrogate (\\ud800-\\udfff), which is not text")
 
 
 def _check_options(table: object, max_deliver_ahead: object) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -30,6 +29,7 @@ from typing import Any
 
 from relay.events import Event
 from relay.sources.log.pgoutput import Relation, format_lsn, pick_columns
+from relay.stored_text import has_json_nul, has_lone_surrogate, refuse_json_constant
 
 #: The prefix of the logical messages that are outbox events.
 MESSAGE_PREFIX = "outbox"
@@ -199,18 +199,6 @@ _TOO_DEEP = "the envelope's payload is nested too deep for the relay to decode (
 #: The text a NUL or a lone surrogate makes unfit: PostgreSQL stores neither (a table row cannot hold one, a
 #: dead letter could not be written), and a table writer's event never carries one.
 _UNFIT = "holds a NUL (\\u0000) or a lone surrogate (\\ud800-\\udfff), which PostgreSQL cannot store"
-#: A NUL in JSON text: \u0000 after an even number of backslashes (an odd number spells a backslash).
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-def _fit(text: str) -> bool:
-    if "\x00" in text:
-        return False
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _check_texts(
@@ -220,24 +208,20 @@ def _check_texts(
     named = [("topic", topic), ("key", key), ("idempotency_key", idempotency_key), ("content_type", content_type)]
     named += [("headers", text) for pair in headers.items() for text in pair]
     for what, text in named:
-        if text is not None and not _fit(text):
+        if text is not None and ("\x00" in text or has_lone_surrogate(text)):
             raise BadEnvelope(f"the envelope's {what} {_UNFIT}")
 
 
 def _check_payload(text: str) -> None:
     """Raise :class:`BadEnvelope` if a JSON payload's text holds a NUL (jsonb refuses \\u0000) or a lone
     surrogate (no UTF-8 has it)."""
-    if _NUL_ESCAPE.search(text) is not None or not _fit(text):
+    if has_json_nul(text) or has_lone_surrogate(text):
         raise BadEnvelope(f"the envelope's payload {_UNFIT}")
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")  # jsonb refuses it: it would reach no consumer as JSON
 
 
 #: Numbers with a fraction or an exponent as Decimal: numeric prints them from their digits, not a float's.
 #: ``NaN`` and ``Infinity``, which Python's json reads and JSON has not, make the envelope a bad one.
-_decode = json.JSONDecoder(parse_float=Decimal, parse_constant=_not_json).decode
+_decode = json.JSONDecoder(parse_float=Decimal, parse_constant=refuse_json_constant).decode
 #: ``json.dumps(..., ensure_ascii=False)`` without building an encoder at each call: ", " and ": " as jsonb.
 _encode = json.JSONEncoder(ensure_ascii=False).encode
 
