@@ -61,7 +61,8 @@ WHERE o.state = 'pending'
   AND (o.`key` IS NULL OR (%(tailed)s AND o.`key` IN %(tail_keys)s)
        -- The key's head (as head below): the EXISTS would find it so, at the cost of one more lookup.
        -- A key's dead letters are probed only while the table has one: the NOT EXISTS, uncorrelated, is
-       -- evaluated once a statement, in the snapshot the probes read.
+       -- evaluated once a statement, in the snapshot the probes read (one for the whole statement under READ
+       -- COMMITTED: tests/integration/test_mysql_claim_snapshot.py).
        OR ((SELECT p.id FROM {table} AS p WHERE p.`key` = o.`key` AND p.state = 'pending' ORDER BY p.id LIMIT 1) = o.id
            AND (NOT EXISTS (SELECT 1 FROM {table} AS n WHERE n.state = 'failed')
                 OR COALESCE((SELECT d.id FROM {table} AS d WHERE d.`key` = o.`key` AND d.state = 'failed'
