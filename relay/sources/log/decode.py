@@ -25,6 +25,7 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 from relay.events import Event
@@ -123,12 +124,16 @@ class RowReader:
         )
 
 
-def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
-    """The event of an ``outbox`` message; raise :class:`BadEnvelope` when its envelope is not one."""
+def message_event(lsn: int, content: bytes, commit_time: datetime, make: type[Event] = Event) -> Event:
+    """The event of an ``outbox`` message; raise :class:`BadEnvelope` when its envelope is not one.
+
+    ``make``: the class of the event built (the log's reader builds its window's entry at once)."""
     try:
         # As json.loads reads bytes, but strictly: a surrogate's bytes are no UTF-8. A dict built by the decoder
-        # keeps the last of duplicate keys, as jsonb does.
-        text = content.decode(json.detect_encoding(content))
+        # keeps the last of duplicate keys, as jsonb does. An envelope that starts with a printable ASCII byte not
+        # followed by a NUL (any UTF-8 text from pg_logical_emit_message) is UTF-8 to json's test too.
+        ascii_first = b" " <= content[:1] < b"\x80" and content[1:2] != b"\x00"
+        text = content.decode("utf-8" if ascii_first else json.detect_encoding(content))
         envelope = _decode(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadEnvelope(f"the message is not a JSON envelope: {exc}") from None
@@ -181,17 +186,8 @@ def message_event(lsn: int, content: bytes, commit_time: datetime) -> Event:
             payload = base64.b64decode(envelope["payload"], validate=True)
         except ValueError as exc:  # binascii.Error, or a character past ASCII
             raise BadEnvelope(f"the envelope's payload is not base64: {exc}") from None
-    return Event(
-        id=lsn,
-        topic=topic,
-        key=key,
-        payload=payload,
-        headers=dict(headers),
-        idempotency_key=idempotency_key,
-        attempts=0,
-        created_at=commit_time,
-        content_type=content_type,
-    )
+    # By position, in the order of Event's fields (as RowReader builds them); the headers are the decoder's own.
+    return make(lsn, topic, key, payload, headers, idempotency_key, 0, commit_time, False, content_type)
 
 
 #: Python's recursion limit, reached by arrays or objects some hundreds deep (producers.publish writes at most 31).
@@ -223,7 +219,14 @@ def _check_payload(text: str) -> None:
 #: ``NaN`` and ``Infinity``, which Python's json reads and JSON has not, make the envelope a bad one.
 _decode = json.JSONDecoder(parse_float=Decimal, parse_constant=refuse_json_constant).decode
 #: ``json.dumps(..., ensure_ascii=False)`` without building an encoder at each call: ", " and ": " as jsonb.
-_encode = json.JSONEncoder(ensure_ascii=False).encode
+_json_encode = json.JSONEncoder(ensure_ascii=False).encode
+#: The C encoder that ``_json_encode`` builds at each call, built once (where there is one): no check for
+#: cycles (a decoded document has none), NaN and Infinity let through (the decoder refused them already).
+_c_encode = c_make_encoder and c_make_encoder(None, None, encode_basestring, None, ": ", ", ", False, False, True)
+
+
+def _encode(value: Any) -> str:
+    return "".join(_c_encode(value, 0)) if _c_encode else _json_encode(value)
 
 
 class _Inexact(Exception):

@@ -293,7 +293,7 @@ class Leader:
     def _message(self, reading: Reading) -> Callable[[pgoutput.Message, datetime], Event]:
         def event_of(message: pgoutput.Message, commit_time: datetime) -> Event:
             try:
-                return Pending.of(message_event(message.lsn, message.content, commit_time))
+                return message_event(message.lsn, message.content, commit_time, Pending)
             except BadEnvelope as exc:
                 # Dead-lettered when taken: an event whose reason is its bad envelope (attempts past the maximum).
                 event = Pending(
