@@ -115,6 +115,22 @@ def test_envelopes() -> None:
             message_event(1, content, NOW)
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le",
+                                      "utf-32-be"])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"topic": "t", "key": "é", "payload": {"a": "€𝄞"}}',
+        ' \n\t{"payload": {"a": "€𝄞"}, "key": "é", "topic": "t"}',
+        '{"topic":"t","payload":1}',
+    ],
+)
+def test_an_envelope_is_read_in_any_encoding_json_reads_bytes_in(encoding: str, text: str) -> None:
+    """As json.loads(bytes): UTF-8 (a BOM or not), UTF-16 and UTF-32 (either order, a BOM or not), from the
+    bytea variant of pg_logical_emit_message; the same event as from UTF-8."""
+    assert message_event(1, text.encode(encoding), NOW) == message_event(1, text.encode(), NOW)
+
+
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
 @pytest.mark.parametrize("where", ['{"payload": %s}', '{"payload": [1, {"x": %s}]}', '{"payload": 1, "key": %s}'])
 def test_an_envelope_with_a_number_json_has_not_is_a_bad_one(constant: str, where: str) -> None:
