@@ -295,8 +295,8 @@ def test_rows_added_and_confirmed_a_batch_at_a_time_count_as_one_by_one() -> Non
     window = Window(max_events=3, max_bytes=10**9)
     first, second = window.begin(), window.begin()
     rows = [Pending.of(message_event(i, b'{"topic": "t", "payload": 1}', NOW)) for i in (1, 2, 3)]
-    window.add_rows(rows[:2], first)
-    window.add_rows(rows[2:], second)
+    window.add_read(rows[:2], first)
+    window.add_read(rows[2:], second)
     assert [(p.seq, p.row, p.done, p.transaction) for p in rows] == [
         (1, True, False, first),
         (2, True, False, first),
@@ -322,7 +322,7 @@ def test_the_reader_keeps_read_order_around_messages_and_hands_out_the_window_en
     ready: deque[Pending] = deque()
     reader = FrameReader(
         window, ready, TableName.parse("outbox"), NATIVE, batch_size=10, more=asyncio.Event(),
-        message_event=lambda m, at: message_event(m.lsn, m.content, at),
+        message_event=lambda lsn, content, at: Pending.of(message_event(lsn, content, at)),
     )  # fmt: skip
     relation = b"R" + struct.pack("!I", 7) + b"public\0outbox\0d" + struct.pack("!h", len(COLUMNS))
     for name in COLUMNS:
@@ -417,3 +417,32 @@ def test_an_envelope_postgresql_could_not_store_is_a_bad_one(content: bytes) -> 
 def test_escapes_that_spell_text_are_kept(content: bytes, payload: str, key: str | None) -> None:
     event = message_event(1, content, NOW)
     assert (event.payload, event.key) == (payload.encode(), key)
+
+
+@pytest.mark.parametrize(
+    ("transactional", "prefix", "event"),
+    [(True, b"outbox", True), (False, b"outbox", False), (True, b"outbox-heartbeat", False), (True, b"outboxx", False),
+     (True, b"outbo", False), (True, b"", False), (True, b"Outbox", False), (False, b"outbox-heartbeat", False)],
+)  # fmt: skip
+def test_only_a_transactional_message_with_the_outbox_prefix_is_an_event(
+    transactional: bool, prefix: bytes, event: bool
+) -> None:
+    """Read straight from the frame as parse_message reads it: the same LSN and content, and None for any other
+    message (another prefix, one that merely starts or ends like it, or one outside a transaction)."""
+    envelope = b'{"topic": "t", "payload": 1}'
+    message = b"M" + bytes([transactional]) + struct.pack("!Q", 5000) + prefix + b"\0"
+    message += struct.pack("!i", len(envelope)) + envelope + b"trailing"
+    frame = _frame(message, 5000)
+    parsed = pgoutput.parse_message(frame[pgoutput.XLOG_HEADER :])
+    assert isinstance(parsed, pgoutput.Message) and parsed.content == envelope
+    found = pgoutput.transactional_message(frame, pgoutput.XLOG_HEADER, b"outbox")
+    assert found == ((parsed.lsn, parsed.content) if event else None)
+    for layout, events in ((NATIVE, event), (TableLayout.parse("debezium"), False)):
+        window = Window(max_events=100, max_bytes=10**9)
+        ready: deque[Pending] = deque()
+        reader = FrameReader(
+            window, ready, TableName.parse("outbox"), layout, batch_size=10, more=asyncio.Event(),
+            message_event=lambda lsn, content, at: Pending.of(message_event(lsn, content, at)),
+        )  # fmt: skip
+        reader.take([_frame(b"B" + struct.pack("!Qqi", 900, 0, 1)), frame, _frame(message, 5001)])
+        assert [(p.id, p.row, p.payload) for p in ready] == ([(5000, False, b"1")] * 2 if events else [])

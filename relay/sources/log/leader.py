@@ -28,15 +28,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 from uuid import UUID
 
 from relay.backoff import Backoff, OutageBackoff
 from relay.config import NATIVE, RelaySettings, TableLayout, TableName
 from relay.errors import StoreUnavailable
-from relay.events import Event
 from relay.metrics import Metrics
 from relay.sinks.base import Sink
-from relay.sources.log import pgoutput
 from relay.sources.log.decode import BadEnvelope, message_event
 from relay.sources.log.handover import deliver_handed_over
 from relay.sources.log.pgoutput import format_lsn
@@ -290,15 +289,15 @@ class Leader:
                 continue
             frames.take(await stream.read_frames(1.0, frames.room()))
 
-    def _message(self, reading: Reading) -> Callable[[pgoutput.Message, datetime], Event]:
-        def event_of(message: pgoutput.Message, commit_time: datetime) -> Event:
+    def _message(self, reading: Reading) -> Callable[[int, bytes, datetime], Pending]:
+        def event_of(lsn: int, content: bytes, commit_time: datetime) -> Pending:
             try:
-                return message_event(message.lsn, message.content, commit_time, Pending)
+                return cast(Pending, message_event(lsn, content, commit_time, Pending))
             except BadEnvelope as exc:
                 # Dead-lettered when taken: an event whose reason is its bad envelope (attempts past the maximum).
                 event = Pending(
-                    id=message.lsn, topic="", key=None, payload=message.content, headers={},
-                    idempotency_key=f"pg-message-{format_lsn(message.lsn)}", attempts=self.settings.max_attempts,
+                    id=lsn, topic="", key=None, payload=content, headers={},
+                    idempotency_key=f"pg-message-{format_lsn(lsn)}", attempts=self.settings.max_attempts,
                     created_at=commit_time, content_type="application/octet-stream",
                 )  # fmt: skip
                 reading.bad[id(event)] = str(exc)

@@ -202,6 +202,17 @@ def _tuple(data: bytes, at: int) -> tuple[tuple[bytes | None, ...], int]:
     return tuple(values), at
 
 
+def transactional_message(data: bytes, at: int, prefix: bytes) -> tuple[int, bytes] | None:
+    """The LSN and content of the message at ``at`` of ``data`` (its kind byte) when it is a transactional
+    logical message with ``prefix``; None for any other message. :func:`parse_message` reads the rest."""
+    if data[at] != 0x4D or not data[at + 1] or not data.startswith(prefix, at + 10) or data[at + 10 + len(prefix)]:
+        return None
+    (lsn,) = _LSN.unpack_from(data, at + 2)
+    at += 11 + len(prefix)
+    (length,) = _INT32.unpack_from(data, at)
+    return lsn, data[at + 4 : at + 4 + length]
+
+
 def parse_message(data: bytes) -> Decoded:
     """One pgoutput message; None for the kinds this source skips."""
     kind = data[0]

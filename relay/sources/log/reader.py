@@ -3,8 +3,9 @@
 Frames come in lists (all that one wait on the socket brought, as many as the
 window has room for) and are taken apart in one pass each: an insert, by far
 the commonest message, is read straight from the frame, its needed columns
-only (:func:`.pgoutput.pick_columns`), into an event; the other messages go
-through :func:`.pgoutput.parse_message`.
+only (:func:`.pgoutput.pick_columns`), into an event, and an ``outbox``
+message's content straight into its event; the other messages go through
+:func:`.pgoutput.parse_message`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,19 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from relay.config import TableLayout, TableName
-from relay.events import Event
 from relay.sources.log import pgoutput
 from relay.sources.log.debezium import DebeziumRowReader
 from relay.sources.log.decode import HEARTBEAT_PREFIX, MESSAGE_PREFIX, RowReader
-from relay.sources.log.pgoutput import INSERT, KEEPALIVE, NEW_TUPLE, XLOG_DATA, XLOG_HEADER, format_lsn, insert_relation
+from relay.sources.log.pgoutput import (
+    INSERT,
+    KEEPALIVE,
+    NEW_TUPLE,
+    XLOG_DATA,
+    XLOG_HEADER,
+    format_lsn,
+    insert_relation,
+    transactional_message,
+)
 from relay.sources.log.window import Pending, Transaction, Window
 
 logger = logging.getLogger(__name__)
@@ -30,6 +39,8 @@ _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _TUPLE_AT = XLOG_HEADER + 6
 #: An insert's relation oid, read in the loop (a call per row to insert_relation cost as much as the read).
 oid_at = pgoutput.UINT32.unpack_from
+_MESSAGE = 0x4D  # 'M'
+_OUTBOX = MESSAGE_PREFIX.encode()
 
 
 class FrameReader:
@@ -44,7 +55,7 @@ class FrameReader:
         *,
         batch_size: int,
         more: asyncio.Event,
-        message_event: Callable[[pgoutput.Message, datetime], Event],
+        message_event: Callable[[int, bytes, datetime], Pending],
     ) -> None:
         self._window = window
         self._ready = ready
@@ -52,7 +63,10 @@ class FrameReader:
         self._schema_name = table.parts if len(table.parts) == 2 else ("public", table.parts[0])
         self._batch_size = batch_size
         self._more = more
+        #: Builds an ``outbox`` message's event from its LSN and content (a bad envelope's too).
         self._message_event = message_event
+        #: Whether ``outbox`` messages are events (not with Debezium's table layout).
+        self._messages = not layout.debezium
         self._rows: dict[int, RowReader | DebeziumRowReader | None] = {}
         self._transaction: Transaction | None = None
         self._commit_time = datetime.now(UTC)
@@ -82,6 +96,13 @@ class FrameReader:
                     if event is not None:
                         read.append(event if isinstance(event, Pending) else Pending.of(event))
                 continue
+            if kind == XLOG_DATA and frame[XLOG_HEADER] == _MESSAGE and transaction is not None and self._messages:
+                found = transactional_message(frame, XLOG_HEADER, _OUTBOX)
+                if found is not None:
+                    pending = self._message_event(found[0], found[1], commit_time)
+                    pending.row = False
+                    read.append(pending)
+                    continue
             if read:
                 self._add(read, transaction)
                 read = []
@@ -103,8 +124,8 @@ class FrameReader:
             self._more.set()
 
     def _add(self, read: list[Pending], transaction: Transaction | None) -> None:
-        assert transaction is not None  # rows are read only inside a transaction
-        self._window.add_rows(read, transaction)
+        assert transaction is not None  # rows and messages are read only inside a transaction
+        self._window.add_read(read, transaction)
         self._ready.extend(read)
 
     def _other(self, lsn: int, message: pgoutput.Decoded) -> None:
@@ -136,9 +157,6 @@ class FrameReader:
                     format_lsn(lsn),
                     extra={"action": "message_ignored"},
                 )
-            elif ours and self._transaction is not None:
-                event = self._message_event(message, self._commit_time)
-                self._ready.append(window.add(event, self._transaction, row=False))
             elif message.prefix == HEARTBEAT_PREFIX and self._transaction is None and window.idle() and not self._ready:
                 self.idle_end = max(self.idle_end, lsn)
                 self._more.set()

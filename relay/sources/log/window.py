@@ -43,13 +43,14 @@ class Pending(Event):
     handed, with the window's bookkeeping on it (one object per event between the reader and the sink).
 
     The reader builds it as an event (its fields by position); the window fills in the rest as it takes it
-    (:meth:`Window.add`, :meth:`Window.add_rows`). Equal as events are; never a key of a dict or set.
+    (:meth:`Window.add`, :meth:`Window.add_read`). Equal as events are; never a key of a dict or set.
     """
 
     transaction: Transaction = field(init=False, repr=False)
     size: int = field(init=False)
-    #: Whether the event came from a table row (its row is deleted once acknowledged) or a message.
-    row: bool = field(init=False)
+    #: Whether the event came from a table row (its row is deleted once acknowledged) or a message (the reader
+    #: says so of a message).
+    row: bool = field(init=False, default=True)
     #: Its place in the order events were read.
     seq: int = field(init=False)
     done: bool = field(init=False)
@@ -97,8 +98,9 @@ class Window:
         pending.seq = self._read
         return pending
 
-    def add_rows(self, pendings: list[Pending], transaction: Transaction) -> None:
-        """:meth:`add` for each of ``pendings``, table rows read in ``transaction``: the counts move once."""
+    def add_read(self, pendings: list[Pending], transaction: Transaction) -> None:
+        """:meth:`add` for each of ``pendings``, read in ``transaction`` (rows, and messages the reader marked
+        so): the counts move once."""
         seq = self._read
         size = 0
         for pending in pendings:
@@ -107,7 +109,6 @@ class Window:
             pending.size = event_size = len(pending.payload) + 64
             size += event_size
             pending.transaction = transaction
-            pending.row = True
             pending.done = False
         transaction.pending += len(pendings)
         self.events += len(pendings)
