@@ -1,7 +1,7 @@
 """The log source (issue 38) against the table source and L_db, in one run on one embedded PostgreSQL 18
 with ``wal_level=logical``. Ratios of the same run: the machine is shared, its absolute figures are noisy.
 
-python -m bench.log_source                      # 200,000 events, ~3-6 minutes
+python -m bench.log_source                      # 200,000 events, ~8-10 minutes (the drains ~6 to Kafka)
 python -m bench.log_source --events 50000       # a quick look
 python -m bench.log_source --kafka              # the drains to Kafka (Tansu) instead of an in-memory sink
 python -m bench.log_source --rounds 5           # each spread's log and table drains 5 times (3 by default)
