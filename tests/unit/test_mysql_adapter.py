@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from datetime import UTC, datetime
 from uuid import uuid4
@@ -15,7 +16,7 @@ from relay.config import TableName
 from relay.errors import ConfigError, SchemaError, StoreError, StoreReadOnly, StoreUnavailable
 from relay.store.mysql import BinlogUnsafe, MySQLAdmin, Target, check_binlog, connection
 from relay.store.mysql.connection import Database, session_settings, translate
-from relay.store.mysql.rows import Leased, event, unusable
+from relay.store.mysql.rows import Leased, event, payload_problem, unusable
 from relay.store.mysql.runs import Candidate, Tail, Unsent, lone_runs, runs, within_bytes
 from relay.store.mysql.sql import identifiers, queries, statements
 
@@ -224,6 +225,60 @@ def test_a_json_payload_given_as_text_or_bytes_becomes_the_same_utf8(payload: st
     assert unusable(row, check_payload=True) is None
     built = event(row, chained=False, attempts=1)
     assert built.payload == (payload.encode() if isinstance(payload, str) else bytes(payload))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        '{"a": [1, 2.5, "x", true, null]}',
+        ' \t\n{"a": 1} \r\n',
+        "[]",
+        "3",
+        '"\\ud800"',
+        "NaN",
+        "1" * 5000,
+        '{"a": ' + "9" * 5000 + "}",
+        "",
+        "   ",
+        '{"a":1e}',
+        "[-]",
+        '"\\q"',
+        '{"a": 1} x',
+        '{"a": 1}{}',
+        "[1,]",
+        '{"a": 1',
+    ],
+)
+def test_a_mariadb_payload_passes_the_claims_check_exactly_when_json_loads_takes_it(payload: str) -> None:
+    # The check calls json.loads' scanner itself (rows.payload_problem): the same texts pass, with the
+    # same errors for those that do not; digits past int()'s limit are JSON too.
+    try:
+        json.loads(payload, parse_int=lambda digits: 0)
+        expected = None
+    except ValueError as exc:
+        expected = f"payload is not valid JSON, though the database took it: {exc}"
+    assert payload_problem(payload) == expected
+    assert payload_problem(payload.encode()) == expected
+
+
+def test_a_claim_of_one_priority_gives_its_events_in_id_order_and_of_several_by_priority_each_key_in_order() -> None:
+    def claim(priorities: dict[int, int], keys: dict[int, str | None]) -> list[int]:
+        rows = {
+            i: {"id": i, "topic": "t", "key": keys[i], "priority": priority, "payload": "{}", "payload_bytes": None,
+                "headers": "{}", "idempotency_key": f"i{i}".encode(), "created_at": datetime(2026, 1, 1),
+                "content_type": None, "attempts": 0}
+            for i, priority in priorities.items()
+        }  # fmt: skip
+        for row in rows.values():
+            assert unusable(row, check_payload=True) is None
+        # Placed out of id order, as the byte cap may leave a claim.
+        placed = [(i, False) for i in sorted(rows, key=lambda i: (i % 2, i))]
+        return [e.id for e in asyncio.run(Leased(uuid4(), rows, placed, frozenset(), 0).events()).events]
+
+    keys: dict[int, str | None] = {1: "k", 2: None, 3: "k", 4: "j", 5: None, 6: "j"}
+    assert claim(dict.fromkeys(keys, 0), keys) == [1, 2, 3, 4, 5, 6]
+    # Higher first, but a key's later event at a higher priority keeps its place after its earlier one.
+    assert claim({1: 0, 2: 5, 3: 5, 4: 0, 5: 0, 6: 0}, keys) == [2, 1, 3, 4, 5, 6]
 
 
 def test_a_claims_events_carry_each_rows_own_creation_time_as_utc() -> None:

@@ -9,9 +9,10 @@ so that the relay can send its next claim to the database first.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 from uuid import UUID
 
@@ -21,6 +22,9 @@ from relay.store.mysql.admin import text, utc
 
 #: How MySQL 8 and MariaDB both write an empty JSON object.
 EMPTY_JSON_OBJECT = "{}"
+
+#: An event's id, to sort by.
+_BY_ID = attrgetter("id")
 
 #: How much of a bad key's bytes a dead letter's error shows.
 SHOWN_BYTES = 64
@@ -78,6 +82,19 @@ def payload_problem(payload: str | bytes | None) -> str | None:
     """Why a JSON payload MariaDB took is no JSON (None: it is, or the row has a bytes payload)."""
     if payload is None:
         return None
+    if isinstance(payload, str):
+        # The scanner json.loads calls, called directly: the same text passes (the same decoder settings, and
+        # JSON's whitespace around the value), without json.loads' three Python frames and two regex matches
+        # (2.2 -> 1.4 us for a payload of 200 bytes, once a claimed row on MariaDB). Anything it refuses
+        # goes the long way below, for the error json.loads gives.
+        start = len(payload) - len(payload.lstrip(_JSON_WHITESPACE))
+        try:
+            end = _scan_once(payload, start)[1]
+        except (StopIteration, ValueError):
+            pass
+        else:
+            if end == len(payload) or not payload[end:].lstrip(_JSON_WHITESPACE):
+                return None
     try:
         json.loads(payload)  # in C alone: a parse_int hook costs a Python call per number
     except ValueError:
@@ -88,6 +105,10 @@ def payload_problem(payload: str | bytes | None) -> str | None:
             return f"payload is not valid JSON, though the database took it: {exc}"
     return None
 
+
+#: json.loads' own decoder and what it skips around a value (json.decoder.WHITESPACE).
+_scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_JSON_WHITESPACE = " \t\n\r"
 
 #: Python's int() refuses longer digit strings (sys.get_int_max_str_digits, 4,300); JSON has no limit.
 _INT_DIGITS_MAX = 4000
@@ -151,14 +172,21 @@ class Leased:
             # per run of one value, as datetime.replace costs about a third of the rest of an event.
             naive: Any = None
             aware: Any = None
+            priorities = set()
             for i, chained in self.placed:
                 row = by_id[i]
                 if row["created_at"] != naive:
                     naive = row["created_at"]
                     aware = utc(naive)
+                priorities.add(row["priority"])
                 # The lease counted an attempt after the rows were read.
                 events.append(event(row, chained=chained, attempts=next_attempt(row["attempts"]), created_at=aware))
-            events = in_key_order(events, lambda e: (-by_id[e.id]["priority"], e.id), event=lambda e: e)
+            if len(priorities) > 1:
+                events = in_key_order(events, lambda e: (-by_id[e.id]["priority"], e.id), event=lambda e: e)
+            else:
+                # One priority: claim order is id order, which keeps each key's order too (what in_key_order
+                # gives then, with no Python call per event: 0.4 us of an event's 2).
+                events.sort(key=_BY_ID)
             reaped = sum(1 for e in events if e.id in self.reaped) if self.reaped else 0
             self._built = Claim(token=self.token, events=events, reaped=reaped, buried=self.buried)
         return self._built
