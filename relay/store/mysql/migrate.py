@@ -42,6 +42,7 @@ def connect(url: str, table: TableName) -> Iterator[Any]:
     """A PyMySQL connection (autocommit, UTC), its errors translated without secrets."""
     target = Target.parse(url)
     try:
+        context = target.tls.context()
         conn = pymysql.connect(
             host=target.host,
             port=target.port,
@@ -56,7 +57,10 @@ def connect(url: str, table: TableName) -> Iterator[Any]:
             write_timeout=CONNECT_TIMEOUT_SECONDS,
             autocommit=True,
             charset="utf8mb4",
-            ssl=target.tls.context(),
+            ssl=context,
+            # ssl-mode=DISABLED means plain TCP: PyMySQL told nothing would try TLS where the server offers it
+            # (unverified, and an SSL context built per connection).
+            ssl_disabled=context is None,
         )
     except (pymysql.MySQLError, OSError) as exc:
         if isinstance(exc.__context__, TimeoutError):  # the socket timed out in the handshake
