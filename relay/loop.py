@@ -107,7 +107,7 @@ class Relay:
         #: The batches in hand, their turns and the keys on hold: relay/batch/life.py.
         self.deliveries = Deliveries(
             self.source, sink, settings, self.metrics, self.costs, publish_grace_seconds=publish_grace_seconds,
-            sees_flight=not isinstance(source, TableSource),  # the table's claim does not see the batches in hand
+            recurring=isinstance(source, TableSource),  # only the table's claim goes on with recurring keys
         )  # fmt: skip
         #: Keys whose chain of events in flight broke (relay/holds.py); the deliveries own them.
         self.holds = self.deliveries.holds

@@ -97,16 +97,13 @@ class Deliveries:
         costs: Costs,
         *,
         publish_grace_seconds: float = 0.0,
-        sees_flight: bool = False,
+        recurring: bool = True,
     ) -> None:
-        """``sees_flight``: whether the source's take sees this relay's events in flight itself. The table's
-        claim does not (it reads the table): claims are told which keys of the batches in hand recur (it goes
-        on with them, :func:`relay.store.claims.chained_keys`), and each batch taken is marked chained where
-        its keys have events in flight here (:func:`relay.holds.mark_chained`). The log's take counts each
-        key's events taken and not confirmed, goes on with every key in hand and marks ``chained`` from those
-        counts (:meth:`relay.sources.log.queue.Reading.take`, the one owner there): neither is built per take."""
+        """``recurring``: whether claims are told which keys of the batches in hand recur (the table's claim
+        goes on with them, :func:`relay.store.claims.chained_keys`; the log's take goes on with every key in
+        hand, and needs no such sets built per take and per batch)."""
         self.source = source
-        self.sees_flight = sees_flight
+        self.recurring = recurring
         self.sink = sink
         self.settings = settings
         self.metrics = metrics
@@ -136,7 +133,7 @@ class Deliveries:
         held = self.holds.snapshot()
         if held:
             chain = [replace(claim, events=[e for e in claim.events if e.key not in held]) for claim in chain]
-        if not self.sees_flight and self.recent_keys:
+        if self.recurring and self.recent_keys:
             recent = frozenset().union(*self.recent_keys)
             chain = [
                 replace(claim, recurring=frozenset(e.key for e in claim.events if e.key in recent)) for claim in chain
@@ -145,8 +142,7 @@ class Deliveries:
 
     def take(self, claim: Claim, claimed_at: float) -> Batch:
         """``claim``, just built, as a batch in hand: it goes after the batch taken before it."""
-        if not self.sees_flight:
-            mark_chained(claim.events, [other.events for other, _ in self.flying.values()])
+        mark_chained(claim.events, [other.events for other, _ in self.flying.values()])
         self.flying[claim.token] = (claim, claimed_at)
         batch = Batch(claim, claimed_at, self._last_turn)
         self._last_turn = batch.turn
@@ -195,7 +191,7 @@ class Deliveries:
         if not batch.turn.is_set():
             self.holds.hold(batch.taken.events)
             batch.turn.set()
-        if self.flying.pop(batch.taken.token, None) is not None and self.sink.chains_keys and not self.sees_flight:
+        if self.flying.pop(batch.taken.token, None) is not None and self.sink.chains_keys and self.recurring:
             self.recent_keys.append(frozenset(e.key for e in batch.taken.events if e.key is not None))
 
     async def _within_lease(self, batch: Batch) -> bool:

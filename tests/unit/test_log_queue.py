@@ -129,7 +129,7 @@ def _log_room(keys: list[str | None], sink: MemorySink) -> tuple[LogSource, Deli
     reading = _reading(keys)
     source.leader.reading = reading  # as a leader that reads would (no server: nothing here writes)
     costs = Costs(FAST, metrics, BatchLimits(FAST.batch_size, FAST.batch_bytes))
-    return source, Deliveries(source, sink, FAST, metrics, costs, sees_flight=True), reading
+    return source, Deliveries(source, sink, FAST, metrics, costs, recurring=False), reading
 
 
 def test_the_loops_batch_room_lives_a_log_batch_and_the_source_confirms_it() -> None:
@@ -188,7 +188,7 @@ def test_only_the_table_relay_keeps_recurring_keys_the_log_takes_every_key_in_ha
     """The log's take goes on with every key of the batches in hand: its relay builds no sets of recurring keys
     per take and per batch (the table's claim needs them)."""
     log = LogRelay("postgresql://unused", TableName.parse("outbox"), "s", MemorySink(), FAST)
-    assert log.deliveries.sees_flight and not Relay(MemoryStore(), MemorySink(), FAST).deliveries.sees_flight
+    assert not log.deliveries.recurring and Relay(MemoryStore(), MemorySink(), FAST).deliveries.recurring
     sink = MemorySink()
     source, deliveries, _ = _log_room(["a", "a", "b"], sink)
 
@@ -204,21 +204,3 @@ def test_only_the_table_relay_keeps_recurring_keys_the_log_takes_every_key_in_ha
 
     asyncio.run(scenario())
     assert not deliveries.recent_keys and [e.id for e in sink.delivered] == [1, 2, 3]
-
-
-def test_the_log_relays_batch_room_keeps_the_chained_marks_the_take_counted() -> None:
-    """The log's take marks an event chained from its own counts of the key's events taken and not confirmed;
-    the batch room marks nothing again from the batches in hand (the table's claim needs that, not the log).
-    A key whose batch is confirmed, all acknowledged, but not done with yet in the room starts afresh."""
-    sink = MemorySink()
-    source, deliveries, _ = _log_room(["a", "a"], sink)
-
-    async def scenario() -> None:
-        first = await (await source.take(1, max_bytes=1 << 20)).events()
-        deliveries.take(first, time.monotonic())  # in hand: not ended
-        assert await source.confirm(first, 0.0, sent=[1]) is not None
-        second = await (await source.take(10, max_bytes=1 << 20)).events()
-        deliveries.take(second, time.monotonic())
-        assert [(e.id, e.chained) for e in second.events] == [(2, False)]
-
-    asyncio.run(scenario())
