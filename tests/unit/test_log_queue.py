@@ -13,9 +13,10 @@ from uuid import uuid4
 import pytest
 
 from relay.batch import Costs, Deliveries
+from relay.batch.life import hand_to_sink
 from relay.batching import BatchLimits
 from relay.config import TableName
-from relay.events import Event, Outcome
+from relay.events import Event, Failure, Outcome
 from relay.holds import KeyHolds
 from relay.log_relay import LogRelay
 from relay.loop import Relay
@@ -25,7 +26,7 @@ from relay.sources.log.leader import Leader
 from relay.sources.log.queue import Reading
 from relay.sources.log.source import LogSource
 from relay.sources.log.window import Window
-from relay.store.claims import Retry
+from relay.store.claims import Dead, Retry
 from relay.store.memory import MemoryStore
 from tests.unit.test_loop import FAST
 
@@ -204,3 +205,58 @@ def test_only_the_table_relay_keeps_recurring_keys_the_log_takes_every_key_in_ha
 
     asyncio.run(scenario())
     assert not deliveries.recent_keys and [e.id for e in sink.delivered] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("keys", "failing", "dead", "retry"),
+    [
+        (["x", "a", "a"], {1, 2}, [1], [2]),  # another key's dead letter, while a's earlier event waits for a retry
+        (["a", "a"], {1}, [1], []),  # the key's own dead letter: the key parks
+        (["a", "a", "a"], {1}, [1], []),  # the same, two events behind it
+        (["a", "b", "a"], {1, 2}, [1, 2], []),  # two keys dead-lettered in one batch
+    ],
+)
+def test_a_take_while_the_source_settles_a_batch_chains_the_keys_of_that_batch(
+    keys: list[str], failing: set[int], dead: list[int], retry: list[int]
+) -> None:
+    """The source confirms a batch in awaits (a dead letter's INSERT is a round trip) and the loop's next take may
+    run meanwhile: an event of a key of that batch is still chained (the batch is in hand until the room ends
+    it) and must not lift the key's hold, whatever the source's own counts say by then. Nothing of a key with an
+    event dead-lettered or waiting for a retry reaches the sink. (A review found a take unchained then.)"""
+    sink = MemorySink(fail=lambda e: Failure("boom") if e.id in failing else None)
+    source, deliveries, _ = _log_room(list(keys), sink)
+    writing = asyncio.Event()
+    written = asyncio.Event()
+
+    async def write(event: Event, **_: object) -> None:  # the dead letter's INSERT, a round trip
+        writing.set()
+        await written.wait()
+
+    source.leader.link.write = write  # type: ignore[method-assign]
+    first_size = max(dead + retry)
+
+    async def scenario() -> list[tuple[int, bool]]:
+        first = await (await source.take(first_size, max_bytes=1 << 20)).events()
+        in_hand = deliveries.take(first, time.monotonic())
+        await hand_to_sink(sink, first.events, deliveries.holds)
+        settling = asyncio.create_task(
+            source.confirm(
+                first,
+                time.monotonic() + 30,
+                dead=[Dead(i, "boom") for i in dead],
+                retry=[Retry(i, 60.0, "boom") for i in retry],
+            )
+        )
+        await writing.wait()  # the settle waits on the database
+        second = await (await source.take(10, max_bytes=1 << 20, chain=deliveries.chain(time.monotonic()))).events()
+        deliveries.take(second, time.monotonic())
+        outcomes = await hand_to_sink(sink, second.events, deliveries.holds)
+        written.set()
+        await settling
+        deliveries.end(in_hand)
+        assert isinstance(outcomes, list)
+        return [(e.id, o is None) for e, o in zip(second.events, outcomes, strict=True)]
+
+    second = asyncio.run(scenario())
+    behind = {i for i, key in enumerate(keys, 1) if i > first_size and key in {keys[j - 1] for j in dead + retry}}
+    assert not behind & {e.id for e in sink.delivered}, (second, [e.id for e in sink.delivered])
