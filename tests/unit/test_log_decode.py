@@ -315,15 +315,21 @@ def _frame(message: bytes, lsn: int = 0) -> bytes:
     return b"w" + struct.pack("!QQq", lsn, lsn, 0) + message
 
 
-def test_the_reader_keeps_read_order_around_messages_and_hands_out_the_window_entries() -> None:
-    """Rows go into the window a run at a time, the runs ended by other messages: ``ready`` keeps the
-    order read, and holds the events themselves (one object per event from the reader to the sink)."""
+def _frame_reader(layout: TableLayout) -> tuple[Window, deque[Pending], FrameReader]:
+    """A reader of the ``outbox`` table's frames into a window of its own, and the events it makes ready."""
     window = Window(max_events=100, max_bytes=10**9)
     ready: deque[Pending] = deque()
     reader = FrameReader(
-        window, ready, TableName.parse("outbox"), NATIVE, batch_size=10, more=asyncio.Event(),
+        window, ready, TableName.parse("outbox"), layout, batch_size=10, more=asyncio.Event(),
         message_event=lambda lsn, content, at: Pending.of(message_event(lsn, content, at)),
     )  # fmt: skip
+    return window, ready, reader
+
+
+def test_the_reader_keeps_read_order_around_messages_and_hands_out_the_window_entries() -> None:
+    """Rows go into the window a run at a time, the runs ended by other messages: ``ready`` keeps the
+    order read, and holds the events themselves (one object per event from the reader to the sink)."""
+    window, ready, reader = _frame_reader(NATIVE)
     relation = b"R" + struct.pack("!I", 7) + b"public\0outbox\0d" + struct.pack("!h", len(COLUMNS))
     for name in COLUMNS:
         relation += b"\0" + name.encode() + b"\0" + struct.pack("!Ii", 25, -1)
@@ -438,11 +444,6 @@ def test_only_a_transactional_message_with_the_outbox_prefix_is_an_event(
     found = pgoutput.transactional_message(frame, pgoutput.XLOG_HEADER, b"outbox")
     assert found == ((parsed.lsn, parsed.content) if event else None)
     for layout, events in ((NATIVE, event), (TableLayout.parse("debezium"), False)):
-        window = Window(max_events=100, max_bytes=10**9)
-        ready: deque[Pending] = deque()
-        reader = FrameReader(
-            window, ready, TableName.parse("outbox"), layout, batch_size=10, more=asyncio.Event(),
-            message_event=lambda lsn, content, at: Pending.of(message_event(lsn, content, at)),
-        )  # fmt: skip
+        _, ready, reader = _frame_reader(layout)
         reader.take([_frame(b"B" + struct.pack("!Qqi", 900, 0, 1)), frame, _frame(message, 5001)])
         assert [(p.id, p.row, p.payload) for p in ready] == ([(5000, False, b"1")] * 2 if events else [])
