@@ -20,7 +20,10 @@ def has_json_nul(text: str) -> bool:
 
 
 def has_lone_surrogate(text: str) -> bool:
-    """Whether ``text`` holds a lone surrogate (U+D800-U+DFFF unpaired), which no UTF-8 text has."""
+    """Whether ``text`` holds a lone surrogate (U+D800-U+DFFF unpaired), which no UTF-8 text has (nor bytes
+    that are not UTF-8, which Python holds as lone surrogates: ``surrogateescape``)."""
+    if text.isascii():  # isascii() reads a flag the string carries
+        return False
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

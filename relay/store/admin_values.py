@@ -8,6 +8,8 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
+from relay.stored_text import has_lone_surrogate
+
 
 @dataclass(frozen=True, slots=True)
 class DeadEvent:
@@ -48,13 +50,7 @@ class DeadEvent:
 def undecodable(value: object) -> bool:
     """Whether ``value`` is text holding bytes that are not UTF-8, as lone surrogates: a MySQL
     VARBINARY column's bytes (relay/store/mysql/admin.py, ``text``) or a command-line argument."""
-    if not isinstance(value, str) or value.isascii():  # isascii() reads a flag the string carries
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
+    return isinstance(value, str) and has_lone_surrogate(value)
 
 
 def key_bytes(key: str) -> bytes:
