@@ -43,7 +43,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -287,10 +287,29 @@ async def _drain_table(url: str, events: int, kafka: str | None = None) -> dict[
     return {"seconds": elapsed, "rate": events / elapsed, "cpu_per_1000": spent / events * 1000, "wal": wal / events}
 
 
+def _slot_stream(url: str) -> ReplicationStream:
+    """The stream of the slot a floor's database has (named after the database, as its publication)."""
+    slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+    return ReplicationStream(url, slot, publication_name(slot), sender_timeout_seconds=60.0)
+
+
+def _floor_producer(kafka: str) -> tuple[dict[str, Any], dict[str, int], Callable[[Any, Any], None]]:
+    """A Kafka floor's producer settings (the relay's), its delivery reports' counts, and the callback that
+    counts them."""
+    settings = producer_config(
+        KafkaSinkConfig(bootstrap_servers=kafka), publish_timeout_seconds=PUBLISH_TIMEOUT_SECONDS, client_id="floor"
+    )
+    report = {"acked": 0, "failed": 0}
+
+    def delivered(error: Any, _message: Any) -> None:
+        report["failed" if error is not None else "acked"] += 1
+
+    return settings, report, delivered
+
+
 async def _l_log(url: str, events: int) -> dict[str, float]:
     """The bare loop on the log's side: read the slot's stream until ``events`` inserts came; nothing else."""
-    slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
-    stream = ReplicationStream(url, slot, publication_name(slot), sender_timeout_seconds=60.0)
+    stream = _slot_stream(url)
     cpu, started = _cpu(), time.perf_counter()
     await stream.start(10.0)
     seen = 0
@@ -319,16 +338,8 @@ async def _l_log_kafka(
     bulk delete runs beside its reader). The deletes count acknowledgements, not which ones: a floor aborts
     on any failure anyway."""
     contract = headers or deletes
-    slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
-    stream = ReplicationStream(url, slot, publication_name(slot), sender_timeout_seconds=60.0)
-    settings = producer_config(
-        KafkaSinkConfig(bootstrap_servers=kafka), publish_timeout_seconds=PUBLISH_TIMEOUT_SECONDS, client_id="floor"
-    )
-    report = {"acked": 0, "failed": 0}
-
-    def delivered(error: Any, _message: Any) -> None:
-        report["failed" if error is not None else "acked"] += 1
-
+    stream = _slot_stream(url)
+    settings, report, delivered = _floor_producer(kafka)
     wanted = ("key", "payload", "id", "idempotency_key") if contract else ("key", "payload")
     to_delete: queue.SimpleQueue[list[bytes] | None] = queue.SimpleQueue()
     deleter = threading.Thread(target=_delete_rows, args=(url, to_delete), daemon=True)
@@ -399,16 +410,8 @@ async def _l_log_kafka_messages(
     producer settings until every delivery is reported. The envelope is parsed with plain ``json.loads`` and the
     payload written back with ``json.dumps`` (no jsonb text, no checks): no event, no batch, no judge, and
     nothing to delete."""
-    slot = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
-    stream = ReplicationStream(url, slot, publication_name(slot), sender_timeout_seconds=60.0)
-    settings = producer_config(
-        KafkaSinkConfig(bootstrap_servers=kafka), publish_timeout_seconds=PUBLISH_TIMEOUT_SECONDS, client_id="floor"
-    )
-    report = {"acked": 0, "failed": 0}
-
-    def delivered(error: Any, _message: Any) -> None:
-        report["failed" if error is not None else "acked"] += 1
-
+    stream = _slot_stream(url)
+    settings, report, delivered = _floor_producer(kafka)
     loads, dumps = json.loads, json.JSONEncoder(ensure_ascii=False).encode
     cpu, started = _cpu(), time.perf_counter()
     producer = Producer(settings)
