@@ -85,17 +85,10 @@ class Window:
         return transaction
 
     def add(self, event: Event, transaction: Transaction, *, row: bool) -> Pending:
-        """``event`` read in ``transaction``, in flight in the window from now."""
-        pending = event if isinstance(event, Pending) else Pending.of(event)
-        pending.size = size = len(event.payload) + 64
-        pending.transaction = transaction
+        """``event`` read in ``transaction``, alone (:meth:`add_read` of one), in flight in the window from now."""
+        pending = Pending.of(event)
         pending.row = row
-        pending.done = False
-        transaction.pending += 1
-        self.events += 1
-        self.bytes += size
-        self._read += 1
-        pending.seq = self._read
+        self.add_read([pending], transaction)
         return pending
 
     def add_read(self, pendings: list[Pending], transaction: Transaction) -> None:
