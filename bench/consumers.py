@@ -15,8 +15,9 @@ from typing import Any
 
 import pika
 import pika.exceptions
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
+from devservers import FIRST_OFFSET
 from relay.events import IDEMPOTENCY_HEADER
 
 POLL_SECONDS = 0.05
@@ -88,7 +89,7 @@ class KafkaReceiver(Receiver):
             "fetch.wait.max.ms": KAFKA_FETCH_WAIT_MS,
             "fetch.min.bytes": 1,
         }
-        self._partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
+        self._partitions = [TopicPartition(topic, p, FIRST_OFFSET) for p in range(partitions)]
 
     def run(self) -> None:
         try:

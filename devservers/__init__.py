@@ -7,6 +7,6 @@ with the ``demo`` extra and are imported only here.
 
 from devservers.ports import free_port, wait_for_port
 from devservers.postgres import embedded_postgres
-from devservers.tansu import Tansu
+from devservers.tansu import FIRST_OFFSET, Tansu
 
-__all__ = ["Tansu", "embedded_postgres", "free_port", "wait_for_port"]
+__all__ = ["FIRST_OFFSET", "Tansu", "embedded_postgres", "free_port", "wait_for_port"]

@@ -24,9 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 import producers
+from devservers import FIRST_OFFSET
+
+#: How long the fresh read waits for a topic's first message, and for the next one after it, before it ends.
+REREAD_FIRST_SECONDS = 10.0
+REREAD_QUIET_SECONDS = 2.0
 
 #: Every account a collector gave of events its live consumer missed, in order: a scenario's recorded result
 #: carries those given while it ran (tests/faults/conftest.py), so that a miss the fresh read made good is on
@@ -282,7 +287,7 @@ class KafkaCollector(Watcher):
                 if meta.partitions and not meta.error:
                     break
                 time.sleep(0.2)
-            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in meta.partitions])
+            consumer.assign([TopicPartition(self.topic, p, FIRST_OFFSET) for p in meta.partitions])
             while not self._stop.is_set():
                 for message in consumer.consume(500, 0.1):
                     if message.error():
@@ -333,18 +338,17 @@ class KafkaCollector(Watcher):
         found: list[Delivery] = []
         try:
             partitions = consumer.list_topics(self.topic, timeout=10).topics[self.topic].partitions
-            ends = {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1] for p in partitions}
-            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
-            left = {p for p, end in ends.items() if end > 0}
+            # Tansu's high watermark is its last-written batch's first offset + 1 (devservers.tansu.FIRST_OFFSET):
+            # no end past which a partition holds nothing more. The read ends once no message came for a while.
+            consumer.assign([TopicPartition(self.topic, p, FIRST_OFFSET) for p in partitions])
             deadline = time.monotonic() + timeout
-            while left and time.monotonic() < deadline:
-                for message in consumer.consume(500, 0.5):
-                    partition, offset = message.partition(), message.offset()
-                    if message.error() or partition is None or offset is None:
+            quiet_until = time.monotonic() + REREAD_FIRST_SECONDS
+            while time.monotonic() < min(deadline, quiet_until):
+                for message in consumer.consume(500, 0.2):
+                    quiet_until = time.monotonic() + REREAD_QUIET_SECONDS
+                    if message.error() or message.partition() is None or message.offset() is None:
                         continue
                     found.append(_delivery(message))
-                    if offset + 1 >= ends[partition]:
-                        left.discard(partition)
         finally:
             consumer.close()
         return found

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka._types import HeadersType
 
-from devservers import Tansu
+from devservers import FIRST_OFFSET, Tansu
 from relay.events import Event
 
 CONSUME_TIMEOUT_SECONDS = 20.0
@@ -117,7 +117,7 @@ def consume(
         partitions = []
         for name in names:
             metadata = consumer.list_topics(name, timeout=10)
-            partitions += [TopicPartition(name, p, OFFSET_BEGINNING) for p in metadata.topics[name].partitions]
+            partitions += [TopicPartition(name, p, FIRST_OFFSET) for p in metadata.topics[name].partitions]
         consumer.assign(partitions)
         received: list[Received] = []
         deadline = time.monotonic() + timeout
@@ -149,6 +149,16 @@ def consume(
 def _headers(raw: HeadersType | None) -> dict[str, bytes]:
     pairs = raw.items() if isinstance(raw, dict) else (raw or [])
     return {k: v.encode() if isinstance(v, str) else (v or b"") for k, v in pairs}
+
+
+def offset_gaps(received: Iterable[Received]) -> dict[tuple[str, int], list[int]]:
+    """The offsets below each partition's highest one read that the read did not return: what a failure message
+    shows, so that a message the broker never stored tells apart from one the read missed. (Not the broker's
+    watermarks: Tansu answers the latest offset of a partition as its last batch's first offset + 1.)"""
+    seen: dict[tuple[str, int], set[int]] = {}
+    for message in received:
+        seen.setdefault((message.topic, message.partition), set()).add(message.offset)
+    return {where: sorted(set(range(max(offsets) + 1)) - offsets) for where, offsets in seen.items()}
 
 
 def partition_count(bootstrap: str, topic: str) -> int:

@@ -9,9 +9,10 @@ import uuid
 
 import psycopg
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 import producers
+from devservers import FIRST_OFFSET
 from tests.acceptance.cli import cli
 from tests.integration.kafka_support import unique_topic
 from tests.integration.rabbit_support import temp_queue
@@ -48,7 +49,7 @@ def test_bytes_reach_kafka_exactly_with_a_content_type_header(database_url: str,
     )
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        consumer.assign([TopicPartition(topic, p, FIRST_OFFSET) for p in partitions])
         messages: list[Message] = []
         while len(messages) < 4:
             message = consumer.poll(10)

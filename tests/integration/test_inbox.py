@@ -15,12 +15,13 @@ from typing import Any
 import pika
 import psycopg
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka._types import HeadersType
 from psycopg.rows import dict_row
 
 import consumers
 import producers
+from devservers import FIRST_OFFSET
 from relay.errors import ConfigError
 from tests.integration.kafka_support import unique_topic
 from tests.integration.rabbit_support import temp_queue
@@ -76,7 +77,7 @@ def read_topic_from_beginning(bootstrap: str, topic: str) -> Message[Any, Any]:
     )
     try:
         metadata = consumer.list_topics(topic, timeout=10)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.topics[topic].partitions])
+        consumer.assign([TopicPartition(topic, p, FIRST_OFFSET) for p in metadata.topics[topic].partitions])
         deadline = time.monotonic() + READ_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             message = consumer.poll(0.1)

@@ -9,12 +9,13 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 import producers
+from devservers import FIRST_OFFSET
 from tests import mysql_support
 from tests.acceptance.cli import cli
-from tests.integration.kafka_support import Received, consume, unique_topic
+from tests.integration.kafka_support import Received, consume, offset_gaps, unique_topic
 from tests.relay_support import RelayThread, wait_until
 
 KEYS = 20
@@ -134,9 +135,13 @@ def test_two_relays_share_the_work_and_keep_each_key_in_order(mysql_url: str, ka
         wait_until(lambda: not mysql_support.outbox_counts(mysql_url), timeout=60)
     received = consume(kafka_bootstrap, topic, count=2000, settle_seconds=1.0)
     numbers = [json.loads(m.value)["t"] for m in received]
-    assert sorted(numbers) == list(range(2000)), "every event once"
     assert a.relay is not None and b.relay is not None
     published = [r.metrics.published.labels(topic)._value.get() for r in (a.relay, b.relay)]
+    missing = sorted(set(range(2000)) - set(numbers))
+    assert sorted(numbers) == list(range(2000)), (
+        f"every event once: missing {missing[:20]}, read {len(numbers)}; the relays published {published}; "
+        f"offsets not read below the highest read {offset_gaps(received)}"
+    )
     assert sum(published) == 2000 and min(published) > 0, published
     for key, order in in_key_order(received).items():
         assert order == sorted(order), f"key {key!r} out of order"
@@ -153,7 +158,7 @@ def messages_of(bootstrap: str, topic: str, count: int) -> list[Message]:
     )
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        consumer.assign([TopicPartition(topic, p, FIRST_OFFSET) for p in partitions])
         messages: list[Message] = []
         while len(messages) < count:
             message = consumer.poll(10)
