@@ -14,7 +14,7 @@ import asyncio
 import bisect
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -157,14 +157,27 @@ class Reading:
             found.sort(key=_read_order)
         if not taken:
             del self.taken[token]
+        self.land(found)
+        return found
+
+    def fly(self, pendings: Iterable[Pending]) -> None:
+        """Count ``pendings``' keys in flight again, one event each, until :meth:`land`: a settle that awaits
+        writes (a dead letter, a parked event) keeps its batch's keys in flight meanwhile, so that a take in
+        that await does not start one of them afresh, ahead of an event not yet dead-lettered or blocked."""
         flying = self.flying
-        for pending in found:
+        for pending in pendings:
+            if (key := pending.key) is not None:
+                flying[key] = flying.get(key, 0) + 1
+
+    def land(self, pendings: Iterable[Pending]) -> None:
+        """One event fewer in flight for each of ``pendings``' keys."""
+        flying = self.flying
+        for pending in pendings:
             if (key := pending.key) is not None:
                 if flying[key] == 1:
                     del flying[key]
                 else:
                     flying[key] -= 1
-        return found
 
     def rest(self, token: UUID) -> list[int]:
         """The ids batch ``token`` still holds."""

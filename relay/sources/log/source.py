@@ -126,6 +126,7 @@ class LogSource:
         delays = {i: delay for delay, ids in (release or {}).items() for i in ids}
         acked = set(sent)
         now = time.monotonic()
+        reading.fly(pendings)
         try:
             for pending in pendings:
                 event_id = pending.id
@@ -146,6 +147,7 @@ class LogSource:
             self.leader.broken(exc)
             return None
         finally:
+            reading.land(pendings)
             reading.has_room()
         return settlement
 
@@ -159,6 +161,7 @@ class LogSource:
         if not current:
             return
         due = time.monotonic() + delay_seconds
+        reading.fly(pendings)
         try:
             for pending in pendings:
                 pending.attempts -= 1
@@ -166,6 +169,7 @@ class LogSource:
         except StoreUnavailable as exc:
             self.leader.broken(exc)
         finally:
+            reading.land(pendings)
             reading.has_room()
 
     async def renew(self, batch: Claim) -> set[int]:
@@ -216,4 +220,7 @@ class LogSource:
     async def _park(self, reading: Reading, pending: Pending) -> None:
         reason = f"parked: an earlier event of key {pending.key!r} is dead-lettered"
         await self.link.write(pending, row=pending.row, state="pending", reason=reason, attempts=0)
+        if pending.key is not None:
+            # The table holds it now, whatever a sweep's read of the parked keys saw while this write waited.
+            reading.park(pending.key)
         reading.done(pending, delivered=False)
