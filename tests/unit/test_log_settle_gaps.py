@@ -193,3 +193,27 @@ def test_a_given_back_events_key_is_not_started_afresh_while_a_parked_event_of_a
     assert written == [1]
     assert [e.id for e in sink.delivered] == [], "a3 went out while a2 was being given back"
     assert [p.id for p in reading.blocked["a"].events] == [2, 3], "a's events wait in order"
+
+
+def test_a_row_whose_id_is_a_messages_lsn_goes_in_another_batch_and_both_are_confirmed() -> None:
+    """A message's event id is its LSN, a row's its id: the two can meet. One batch holding both would keep
+    one of them taken for ever (the batch's events are held by id), its transaction never confirmed."""
+    sink = MemorySink()
+    source, deliveries, reading = _log_room([], sink)
+    transaction = reading.window.begin()
+    for event_id, row in [(7, True), (7, False), (8, True)]:
+        event = Event(event_id, "t", None, b"{}", {}, f"id-{event_id}-{row}", 0, NOW)
+        reading.ready.append(reading.window.add(event, transaction, row=row))
+    transaction.end_lsn = 200
+
+    async def scenario() -> list[list[int]]:
+        batches = []
+        while not reading.settled():
+            claim = await (await source.take(10, max_bytes=1 << 20)).events()
+            batches.append([e.id for e in claim.events])
+            await deliveries.deliver(deliveries.take(claim, time.monotonic()))
+        return batches
+
+    assert asyncio.run(scenario()) == [[7], [7, 8]]
+    assert len(sink.delivered) == 3 and reading.delivered_rows == [7, 8]
+    assert reading.window.confirmable() == 200, "every event done: the transaction may be confirmed"

@@ -111,6 +111,11 @@ class Reading:
         ready, blocked, flying, bad_ones, parked_keys = self.ready, self.blocked, self.flying, self.bad, self.parked
         while ready and len(batch) < limit and size < max_bytes:
             pending = ready.popleft()
+            if pending.id in taken:
+                # A row whose id is a message's LSN (a message's id): a verdict names events by id, so the
+                # second goes in the next batch, not beside the first.
+                ready.appendleft(pending)
+                break
             key = pending.key
             if bad_ones and id(pending) in bad_ones:
                 bad.append((pending, bad_ones.pop(id(pending))))
