@@ -19,6 +19,14 @@ acknowledged, before a later batch is handed over. The batch room
 (:class:`relay.batch.life.Deliveries`, their one owner) holds the keys of a
 batch it gives back without publishing. Thread-safe: a sink may call it
 from its delivery thread.
+
+A hold stands from the batch it broke in, in claim order: the room numbers
+its batches and hands each sink call the holds as that batch sees them
+(:meth:`KeyHolds.of`). An event of an earlier batch comes before what broke,
+so a later batch's hold neither stops it nor is lifted by it: a sink may
+admit an earlier batch's events late (a produce thread behind a backlog) after
+a later batch was given back, and an unchained event of the earlier batch
+must not then free the key for a batch chained on the given-back one.
 """
 
 from __future__ import annotations
@@ -30,31 +38,53 @@ from relay.events import Event
 
 
 class KeyHolds:
-    """The keys whose chain of in-flight events is broken."""
+    """The keys whose chain of in-flight events is broken, each from the batches it broke in; as batch
+    ``batch`` sees them (0 for holds used on their own, outside a batch room)."""
 
-    def __init__(self) -> None:
-        self._held: set[str] = set()
+    def __init__(self, batch: int = 0) -> None:
+        #: Each held key, with the batches (in claim order) whose holds on it stand.
+        self._held: dict[str, set[int]] = {}
         self._lock = threading.Lock()
+        self.batch = batch
+
+    def of(self, batch: int) -> KeyHolds:
+        """The same holds, as the events of batch ``batch`` (claim order) see them and hold keys."""
+        view = KeyHolds.__new__(KeyHolds)
+        view._held, view._lock, view.batch = self._held, self._lock, batch
+        return view
 
     def admit(self, event: Event) -> bool:
-        """Whether ``event`` may go to the broker now; False means answer it with ``HELD``."""
+        """Whether ``event`` (of this batch) may go to the broker now; False means answer it with ``HELD``.
+
+        A hold from this batch or an earlier one stops a chained event; an unchained one lifts them (the
+        claim saw nothing of its key in flight: they were settled). Holds from later batches stand."""
         key = event.key
         if key is None or key not in self._held:
-            # A set's lookup is one step under the interpreter lock: it sees the holds
+            # A dict's lookup is one step under the interpreter lock: it sees the holds
             # as they stand, as a reader under the lock would. Most keys are not held.
             return True
         with self._lock:
-            if not event.chained:
-                self._held.discard(key)
+            since = self._held.get(key)
+            if since is None:
                 return True
-            return key not in self._held
+            batch = self.batch
+            if event.chained:
+                return min(since) > batch
+            later = {b for b in since if b > batch}
+            if later:
+                self._held[key] = later
+            else:
+                del self._held[key]
+            return True
 
     def hold(self, events: Iterable[Event]) -> None:
-        """Put the keys of ``events`` (ones that will not be acknowledged) on hold."""
+        """Put the keys of ``events`` (ones of this batch that will not be acknowledged) on hold."""
         keys = {e.key for e in events if e.key is not None}
         if keys:
+            batch = self.batch
             with self._lock:
-                self._held.update(keys)
+                for key in keys:
+                    self._held.setdefault(key, set()).add(batch)
 
     def hold_lost(self, lost: Iterable[Event], kept: Iterable[Event]) -> list[Event]:
         """Hold the keys of ``lost`` (a batch's events it no longer holds), and mark chained each of ``kept``
@@ -76,12 +106,12 @@ class KeyHolds:
         return marked
 
     def snapshot(self) -> frozenset[str]:
-        """The keys on hold now."""
+        """The keys on hold now (from any batch)."""
         with self._lock:
             return frozenset(self._held)
 
     def held(self, key: str) -> bool:
-        """Whether ``key`` is on hold (for tests and logs)."""
+        """Whether ``key`` is on hold from any batch (for tests and logs)."""
         with self._lock:
             return key in self._held
 

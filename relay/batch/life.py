@@ -62,6 +62,8 @@ class Batch:
     claim: Claim
     claimed_at: float
     before: asyncio.Event | None
+    #: Its place in claim order (from 1): where the keys it holds are held from (relay/holds.py).
+    number: int = 0
     turn: asyncio.Event = field(default_factory=asyncio.Event)
     state: State = State.CLAIMED
     #: The claim as it was taken, before any renewal.
@@ -110,8 +112,11 @@ class Deliveries:
         self.costs = costs
         #: A batch whose lease started longer ago than this renews it (or goes back) before publishing.
         self.latest_publish_start = settings.latest_publish_start_seconds(publish_grace_seconds)
-        #: Keys whose chain of events in flight broke (relay/holds.py): the one owner.
+        #: Keys whose chain of events in flight broke (relay/holds.py): the one owner. Each batch sees them
+        #: from its place in claim order (``holds.of(batch.number)``).
         self.holds = KeyHolds()
+        #: How many batches were taken: the next one's number.
+        self._taken = 0
         #: The batches in hand and when their leases started: on a sink that keeps a key's order
         #: across batches, a claim may go on with the keys they hold.
         self.flying: dict[UUID, tuple[Claim, float]] = {}
@@ -144,18 +149,20 @@ class Deliveries:
         """``claim``, just built, as a batch in hand: it goes after the batch taken before it."""
         mark_chained(claim.events, [other.events for other, _ in self.flying.values()])
         self.flying[claim.token] = (claim, claimed_at)
-        batch = Batch(claim, claimed_at, self._last_turn)
+        self._taken += 1
+        batch = Batch(claim, claimed_at, self._last_turn, self._taken)
         self._last_turn = batch.turn
         return batch
 
     def hold(self, events: Sequence[Event]) -> None:
         """Put the keys of ``events`` on hold: leased here, they will not be published (their events
-        could not be built, or a claim started ahead goes back), and a batch may go on from them."""
-        self.holds.hold(events)
+        could not be built, or a claim started ahead goes back), and a batch may go on from them. Not taken
+        as a batch, they come after every batch taken."""
+        self.holds.of(self._taken + 1).hold(events)
 
     async def give_back(self, claim: Claim) -> None:
         """A claim never taken as a batch (started ahead, not wanted) goes back unpublished, its keys held."""
-        self.holds.hold(claim.events)
+        self.hold(claim.events)
         await self.source.give_back(claim, [e.id for e in claim.events])
 
     async def deliver(self, batch: Batch) -> None:
@@ -180,7 +187,7 @@ class Deliveries:
             batch.state = State.JUDGED
             await self._confirm(batch, verdict)
         except BaseException:
-            self.holds.hold(batch.taken.events)
+            self.holds.of(batch.number).hold(batch.taken.events)
             raise
         finally:
             self.end(batch)
@@ -189,7 +196,7 @@ class Deliveries:
         """``batch`` is done with: one that ended before it reached the sink (an error, a cancellation)
         holds its keys first, so that the next batch does not send their later events. Safe to call twice."""
         if not batch.turn.is_set():
-            self.holds.hold(batch.taken.events)
+            self.holds.of(batch.number).hold(batch.taken.events)
             batch.turn.set()
         if self.flying.pop(batch.taken.token, None) is not None and self.sink.chains_keys and self.recurring:
             self.recent_keys.append(frozenset(e.key for e in batch.taken.events if e.key is not None))
@@ -201,7 +208,7 @@ class Deliveries:
         takes it over."""
         if time.monotonic() - batch.claimed_at > self.latest_publish_start:
             renewing = time.monotonic()
-            if (fresh := await self._renewed(batch.claim)) is not None:
+            if (fresh := await self._renewed(batch)) is not None:
                 batch.claim, batch.claimed_at = fresh, renewing
                 self.flying[fresh.token] = (fresh, renewing)
         if time.monotonic() - batch.claimed_at <= self.latest_publish_start:
@@ -212,15 +219,16 @@ class Deliveries:
             len(claim.events),
             extra={"action": "release_stale", "batch_size": len(claim.events)},
         )
-        self.holds.hold(claim.events)
+        self.holds.of(batch.number).hold(claim.events)
         batch.turn.set()
         batch.state = State.GIVEN_BACK
         lease_ends = batch.claimed_at + self.settings.lease_seconds
         await self.source.confirm(claim, lease_ends, release={0.0: [e.id for e in claim.events]})
         return False
 
-    async def _renewed(self, claim: Claim) -> Claim | None:
-        """``claim`` with its lease started again, less the events it no longer holds; None if it holds none.
+    async def _renewed(self, batch: Batch) -> Claim | None:
+        """``batch``'s claim with its lease started again, less the events it no longer holds; None if it holds
+        none.
 
         A batch whose claim was slow to come back (a payload of many megabytes) or
         that waited in a stalled process has too little lease left to publish and
@@ -236,6 +244,7 @@ class Deliveries:
         held and they go back untried (:meth:`KeyHolds.hold_lost`), and so does
         any batch that went on with the key meanwhile.
         """
+        claim = batch.claim
         try:
             kept = await self.source.renew(claim)
         except StoreUnavailable as exc:
@@ -244,7 +253,7 @@ class Deliveries:
         if not kept:
             return None
         events = [e for e in claim.events if e.id in kept]
-        held = self.holds.hold_lost([e for e in claim.events if e.id not in kept], events)
+        held = self.holds.of(batch.number).hold_lost([e for e in claim.events if e.id not in kept], events)
         logger.warning(
             "lease nearly over before publishing: renewed it for %d events (%d lost meanwhile, %d held behind them)",
             len(events),
@@ -261,7 +270,7 @@ class Deliveries:
         started = time.monotonic()
         batch.state = State.HANDED
         batch.turn.set()
-        published = await hand_to_sink(self.sink, events, self.holds)
+        published = await hand_to_sink(self.sink, events, self.holds.of(batch.number))
         if isinstance(published, SinkTimeout):
             return self.costs.whole_batch_timed_out(events, published)
         if isinstance(published, SinkUnavailable):
