@@ -556,17 +556,19 @@ def test_the_mysql_scenario_reports_the_keyed_floor_and_the_relay_over_it() -> N
     keyed = {
         **MYSQL,
         "keyed": {**MYSQL["keyed"], "keyed_ratio": 0.8},
-        "l_keyed_mysql_runs": {"keyed": [7_000.0, 9_000.0]},
-        "l_keyed_mysql": {"keyed": 8_000.0},
+        "l_keyed_mysql_runs": {"keyed": [7_000.0, 9_000.0], "keys_8": [40.0, 56.0]},
+        "l_keyed_mysql": {"keyed": 8_000.0, "keys_8": 48.0},
     }
     text = mysql.mysql_text(keyed)
     assert (
-        "L_keyed_mysql: 5,000 keys 8,000 rows/s (the mean of 7,000, 9,000), 0.50 x L_steps_mysql, the relay 0.80 x it."
-        in text
+        "L_keyed_mysql: 5,000 keys 8,000 rows/s (the mean of 7,000, 9,000), 0.50 x L_steps_mysql, the relay 0.80 x it; "
+        "8 keys 48 rows/s (the mean of 40, 56), 0.00 x L_steps_mysql, the relay not run." in text
     )
     # Each keyed drain's floor beside its ratio and its target, in the same row of the table.
     assert "| 5,000 keys | 6,400 | 0.20 | 0.40 | >= 0.8 (missed) | 0.50 | 230 ms |" in text
     assert "| null keys | 25,600 | 0.80 | 1.60 | >= 0.9 (met) |  | 120 ms |" in text
+    assert "| 8 keys |" not in text and "L_keyed_mysql x L_steps_mysql | mean claim |" in text
+    assert mysql.mysql_text({**keyed, "keys_8": {**MYSQL["keyed"]}}).count("| 0.003 | 230 ms |") == 1
     assert "L_keyed_mysql:" not in mysql.mysql_text(MYSQL)  # a run saved before it existed
 
 
