@@ -236,6 +236,11 @@ def scenario(run: Any, *, events: int = EVENTS) -> None:
     run.results["mysql"] = measure(run.bootstrap, events=events, progress=run.progress)
 
 
+def _share(ratio: float) -> str:
+    """A floor's share of L_steps_mysql: over 8 keys a few thousandths, which two places print as nothing."""
+    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.3f}"
+
+
 def mysql_text(results: dict[str, Any] | None) -> str:
     """The scenario's figures as a Markdown table, for docs/performance.md and the terminal."""
     if not results or "l_db_mysql" not in results:
@@ -258,11 +263,10 @@ def mysql_text(results: dict[str, Any] | None) -> str:
         target = STEPS_TARGETS.get(label)
         verdict = "" if target is None or steps is None else f">= {target} ({'met' if steps >= target else 'missed'})"
         floor = floors[label] / results["l_steps_mysql"] if label in floors and results.get("l_steps_mysql") else None
-        # Over 8 keys the floor is a few thousandths: two places would print it as nothing.
-        floor_text = "" if floor is None else f"{floor:.2f}" if floor >= 0.1 else f"{floor:.3f}"
         lines.append(
             f"| {LABELS[label]} | {r['rows_per_second']:,.0f} | {r['ratio']:.2f} | "
-            f"{'' if steps is None else f'{steps:.2f}'} | {verdict} | {floor_text} | {r['mean_claim_ms']:.0f} ms |"
+            f"{'' if steps is None else f'{steps:.2f}'} | {verdict} | {'' if floor is None else _share(floor)} | "
+            f"{r['mean_claim_ms']:.0f} ms |"
         )
     if "l_steps_mysql" in results:
         steps = ", ".join(f"{rate:,.0f}" for rate in results.get("l_steps_mysql_runs", []))
@@ -280,7 +284,7 @@ def mysql_text(results: dict[str, Any] | None) -> str:
         each = "; ".join(
             f"{LABELS[label]} {rate:,.0f} rows/s (the mean of "
             f"{', '.join(f'{r:,.0f}' for r in results['l_keyed_mysql_runs'][label])}), "
-            f"{rate / results['l_steps_mysql']:.2f} x L_steps_mysql, the relay "
+            f"{_share(rate / results['l_steps_mysql'])} x L_steps_mysql, the relay "
             + (f"{results[label]['keyed_ratio']:.2f} x it" if "keyed_ratio" in results.get(label, {}) else "not run")
             for label, rate in floors.items()
         )
