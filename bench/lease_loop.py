@@ -110,8 +110,11 @@ Claim = Callable[[int], "tuple[list[int], str] | None"]
 Settle = Callable[[list[int], str], None]
 
 
-def _overlapped(claim: Claim, settle: Settle, *, depth: int) -> dict[str, Any]:
-    """Claim on this thread and settle on another, at most ``depth`` batches queued between them; the rate."""
+def _overlapped(claim: Claim, settle: Settle, *, depth: int, seconds: float | None = None) -> dict[str, Any]:
+    """Claim on this thread and settle on another, at most ``depth`` batches queued between them; the rate.
+
+    With ``seconds``, no claim starts after that long: the rate is then of what was settled by the end, the
+    batches in hand included (a loop that drains a backlog that slowly is measured on its first part)."""
     handed: queue.Queue[tuple[list[int], str] | None] = queue.Queue(maxsize=depth)
     failures: list[BaseException] = []
     settled = [0]
@@ -134,7 +137,11 @@ def _overlapped(claim: Claim, settle: Settle, *, depth: int) -> dict[str, Any]:
     after = 0
     waited = False
     try:
-        while not failures and (batch := claim(after)) is not None:
+        while (
+            not failures
+            and (seconds is None or time.perf_counter() - started < seconds)
+            and (batch := claim(after)) is not None
+        ):
             if not batch[0]:
                 if waited:  # nothing in hand, and still nothing to lease: what is left waits on others
                     break
@@ -279,9 +286,12 @@ def l_steps_mysql(connect: Callable[[], Any], *, batch: int = BATCH, depth: int 
         settling.close()
 
 
-def l_keyed_steps_mysql(connect: Callable[[], Any], *, batch: int = BATCH, depth: int = DEPTH) -> dict[str, Any]:
+def l_keyed_steps_mysql(
+    connect: Callable[[], Any], *, batch: int = BATCH, depth: int = DEPTH, seconds: float | None = None
+) -> dict[str, Any]:
     """``l_steps_mysql`` with the least per-key check in its locking read (the module says which);
-    events per second. ``connect`` opens a PyMySQL connection to the database (autocommit on)."""
+    events per second, over the first ``seconds`` of the drain if it takes longer (:func:`_overlapped`).
+    ``connect`` opens a PyMySQL connection to the database (autocommit on)."""
     claiming, settling = connect(), connect()
     try:
         for conn in (claiming, settling):
@@ -311,7 +321,7 @@ def l_keyed_steps_mysql(connect: Callable[[], Any], *, batch: int = BATCH, depth
                 cur.execute(MYSQL_SETTLE, (tuple(ids), token))
             settling.commit()
 
-        return _overlapped(claim, settle, depth=depth)
+        return _overlapped(claim, settle, depth=depth, seconds=seconds)
     finally:
         claiming.close()
         settling.close()

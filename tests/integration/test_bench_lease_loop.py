@@ -161,3 +161,15 @@ def test_the_kafka_loop_delivers_every_claimable_row_before_deleting_it(
     }
     assert len(received) == 1500
     assert got == {idempotency_key: (key, payload) for key, payload, idempotency_key in written}
+
+
+def test_the_keyed_mysql_loop_stops_claiming_after_its_time_and_counts_what_it_deleted(mysql_url: str) -> None:
+    # Over 2 keys the floor leases 2 events a claim and waits for their delete: 2,000 events take far longer
+    # than the 0.3 s it is given, and what it deleted by then is what its rate counts.
+    events = [("t", f"k{g % 2}", f'{{"g": {g}}}') for g in range(2_000)]
+    insert_many(mysql_url, "INSERT INTO outbox (topic, `key`, payload) VALUES (%s, %s, %s)", events)
+    result = lease_loop.l_keyed_steps_mysql(lambda: bench_mysql.connect(mysql_url), seconds=0.3)
+    ((left,),) = execute(mysql_url, "SELECT COUNT(*) FROM outbox")
+    assert 0 < result["events"] < 2_000
+    assert result["events"] + left == 2_000
+    assert result["seconds"] >= 0.3 and result["rate"] == result["events"] / result["seconds"]

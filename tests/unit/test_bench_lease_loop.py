@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -77,3 +78,18 @@ def test_a_failing_claim_ends_the_settler_too() -> None:
         _overlapped(claim, lambda ids, token: settled.append(ids), depth=2)
     assert settled == [[1]]
     assert not [t for t in threading.enumerate() if t.name == "lease-loop-settle"]
+
+
+def test_a_time_budget_stops_the_claims_and_counts_what_was_settled_by_then() -> None:
+    claims = [0]
+
+    def claim(after: int) -> tuple[list[int], str] | None:
+        claims[0] += 1
+        time.sleep(0.01)
+        return [after + 1, after + 2], "t"  # a backlog that never ends
+
+    settled: list[list[int]] = []
+    result = _overlapped(claim, lambda ids, token: settled.append(ids), depth=2, seconds=0.2)
+    assert 5 <= claims[0] <= 40
+    assert result["events"] == 2 * len(settled) == 2 * claims[0]
+    assert result["seconds"] >= 0.2 and result["rate"] == result["events"] / result["seconds"]

@@ -303,13 +303,13 @@ MYSQL: dict[str, Any] = {
 def test_the_mysql_scenario_reports_both_drains_against_l_db_mysql_with_their_targets() -> None:
     text = mysql.mysql_text(MYSQL)
     assert "L_db_mysql 32,000 rows/s (the mean of 30,000, 34,000, before and after the drains)" in text
-    assert "| 5,000 keys | 6,400 | 0.20 | 0.40 | >= 0.8 (missed) | 230 ms |" in text
-    assert "| null keys | 25,600 | 0.80 | 1.60 | >= 0.9 (met) | 120 ms |" in text
+    assert "| 5,000 keys | 6,400 | 0.20 | 0.40 | >= 0.8 (missed) |  | 230 ms |" in text
+    assert "| null keys | 25,600 | 0.80 | 1.60 | >= 0.9 (met) |  | 120 ms |" in text
     assert "Not measured" in mysql.mysql_text(None)
     assert "L_steps_mysql 16,000 rows/s (the mean of 15,000, 17,000), **0.50 x L_db_mysql**" in text
     earlier = {k: v for k, v in MYSQL.items() if not k.startswith("l_steps")}  # a run saved before it existed
     assert "L_steps_mysql 16,000" not in mysql.mysql_text(earlier)
-    assert "| null keys | 25,600 | 0.80 |  |  | 120 ms |" in mysql.mysql_text(earlier)
+    assert "| null keys | 25,600 | 0.80 |  |  |  | 120 ms |" in mysql.mysql_text(earlier)
     verdicts = {v["target"]: v for v in report.evaluate({"mysql": MYSQL})}
     assert verdicts["MySQL Kafka drain, 5,000 keys >= 0.8 x L_db_mysql"]["met"] is False
     assert verdicts["MySQL Kafka drain, null keys >= 0.8 x L_db_mysql"]["met"] is True
@@ -556,12 +556,21 @@ def test_the_mysql_scenario_reports_the_keyed_floor_and_the_relay_over_it() -> N
     keyed = {
         **MYSQL,
         "keyed": {**MYSQL["keyed"], "keyed_ratio": 0.8},
-        "l_keyed_mysql_runs": {"keyed": [7_000.0, 9_000.0]},
-        "l_keyed_mysql": {"keyed": 8_000.0},
+        "l_keyed_mysql_runs": {"keyed": [7_000.0, 9_000.0], "keys_8": [40.0, 56.0]},
+        "l_keyed_mysql": {"keyed": 8_000.0, "keys_8": 48.0},
     }
     text = mysql.mysql_text(keyed)
     assert (
-        "L_keyed_mysql: 5,000 keys 8,000 rows/s (the mean of 7,000, 9,000), 0.50 x L_steps_mysql, the relay 0.80 x it."
-        in text
+        "L_keyed_mysql: 5,000 keys 8,000 rows/s (the mean of 7,000, 9,000), 0.50 x L_steps_mysql, the relay 0.80 x it; "
+        "8 keys 48 rows/s (the mean of 40, 56), 0.003 x L_steps_mysql, the relay not run." in text
     )
-    assert "L_keyed_mysql" not in mysql.mysql_text(MYSQL)  # a run saved before it existed
+    # Each keyed drain's floor beside its ratio and its target, in the same row of the table.
+    assert "| 5,000 keys | 6,400 | 0.20 | 0.40 | >= 0.8 (missed) | 0.50 | 230 ms |" in text
+    assert "| null keys | 25,600 | 0.80 | 1.60 | >= 0.9 (met) |  | 120 ms |" in text
+    assert "| 8 keys |" not in text and "L_keyed_mysql x L_steps_mysql | mean claim |" in text
+    assert mysql.mysql_text({**keyed, "keys_8": {**MYSQL["keyed"]}}).count("| 0.003 | 230 ms |") == 1
+    assert "L_keyed_mysql:" not in mysql.mysql_text(MYSQL)  # a run saved before it existed
+
+
+def test_the_mysql_scenario_runs_the_keyed_floor_for_every_keyed_drain() -> None:
+    assert set(mysql.KEYED_FLOORS) == {label for label, keys in mysql.DRAINS.items() if keys is not None}
