@@ -235,6 +235,11 @@ class RabbitMQSink:
             links.add(link)
             async with self._send_lock:
                 await link.drained()
+                if not link.usable:
+                    # Another batch's message closed the channel while this group waited: the group was not
+                    # sent, and a refusal now would not be its doing. It goes again, on a fresh channel.
+                    groups.insert(0, group)
+                    continue
                 batch.retry(group)
                 await hand_off(link, batch, group)
                 await batch.resolved(group)
