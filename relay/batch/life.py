@@ -62,8 +62,8 @@ class Batch:
     claim: Claim
     claimed_at: float
     before: asyncio.Event | None
-    #: Its place in claim order (from 1): where the keys it holds are held from (relay/holds.py).
-    number: int = 0
+    #: The room's holds as this batch sees them, from its place in claim order (relay/holds.py).
+    holds: KeyHolds
     turn: asyncio.Event = field(default_factory=asyncio.Event)
     state: State = State.CLAIMED
     #: The claim as it was taken, before any renewal.
@@ -113,7 +113,7 @@ class Deliveries:
         #: A batch whose lease started longer ago than this renews it (or goes back) before publishing.
         self.latest_publish_start = settings.latest_publish_start_seconds(publish_grace_seconds)
         #: Keys whose chain of events in flight broke (relay/holds.py): the one owner. Each batch sees them
-        #: from its place in claim order (``holds.of(batch.number)``).
+        #: from its place in claim order (``batch.holds``).
         self.holds = KeyHolds()
         #: How many batches were taken: the next one's number.
         self._taken = 0
@@ -150,7 +150,7 @@ class Deliveries:
         mark_chained(claim.events, [other.events for other, _ in self.flying.values()])
         self.flying[claim.token] = (claim, claimed_at)
         self._taken += 1
-        batch = Batch(claim, claimed_at, self._last_turn, self._taken)
+        batch = Batch(claim, claimed_at, self._last_turn, self.holds.of(self._taken))
         self._last_turn = batch.turn
         return batch
 
@@ -187,7 +187,7 @@ class Deliveries:
             batch.state = State.JUDGED
             await self._confirm(batch, verdict)
         except BaseException:
-            self.holds.of(batch.number).hold(batch.taken.events)
+            batch.holds.hold(batch.taken.events)
             raise
         finally:
             self.end(batch)
@@ -196,7 +196,7 @@ class Deliveries:
         """``batch`` is done with: one that ended before it reached the sink (an error, a cancellation)
         holds its keys first, so that the next batch does not send their later events. Safe to call twice."""
         if not batch.turn.is_set():
-            self.holds.of(batch.number).hold(batch.taken.events)
+            batch.holds.hold(batch.taken.events)
             batch.turn.set()
         if self.flying.pop(batch.taken.token, None) is not None and self.sink.chains_keys and self.recurring:
             self.recent_keys.append(frozenset(e.key for e in batch.taken.events if e.key is not None))
@@ -219,7 +219,7 @@ class Deliveries:
             len(claim.events),
             extra={"action": "release_stale", "batch_size": len(claim.events)},
         )
-        self.holds.of(batch.number).hold(claim.events)
+        batch.holds.hold(claim.events)
         batch.turn.set()
         batch.state = State.GIVEN_BACK
         lease_ends = batch.claimed_at + self.settings.lease_seconds
@@ -253,7 +253,7 @@ class Deliveries:
         if not kept:
             return None
         events = [e for e in claim.events if e.id in kept]
-        held = self.holds.of(batch.number).hold_lost([e for e in claim.events if e.id not in kept], events)
+        held = batch.holds.hold_lost([e for e in claim.events if e.id not in kept], events)
         logger.warning(
             "lease nearly over before publishing: renewed it for %d events (%d lost meanwhile, %d held behind them)",
             len(events),
@@ -270,7 +270,7 @@ class Deliveries:
         started = time.monotonic()
         batch.state = State.HANDED
         batch.turn.set()
-        published = await hand_to_sink(self.sink, events, self.holds.of(batch.number))
+        published = await hand_to_sink(self.sink, events, batch.holds)
         if isinstance(published, SinkTimeout):
             return self.costs.whole_batch_timed_out(events, published)
         if isinstance(published, SinkUnavailable):
