@@ -158,6 +158,9 @@ class Relay:
                 if (backing_off := self.costs.resume_claims_at - time.monotonic()) > 0:
                     await self._sleep(stop, backing_off)
                     continue
+                # A batch that ends from here on (while the claim's answer is on its way) frees its keys'
+                # next events after the claim's snapshot: it wakes the idle below, however soon it ends.
+                self._wake.clear()
                 claimed = await self._claim(stop)
                 if claimed is None:
                     continue
@@ -378,7 +381,8 @@ class Relay:
         self._away_until = max(self._away_until, time.monotonic() + seconds)
 
     async def _idle(self, stop: asyncio.Event, timeout: float) -> None:
-        self._wake.clear()
+        """Wait for a batch to end (since the claim before: ``run`` clears the wake before it), a NOTIFY,
+        ``stop`` or ``timeout``."""
         waiters: list[asyncio.Task[Any]] = [
             asyncio.create_task(stop.wait()),
             asyncio.create_task(self._wake.wait()),
