@@ -7,7 +7,11 @@
   is the denominator, so that a machine that got busier moves both sides;
 - the relay's Kafka drain (``outbox-relay run`` with its defaults, to a Tansu
   broker) of the same number of events, over 5,000, 1,000 and 8 keys, one key
-  per event, and with null keys, from start to an empty table (issue 39);
+  per event, and with null keys, from start to an empty table (issue 39); and
+  each again with no broker (:mod:`bench.null_relay`: a sink that acknowledges
+  at once), which leaves the relay's own work and its database's: the gap
+  between the two is the broker's share of the machine's two cores, client
+  and server, which the bare loops below never pay;
 - L_steps_mysql: the issue's two-step claim with its lease, and the delete, and
   nothing else (:func:`bench.lease_loop.l_steps_mysql`), beside each L_db_mysql:
   the most any relay that claims as the issue prescribes gets here;
@@ -37,7 +41,7 @@ from typing import Any
 import pymysql
 
 from bench.lease_loop import l_keyed_steps_mysql, l_steps_mysql
-from bench.relayproc import RelayProcess
+from bench.relayproc import NULL_SINK, RelayProcess
 from bench.services import document_for
 from devservers import Tansu
 from relay.config import TableName
@@ -147,11 +151,11 @@ def l_db_mysql(url: str, events: int) -> float:
         conn.close()
 
 
-def drain(url: str, bootstrap: str, events: int) -> dict[str, float]:
-    """Rows per second of one relay draining the table to Kafka."""
+def drain(url: str, sink_url: str, events: int) -> dict[str, float]:
+    """Rows per second of one relay draining the table to ``sink_url``."""
     watcher = connect(url)
     try:
-        with RelayProcess(url, f"kafka://{bootstrap}") as relay:
+        with RelayProcess(url, sink_url) as relay:
             started = time.perf_counter()
             while not empty(watcher):
                 relay.check_alive()
@@ -208,8 +212,14 @@ def measure(
         for label in drains:
             keys = DRAINS[label]
             fill(url, events, keys=keys, topic=f"bench-{label}-{uuid.uuid4().hex[:6]}")
-            results[label] = drain(url, bootstrap, events)
+            results[label] = drain(url, f"kafka://{bootstrap}", events)
             progress(f"relay Kafka drain on MySQL, {LABELS[label]}: {results[label]['rows_per_second']:,.0f} rows/s")
+            fill(url, events, keys=keys, topic="bench")
+            results[label]["no_broker"] = drain(url, NULL_SINK, events)
+            progress(
+                f"relay drain on MySQL, no broker, {LABELS[label]}: "
+                f"{results[label]['no_broker']['rows_per_second']:,.0f} rows/s"
+            )
         baseline()
     finally:
         with admin.cursor() as cur:
@@ -226,6 +236,9 @@ def measure(
     for label in drains:
         results[label]["ratio"] = results[label]["rows_per_second"] / results["l_db_mysql"]
         results[label]["steps_ratio"] = results[label]["rows_per_second"] / results["l_steps_mysql"]
+        if "no_broker" in results[label]:
+            bare = results[label]["no_broker"]
+            bare["steps_ratio"] = bare["rows_per_second"] / results["l_steps_mysql"]
         if label in results["l_keyed_mysql"]:
             results[label]["keyed_ratio"] = results[label]["rows_per_second"] / results["l_keyed_mysql"][label]
     return results
@@ -251,8 +264,8 @@ def mysql_text(results: dict[str, Any] | None) -> str:
         f"L_db_mysql {results['l_db_mysql']:,.0f} rows/s (the mean of {runs}, before and after the drains).",
         "",
         "| relay Kafka drain on MySQL | rows/s | x L_db_mysql | x L_steps_mysql | issue 39's target | "
-        "L_keyed_mysql x L_steps_mysql | mean claim |",
-        "| --- | --: | --: | --: | --- | --: | --: |",
+        "no broker x L_steps_mysql | L_keyed_mysql x L_steps_mysql | mean claim |",
+        "| --- | --: | --: | --: | --- | --: | --: | --: |",
     ]
     floors = results.get("l_keyed_mysql") or {}
     for label in DRAINS:
@@ -263,9 +276,11 @@ def mysql_text(results: dict[str, Any] | None) -> str:
         target = STEPS_TARGETS.get(label)
         verdict = "" if target is None or steps is None else f">= {target} ({'met' if steps >= target else 'missed'})"
         floor = floors[label] / results["l_steps_mysql"] if label in floors and results.get("l_steps_mysql") else None
+        bare = r.get("no_broker", {}).get("steps_ratio")
         lines.append(
             f"| {LABELS[label]} | {r['rows_per_second']:,.0f} | {r['ratio']:.2f} | "
-            f"{'' if steps is None else f'{steps:.2f}'} | {verdict} | {'' if floor is None else _share(floor)} | "
+            f"{'' if steps is None else f'{steps:.2f}'} | {verdict} | {'' if bare is None else f'{bare:.2f}'} | "
+            f"{'' if floor is None else _share(floor)} | "
             f"{r['mean_claim_ms']:.0f} ms |"
         )
     if "l_steps_mysql" in results:
@@ -278,7 +293,9 @@ def mysql_text(results: dict[str, Any] | None) -> str:
             "`DELETE` by token with its `COMMIT`, on two connections that overlap as the relay's do, on the same "
             "rows as L_db_mysql, and nothing else: no ordering, no broker, no events built "
             "(bench/lease_loop.py): what a relay that claims as the issue prescribes has to work with here, before "
-            "anything of its own.",
+            "anything of its own. *No broker*: the same relay draining the same backlog to a sink that "
+            "acknowledges at once (bench/null_relay.py): the relay's own work and its database's, without the "
+            "Kafka client's threads and the broker beside them on the machine's cores.",
         ]
     if floors:
         each = "; ".join(

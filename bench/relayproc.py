@@ -26,6 +26,8 @@ CLAIM_HISTOGRAM = "outbox_relay_claim_duration_seconds"
 #: Extra ``run`` options for every relay the bench starts, for A/B runs of a setting
 #: (``BENCH_RELAY_ARGS="--batch-size 2000" python -m bench --only latency``).
 EXTRA_ARGS_ENV = "BENCH_RELAY_ARGS"
+#: A sink URL that runs :mod:`bench.null_relay`: the relay with no broker.
+NULL_SINK = "null://"
 
 
 class RelayProcess:
@@ -33,7 +35,8 @@ class RelayProcess:
 
     With ``note_acks`` it runs :mod:`bench.acked_relay` instead, the same CLI
     that also stamps each acknowledged event; :meth:`stamps` reads the stamps
-    once the relay has stopped.
+    once the relay has stopped. A ``null://`` sink runs :mod:`bench.null_relay`,
+    the same CLI with a sink that acknowledges everything at once.
     """
 
     def __init__(self, database_url: str, sink_url: str, *extra: str, note_acks: bool = False) -> None:
@@ -43,8 +46,14 @@ class RelayProcess:
             handle, name = tempfile.mkstemp(prefix="bench-acks-", suffix=".json")
             os.close(handle)
             self._ack_log = Path(name)
+        if note_acks:
+            module = "bench.acked_relay"
+        elif sink_url.startswith(NULL_SINK):
+            module = "bench.null_relay"
+        else:
+            module = "relay"
         self.args = [
-            sys.executable, "-m", "bench.acked_relay" if note_acks else "relay", "run",
+            sys.executable, "-m", module, "run",
             "--database-url", database_url, "--sink", sink_url,
             "--log-level", "WARNING", "--metrics-port", str(self.metrics_port), *extra,
             *shlex.split(os.environ.get(EXTRA_ARGS_ENV, "")),

@@ -303,13 +303,13 @@ MYSQL: dict[str, Any] = {
 def test_the_mysql_scenario_reports_both_drains_against_l_db_mysql_with_their_targets() -> None:
     text = mysql.mysql_text(MYSQL)
     assert "L_db_mysql 32,000 rows/s (the mean of 30,000, 34,000, before and after the drains)" in text
-    assert "| 5,000 keys | 6,400 | 0.20 | 0.40 | >= 0.8 (missed) |  | 230 ms |" in text
-    assert "| null keys | 25,600 | 0.80 | 1.60 | >= 0.9 (met) |  | 120 ms |" in text
+    assert "| 5,000 keys | 6,400 | 0.20 | 0.40 | >= 0.8 (missed) |  |  | 230 ms |" in text
+    assert "| null keys | 25,600 | 0.80 | 1.60 | >= 0.9 (met) |  |  | 120 ms |" in text
     assert "Not measured" in mysql.mysql_text(None)
     assert "L_steps_mysql 16,000 rows/s (the mean of 15,000, 17,000), **0.50 x L_db_mysql**" in text
     earlier = {k: v for k, v in MYSQL.items() if not k.startswith("l_steps")}  # a run saved before it existed
     assert "L_steps_mysql 16,000" not in mysql.mysql_text(earlier)
-    assert "| null keys | 25,600 | 0.80 |  |  |  | 120 ms |" in mysql.mysql_text(earlier)
+    assert "| null keys | 25,600 | 0.80 |  |  |  |  | 120 ms |" in mysql.mysql_text(earlier)
     verdicts = {v["target"]: v for v in report.evaluate({"mysql": MYSQL})}
     assert verdicts["MySQL Kafka drain, 5,000 keys >= 0.8 x L_db_mysql"]["met"] is False
     assert verdicts["MySQL Kafka drain, null keys >= 0.8 x L_db_mysql"]["met"] is True
@@ -565,11 +565,44 @@ def test_the_mysql_scenario_reports_the_keyed_floor_and_the_relay_over_it() -> N
         "8 keys 48 rows/s (the mean of 40, 56), 0.003 x L_steps_mysql, the relay not run." in text
     )
     # Each keyed drain's floor beside its ratio and its target, in the same row of the table.
-    assert "| 5,000 keys | 6,400 | 0.20 | 0.40 | >= 0.8 (missed) | 0.50 | 230 ms |" in text
-    assert "| null keys | 25,600 | 0.80 | 1.60 | >= 0.9 (met) |  | 120 ms |" in text
+    assert "| 5,000 keys | 6,400 | 0.20 | 0.40 | >= 0.8 (missed) |  | 0.50 | 230 ms |" in text
+    assert "| null keys | 25,600 | 0.80 | 1.60 | >= 0.9 (met) |  |  | 120 ms |" in text
     assert "| 8 keys |" not in text and "L_keyed_mysql x L_steps_mysql | mean claim |" in text
     assert mysql.mysql_text({**keyed, "keys_8": {**MYSQL["keyed"]}}).count("| 0.003 | 230 ms |") == 1
     assert "L_keyed_mysql:" not in mysql.mysql_text(MYSQL)  # a run saved before it existed
+
+
+def test_the_mysql_scenario_shows_each_drain_with_no_broker_beside_its_kafka_drain() -> None:
+    bare = {"rows_per_second": 14_400.0, "seconds": 3.5, "mean_claim_ms": 100.0, "steps_ratio": 0.9}
+    text = mysql.mysql_text({**MYSQL, "null_keys": {**MYSQL["null_keys"], "no_broker": bare}})
+    assert "| null keys | 25,600 | 0.80 | 1.60 | >= 0.9 (met) | 0.90 |  | 120 ms |" in text
+    assert "| 5,000 keys | 6,400 | 0.20 | 0.40 | >= 0.8 (missed) |  |  | 230 ms |" in text
+    assert "*No broker*" in text
+
+
+def test_the_null_sink_acknowledges_what_the_holds_admit_and_keeps_nothing() -> None:
+    import asyncio
+    from datetime import UTC, datetime
+
+    from bench import null_relay
+    from bench.relayproc import NULL_SINK, RelayProcess
+    from relay.events import HELD, Event
+    from relay.holds import KeyHolds
+
+    def event(n: int, key: str | None, *, chained: bool = False) -> Event:
+        return Event(
+            id=n, topic="t", key=key, payload=b"{}", headers={}, idempotency_key=f"i{n}", attempts=0,
+            created_at=datetime(2026, 12, 1, tzinfo=UTC), chained=chained,
+        )  # fmt: skip
+
+    sink = null_relay.NullSink()
+    holds = KeyHolds()
+    holds.hold([event(0, "k")])
+    events = [event(1, "k", chained=True), event(2, "j"), event(3, None)]
+    assert asyncio.run(sink.publish(events, holds.of(1))) == [HELD, None, None]
+    assert sink.delivered == [] and sink.attempted == []
+    assert RelayProcess("postgresql://x", f"{NULL_SINK}x").args[1:3] == ["-m", "bench.null_relay"]
+    assert RelayProcess("postgresql://x", "kafka://x").args[1:3] == ["-m", "relay"]
 
 
 def test_the_mysql_scenario_runs_the_keyed_floor_for_every_keyed_drain() -> None:
