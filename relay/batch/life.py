@@ -261,7 +261,7 @@ class Deliveries:
             len(held),
             extra={"action": "renew_stale", "batch_size": len(events)},
         )
-        return Claim(claim.token, events, claim.reaped)
+        return Claim(claim.token, events, claim.taken_over & kept)
 
     async def _hand_to_sink(self, batch: Batch) -> Verdict:
         """Publish the batch (the next batch goes once it is handed over: it runs up to its first wait

@@ -23,12 +23,20 @@ class Claim:
 
     token: UUID
     events: list[Event]
-    reaped: int = 0
+    #: Events whose lease this claim took over once it had ended: the relay that held it may still be
+    #: publishing them (a stalled process), so a settle of one records that its lease ended now, not that it
+    #: had none, and ``skip`` waits out its grace for it (docs/operations.md).
+    taken_over: frozenset[int] = frozenset()
     #: Rows the claim dead-lettered instead of leasing: no event could be made of them (MySQL only).
     buried: int = 0
     #: Keys of this batch that the relay also had in a batch before it: a claim going on from this one
     #: goes on with them even when they have one event here (see :func:`chained_keys`).
     recurring: frozenset[str] = frozenset()
+
+    @property
+    def reaped(self) -> int:
+        """How many expired leases the claim took over."""
+        return len(self.taken_over)
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,15 +193,21 @@ SET state = 'sent', published_at = now(), lease_expires_at = NULL
 WHERE id = ANY(%(ids)s::bigint[]) AND claim_token = %(token)s;
 
 -- name: retry
+-- A settle ends the lease (NULL), but for an event the claim took over from
+-- a lease that had ended (%(taken_over)s): its end is now, so that skip waits
+-- out its grace for the relay that held it, which may still be publishing it.
+-- So do dead_letter and release.
 UPDATE {table} AS o
-SET lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL,
+SET lease_expires_at = CASE WHEN o.id = ANY(%(taken_over)s::bigint[]) THEN now() END,
+    claim_token = NULL, lease_owner = NULL,
     deliver_at = now() + make_interval(secs => r.delay), last_error = r.error
 FROM unnest(%(ids)s::bigint[], %(delays)s::float8[], %(errors)s::text[]) AS r(id, delay, error)
 WHERE o.id = r.id AND o.claim_token = %(token)s;
 
 -- name: dead_letter
 UPDATE {table} AS o
-SET state = 'failed', failed_at = now(), lease_expires_at = NULL, claim_token = NULL,
+SET state = 'failed', failed_at = now(),
+    lease_expires_at = CASE WHEN o.id = ANY(%(taken_over)s::bigint[]) THEN now() END, claim_token = NULL,
     last_error = r.error
 FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS r(id, error)
 WHERE o.id = r.id AND o.claim_token = %(token)s;
@@ -225,7 +231,8 @@ RETURNING id;
 -- of their route is down) makes them due again only then, so relays do not
 -- claim and release them in a loop; they still block later events of their key.
 UPDATE {table}
-SET lease_expires_at = NULL, claim_token = NULL, lease_owner = NULL,
+SET lease_expires_at = CASE WHEN id = ANY(%(taken_over)s::bigint[]) THEN now() END,
+    claim_token = NULL, lease_owner = NULL,
     attempts = greatest(attempts - 1, 0),
     deliver_at = CASE WHEN %(delay)s::float8 > 0
                       THEN now() + make_interval(secs => %(delay)s::float8)
@@ -446,7 +453,9 @@ LIMIT %(limit)s;
 -- less than %(grace)s seconds ago, is refused: its relay may still be
 -- publishing it, and skipping it would let the key's next event overtake it.
 -- That holds for a dead letter whose lease expired too (reap_exhausted keeps
--- the lease's end); a relay that dead-lettered an event itself ended its lease.
+-- the lease's end), and for an event another relay took over from such a
+-- lease and settled (retry: its end is the settle's); a relay that settled an
+-- event it claimed afresh ended its lease.
 WITH target AS (
     SELECT id,
            state IN ('pending', 'failed')

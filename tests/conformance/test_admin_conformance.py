@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from relay.store.base import Dead, ReplayFilter, RequeueFilter, Skipped
+from relay.store.base import Dead, ReplayFilter, RequeueFilter, Retry, Skipped
 from tests.conformance.harness import GRACE, MAX, Harness, run
 
 INSPECTED_COLUMNS = {
@@ -253,6 +253,41 @@ def test_skip_refuses_a_dead_letter_whose_expired_lease_may_still_be_publishing_
     # Refused, its key stays parked behind it; requeued, it goes first, whenever that is.
     claimed = [e.idempotency_key for e in run(h.store.claim(10, max_attempts=MAX)).events]
     assert claimed == ([] if expected is Skipped.IN_FLIGHT else ["next"])
+
+
+@pytest.mark.parametrize("fate", ["dead", "retry", "released"])
+def test_skip_refuses_an_event_taken_over_from_a_lease_that_just_ended_whatever_the_new_owner_did(
+    h: Harness, fate: str
+) -> None:
+    # Relay A's lease ended half a second ago: its publish may still be running (the test above
+    # refuses the skip then). Relay B took the event over at once, and its own try ended: refused
+    # (dead-lettered), failed (a retry due later) or handed back untried. B's try says nothing of A's
+    # publish: a skip now would let "next" reach the broker before A's copy of "taken" (reviewed on
+    # MariaDB; found by h-revmy).
+    h.insert("t", {}, key="k", idempotency_key="taken")
+    h.insert("t", {}, key="k", idempotency_key="next")
+    run(h.store.claim(10, max_attempts=MAX))  # relay A, which stalls
+    h.expire_leases(ago=0.5)
+    b = run(h.store.claim(10, max_attempts=MAX))  # relay B
+    assert b.reaped == 2
+    taken, following = b.events
+    if fate == "dead":
+        run(h.store.settle(b, sent=[], retry=[], dead=[Dead(taken.id, "refused")]))
+    elif fate == "retry":
+        run(h.store.settle(b, sent=[], retry=[Retry(taken.id, 3600, "failed")], dead=[]))
+    run(h.store.release(b, [following.id] if fate != "released" else [taken.id, following.id]))
+    assert run(h.admin.skip(taken.id, lease_grace_seconds=GRACE)) is Skipped.IN_FLIGHT
+    if fate != "dead":
+        # The lease's end it keeps is no lease of anyone's: the event is claimed again when due, first of its key.
+        h.make_due()
+        again = run(h.store.claim(10, max_attempts=MAX))
+        assert [e.idempotency_key for e in again.events] == ["taken", "next"]
+        run(h.store.release(again, [e.id for e in again.events]))
+    # Once the grace has passed since the new owner's settle, the skip goes through.
+    h.expire_leases(ago=GRACE + 1, idem="taken")
+    assert run(h.admin.skip(taken.id, lease_grace_seconds=GRACE)) is Skipped.SKIPPED
+    claimed = run(h.store.claim(10, max_attempts=MAX))
+    assert [e.idempotency_key for e in claimed.events] == ["next"]
 
 
 def test_skip_finds_nothing_to_skip_in_sent_skipped_or_missing_events(h: Harness) -> None:

@@ -114,15 +114,16 @@ class MemoryStore(MemoryAdmin):
         chosen = within_bytes(
             placed, max_bytes, size=lambda r: len(self._as_event(r).payload) + _headers_bytes(r.headers)
         )
-        reaped = 0
+        taken_over = set()
         events = []
         for row in in_key_order(chosen, lambda r: (-r.priority, r.id), event=lambda r: r):
-            reaped += row.lease_expires_at is not None
+            if row.lease_expires_at is not None:
+                taken_over.add(row.id)
             row.claim_token = token
             row.lease_expires_at = now + timedelta(seconds=self.lease_seconds)
             row.attempts = next_attempt(row.attempts)
             events.append(replace(self._as_event(row), attempts=row.attempts, chained=runs[row.id]))
-        return Claim(token=token, events=events, reaped=reaped)
+        return Claim(token=token, events=events, taken_over=frozenset(taken_over))
 
     @staticmethod
     def _as_event(row: Row) -> Event:
@@ -156,14 +157,14 @@ class MemoryStore(MemoryAdmin):
         retried = 0
         for item in retry:
             for row in self._owned(claim, [item.id]):
-                row.claim_token = row.lease_expires_at = None
+                row.claim_token, row.lease_expires_at = None, _lease_ended(claim, row, now)
                 row.deliver_at = now + timedelta(seconds=item.delay_seconds)
                 row.last_error = item.error
                 retried += 1
         buried = 0
         for grave in dead:
             for row in self._owned(claim, [grave.id]):
-                row.claim_token = row.lease_expires_at = None
+                row.claim_token, row.lease_expires_at = None, _lease_ended(claim, row, now)
                 row.state, row.last_error, row.failed_at = "failed", grave.error, now
                 buried += 1
         lost = len(sent) + len(retry) + len(dead) - len(done) - retried - buried
@@ -187,7 +188,7 @@ class MemoryStore(MemoryAdmin):
         self._check()
         now = self.now()
         for row in self._owned(claim, ids):
-            row.claim_token = row.lease_expires_at = None
+            row.claim_token, row.lease_expires_at = None, _lease_ended(claim, row, now)
             row.attempts = max(0, row.attempts - 1)
             if delay_seconds > 0:
                 row.deliver_at = now + timedelta(seconds=delay_seconds)
@@ -218,6 +219,12 @@ class MemoryStore(MemoryAdmin):
         except TimeoutError:
             return False
         return True
+
+
+def _lease_ended(claim: Claim, row: Row, now: datetime) -> datetime | None:
+    """The lease end a settle or release leaves: none, or now for an event the claim took over (as
+    lease_ended in relay/store/queries.sql)."""
+    return now if row.id in claim.taken_over else None
 
 
 def _headers_bytes(headers: dict[str, str]) -> int:

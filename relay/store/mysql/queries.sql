@@ -163,14 +163,19 @@ WHERE id IN %(ids)s AND claim_token = %(token)s;
 
 -- name: retry
 -- last_error is TEXT (64 kB): errors are cut to 16,000 characters, as every write of it below.
+-- A settle ends the lease ('1000-01-01': none), but for an event the claim
+-- took over from a lease that had ended (%(taken_over)s): its end is now, so
+-- that skip waits out its grace for the relay that held it, which may still
+-- be publishing it. So do dead_letter and release.
 UPDATE {table}
-SET lease_expires_at = '1000-01-01 00:00:00', claim_token = '', lease_owner = '',
+SET lease_expires_at = IF(%(taken_over)s, UTC_TIMESTAMP(6), '1000-01-01 00:00:00'), claim_token = '', lease_owner = '',
     deliver_at = UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND, last_error = LEFT(%(error)s, 16000)
 WHERE id = %(id)s AND claim_token = %(token)s;
 
 -- name: dead_letter
 UPDATE {table}
-SET state = 'failed', failed_at = UTC_TIMESTAMP(6), lease_expires_at = '1000-01-01 00:00:00', claim_token = '',
+SET state = 'failed', failed_at = UTC_TIMESTAMP(6),
+    lease_expires_at = IF(%(taken_over)s, UTC_TIMESTAMP(6), '1000-01-01 00:00:00'), claim_token = '',
     last_error = LEFT(%(error)s, 16000)
 WHERE id = %(id)s AND claim_token = %(token)s;
 
@@ -194,7 +199,8 @@ WHERE id IN %(ids)s;
 -- count as an attempt. A positive delay makes them due again only then; they
 -- still block later events of their key.
 UPDATE {table}
-SET lease_expires_at = '1000-01-01 00:00:00', claim_token = '', lease_owner = '',
+SET lease_expires_at = IF(id IN %(taken_over)s, UTC_TIMESTAMP(6), '1000-01-01 00:00:00'),
+    claim_token = '', lease_owner = '',
     attempts = GREATEST(attempts - 1, 0),
     deliver_at = CASE WHEN %(delay_us)s > 0
                       THEN UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND
@@ -376,7 +382,8 @@ WHERE id IN %(ids)s AND state = 'pending' AND NOT COALESCE(lease_expires_at >= U
 -- Give up on one dead-lettered (or waiting, not in flight) event so the later
 -- events of its key can flow. An event whose lease is live, or ended less
 -- than %(grace_us)s microseconds ago, is refused: its relay may still be
--- publishing it. That holds for a dead letter whose lease expired too.
+-- publishing it. That holds for a dead letter whose lease expired too, and
+-- for an event another relay took over from such a lease and settled (retry).
 SELECT state IN ('pending', 'failed') AS unsent,
        state IN ('pending', 'failed')
            AND COALESCE(lease_expires_at >= UTC_TIMESTAMP(6) - INTERVAL %(grace_us)s MICROSECOND, FALSE) AS in_flight

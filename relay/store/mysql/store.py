@@ -312,11 +312,18 @@ class MySQLStore(MySQLAdmin):
             for item in retry:
                 retried += await cur.execute(
                     queries["retry"],
-                    {"id": item.id, "delay_us": micros(item.delay_seconds), "error": item.error, "token": token},
+                    {
+                        "id": item.id,
+                        "delay_us": micros(item.delay_seconds),
+                        "error": item.error,
+                        "token": token,
+                        "taken_over": item.id in claim.taken_over,
+                    },
                 )
             for grave in dead:
                 buried += await cur.execute(
-                    queries["dead_letter"], {"id": grave.id, "error": grave.error, "token": token}
+                    queries["dead_letter"],
+                    {"id": grave.id, "error": grave.error, "token": token, "taken_over": grave.id in claim.taken_over},
                 )
             lost = len(sent) + len(retry) + len(dead) - done - retried - buried
             return Settlement(sent=done, retried=retried, dead=buried, lost=lost)
@@ -350,7 +357,13 @@ class MySQLStore(MySQLAdmin):
     async def release(self, claim: Claim, ids: Sequence[int], *, delay_seconds: float = 0.0) -> None:
         """Give unpublished events back without counting the attempt, due again after ``delay_seconds``."""
         if ids:
-            params = {"ids": tuple(ids), "token": str(claim.token), "delay_us": micros(delay_seconds)}
+            params = {
+                "ids": tuple(ids),
+                "token": str(claim.token),
+                "delay_us": micros(delay_seconds),
+                # IN () is no SQL: no id is 0.
+                "taken_over": tuple(claim.taken_over) or (0,),
+            }
             await self._db.run("release", params, lane="settle")
 
     async def reap(self, *, max_attempts: int) -> int:

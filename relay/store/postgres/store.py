@@ -242,13 +242,19 @@ class PostgresStore(PostgresAdmin):
                     "delays": [r.delay_seconds for r in retry],
                     "errors": [r.error for r in retry],
                     "token": claim.token,
+                    "taken_over": id_array(claim.taken_over),
                 },
                 lane="settle",
             )
         if dead:
             buried = await self._db.run(
                 "dead_letter",
-                {"ids": [d.id for d in dead], "errors": [d.error for d in dead], "token": claim.token},
+                {
+                    "ids": [d.id for d in dead],
+                    "errors": [d.error for d in dead],
+                    "token": claim.token,
+                    "taken_over": id_array(claim.taken_over),
+                },
                 lane="settle",
             )
         lost = len(sent) + len(retry) + len(dead) - done - retried - buried
@@ -268,7 +274,14 @@ class PostgresStore(PostgresAdmin):
         self._floor.finished(claim.token)
         if ids:
             await self._db.run(
-                "release", {"ids": id_array(ids), "token": claim.token, "delay": delay_seconds}, lane="settle"
+                "release",
+                {
+                    "ids": id_array(ids),
+                    "token": claim.token,
+                    "delay": delay_seconds,
+                    "taken_over": id_array(claim.taken_over),
+                },
+                lane="settle",
             )
 
     async def reap(self, *, max_attempts: int) -> int:
@@ -342,7 +355,8 @@ class _Leased:
         rows = await self._db.rows(self._cursor)
         # By priority, highest first, then by id (each row starts with (-priority, id)); each key's in id order.
         rows = in_key_order(rows, lambda row: row[:2], event=lambda row: row.event)
-        return Claim(token=self.token, events=[r.event for r in rows], reaped=sum(1 for r in rows if r.reaped))
+        taken_over = frozenset(r.event.id for r in rows if r.reaped)
+        return Claim(token=self.token, events=[r.event for r in rows], taken_over=taken_over)
 
 
 def _tails(chain: Sequence[Claim]) -> dict[str, Any]:
