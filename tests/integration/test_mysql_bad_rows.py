@@ -15,8 +15,8 @@ import json
 import pytest
 
 from relay.config import TableName
-from relay.store.base import DeadEvent
-from relay.store.mysql import MySQLAdmin
+from relay.store.base import DeadEvent, Skipped
+from relay.store.mysql import MySQLAdmin, MySQLStore
 from tests import mysql_support
 from tests.acceptance.cli import cli
 from tests.integration.kafka_support import consume, unique_topic
@@ -27,6 +27,9 @@ BAD_KEYS = [b"\xffA", "café".encode("latin-1"), b"\xe2\x82", b"\xed\xa0\x80", b
 BAD_IDEMPOTENCY_KEYS = [b"\xfe", "idem-é".encode("latin-1")]
 #: Text MariaDB's JSON_VALID takes and JSON does not.
 LAX_JSON = ['{"a":1e}', '{"a":-}', '{"a":1.}', '{"a":"\\q"}', '{"a":1.e5}', "[-]", "1."]
+
+#: skip's grace in these tests: the relays' --publish-timeout of 30 s, and 10 s.
+GRACE_SECONDS = 40
 
 INSERT = "INSERT INTO outbox (topic, `key`, payload, idempotency_key, headers) VALUES (%s, %s, %s, %s, %s)"
 
@@ -241,3 +244,45 @@ def test_lax_json_in_one_hot_key_inline_and_multi_mb_is_dead_lettered_and_only_i
     assert state["hot-bad-big"][0] == "failed" and "payload is not valid JSON" in state["hot-bad-big"][1]
     assert state["hot2-bad"][0] == "failed" and "payload is not valid JSON" in state["hot2-bad"][1]
     assert state["hot-1"][0] == state["hot2-1"][0] == "pending"  # parked behind their dead letters
+
+
+@pytest.mark.parametrize("ended_ago", [0.5, None])
+def test_a_bad_row_taken_over_from_an_ended_lease_is_skipped_only_after_the_grace(
+    mysql_url: str, ended_ago: float | None
+) -> None:
+    # A relay of other settings made an event of the row and stalled past its lease (or no relay ever
+    # leased it: None). This claim finds no event in it and dead-letters it; skip must still wait out the
+    # grace from the first relay's lease end, which may still be publishing it, before "next" may go.
+    table = TableName.parse("outbox")
+    mysql_support.insert_many(mysql_url, INSERT, [("t", "k", "[-]", "bad", "{}"), ("t", "k", "{}", "next", "{}")])
+    if ended_ago is not None:
+        mysql_support.execute(
+            mysql_url,
+            "UPDATE outbox SET attempts = 1, claim_token = 'other', lease_owner = 'other',"
+            " lease_expires_at = UTC_TIMESTAMP(6) - INTERVAL %s MICROSECOND WHERE idempotency_key = 'bad'",
+            [round(ended_ago * 1e6)],
+        )
+    store, admin = MySQLStore(mysql_url, table, owner="test", lease_seconds=30), MySQLAdmin(mysql_url, table)
+
+    async def go() -> tuple[int, Skipped, Skipped]:
+        await store.open()
+        await admin.open()
+        try:
+            claim = await store.claim(10, max_attempts=5)
+            (bad,) = [d.id for d in await admin.dead()]
+            refused = await admin.skip(bad, lease_grace_seconds=GRACE_SECONDS)
+            mysql_support.execute(
+                mysql_url,
+                "UPDATE outbox SET lease_expires_at = UTC_TIMESTAMP(6) - INTERVAL %s SECOND"
+                " WHERE id = %s AND lease_expires_at <> '1000-01-01 00:00:00'",
+                [GRACE_SECONDS + 1, bad],
+            )
+            return claim.buried, refused, await admin.skip(bad, lease_grace_seconds=GRACE_SECONDS)
+        finally:
+            await admin.close()
+            await store.close()
+
+    buried, first, after_grace = asyncio.run(go())
+    assert buried == 1
+    assert first is (Skipped.IN_FLIGHT if ended_ago is not None else Skipped.SKIPPED)
+    assert after_grace is (Skipped.SKIPPED if ended_ago is not None else Skipped.NOT_FOUND)

@@ -87,10 +87,13 @@ FOR UPDATE SKIP LOCKED;
 -- name: claim_bury
 -- Dead-letter a locked candidate no event can be made of (relay/store/mysql/store.py,
 -- _unusable): inside the claim's transaction, counted as an attempt, never leased.
+-- Its lease's end stays, as reap_exhausted's: none for a row never leased, and
+-- for one whose lease ended, the end skip's grace counts from (that relay, of
+-- other settings, may have made an event of it and still be publishing it).
 UPDATE {table}
 SET state = 'failed', failed_at = UTC_TIMESTAMP(6), attempts = LEAST(GREATEST(attempts, 0), 2147483646) + 1,
     last_error = LEFT(%(error)s, 16000),
-    lease_expires_at = '1000-01-01 00:00:00', claim_token = '', lease_owner = ''
+    claim_token = '', lease_owner = ''
 WHERE id = %(id)s AND state = 'pending';
 
 -- name: claim_payloads
