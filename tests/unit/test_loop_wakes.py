@@ -14,26 +14,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
-from relay.config import RelaySettings
 from relay.loop import Relay
 from relay.sinks.memory import MemorySink
 from relay.store.base import Claim, Started
 from relay.store.memory import MemoryStore
+from tests.relay_support import FAST
 
 POLL_SECONDS = 5.0
-SETTINGS = RelaySettings(
-    batch_size=1,
-    max_attempts=3,
-    backoff_initial_seconds=0.01,
-    backoff_max_seconds=0.02,
-    lease_seconds=30,
-    publish_timeout_seconds=1,
-    poll_interval_seconds=POLL_SECONDS,
-    poll_interval_max_seconds=POLL_SECONDS,
-)
+#: One event a claim, and a poll interval far longer than the test may take.
+SETTINGS = replace(FAST, batch_size=1, poll_interval_seconds=POLL_SECONDS, poll_interval_max_seconds=POLL_SECONDS)
 
 
 class AnswerOnItsWay(MemoryStore):
