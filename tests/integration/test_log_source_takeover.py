@@ -193,3 +193,44 @@ async def test_rows_pending_before_the_slot_was_made_are_delivered(logical_serve
             conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
                          [slot])  # fmt: skip
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@synchronous
+async def test_the_stream_outlives_a_confirms_delete_waiting_on_a_writers_lock(log_database: tuple[str, str]) -> None:
+    url, slot = log_database
+    _insert(url, [("a", {"n": 0})])
+    sink = MemorySink()
+    relays = _Relays(url, slot, settings())
+    try:
+        with psycopg.connect(url) as locker:  # a writer holds the first row: the confirm's delete of it waits
+            locker.execute("SELECT id FROM outbox FOR UPDATE")
+            relay = relays.start(sink)
+            await until(lambda: len(sink.delivered) == 1)
+            # Longer than the stream's idle bound, well within the statement timeout.
+            await asyncio.sleep(LEADER_TIMEOUT_SECONDS * 1.5)
+            _insert(url, [("b", {"n": 1})])
+            await until(lambda: len(sink.delivered) == 2)
+            locker.rollback()
+        await until(caught_up(url, slot), timeout=15)
+        await asyncio.sleep(1.0)
+        # Read once: the leadership (and its stream) held throughout, so nothing was read and delivered again.
+        assert [json.loads(e.payload)["n"] for e in sink.delivered] == [0, 1]
+        assert relay.state.leading
+    finally:
+        await relays.stop()
+
+
+@synchronous
+async def test_a_graceful_stop_ends_the_reader_at_once(log_database: tuple[str, str]) -> None:
+    url, slot = log_database
+    _insert(url, [("a", {"n": 0}), ("b", {"n": 1, "failing": True})])
+    # An event never acknowledged: the last confirm moves nothing, and asks the server for an answer.
+    sink = MemorySink(fail=lambda e: Failure("down") if b"failing" in e.payload else None)
+    loop = asyncio.get_running_loop()
+    for _ in range(4):
+        async with running(url, slot, sink, max_attempts=1000):
+            await until(lambda: any(e.key == "a" for e in sink.delivered))
+            await asyncio.sleep(0.5)
+            stopping = loop.time()
+        # The reader's cancel must not be lost: the stop would wait for the stream to end as silent.
+        assert loop.time() - stopping < 5.0

@@ -288,6 +288,11 @@ class Leader:
                 await room.wait()
                 continue
             frames.take(await stream.read_frames(1.0, frames.room()))
+            if frames.reply_wanted:
+                # The confirms may wait on the table (a writer's row lock, a slow sweep): the stream must not
+                # end as silent meanwhile.
+                frames.reply_wanted = False
+                await stream.answer()
 
     def _message(self, reading: Reading) -> Callable[[int, bytes, datetime], Pending]:
         def event_of(lsn: int, content: bytes, commit_time: datetime) -> Pending:
