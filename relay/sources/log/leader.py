@@ -342,13 +342,10 @@ class Leader:
                     next_heartbeat = now + HEARTBEAT_SECONDS
                     await self.link.heartbeat()
                 await self._sleep(CONFIRM_INTERVAL_SECONDS)
-            if sweeping is not None:
-                # Closing: the sweep in hand settles what it published.
-                done, sweeping = sweeping, None
-                await done
         finally:
             if sweeping is not None:
-                sweeping.cancel()
+                # It ends as it did in line: a sink's publish is not cut off halfway (it ends within the publish
+                # timeout), and its settle fails at once if the session is gone.
                 await asyncio.gather(sweeping, return_exceptions=True)
         # Closing: the batches in hand were confirmed (the loop drained them first).
         await self._confirm(reading, frames, final=True)
