@@ -4,6 +4,8 @@ every read still lets the event loop's other tasks run (the deliverer, the confi
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections import deque
 
 import pytest
@@ -78,3 +80,35 @@ def test_with_nothing_in_the_socket_a_read_waits_on_it_then_gives_up_at_its_time
     stream._readable = wait  # type: ignore[method-assign]
     assert asyncio.run(stream.read_frames(0.05, 100)) == []
     assert waits and waits[0] == pytest.approx(0.05, abs=0.02)
+
+
+@pytest.mark.timeout(10)
+def test_a_wait_on_the_socket_cancelled_as_the_socket_turns_readable_ends_cancelled() -> None:
+    """The leader cancels its reader at a leadership's end, often just as the server answers the last confirm:
+    a lost cancel left the reader reading, and the stop waiting for the stream to end as silent."""
+    ours, server = socket.socketpair()
+    twin = os.dup(ours.fileno())  # the same socket under another descriptor: readable in the same turn
+    conn = _Conn([])
+    conn.socket = ours.fileno()
+    stream = _stream(conn)
+
+    async def scenario() -> bool:
+        loop = asyncio.get_running_loop()
+        waiting = asyncio.create_task(stream._readable(5.0))
+        await asyncio.sleep(0)  # it waits on the socket
+        loop.add_reader(twin, waiting.cancel)
+        server.send(b"k")
+        try:
+            await waiting
+        except asyncio.CancelledError:
+            return True
+        finally:
+            loop.remove_reader(twin)
+        return False
+
+    try:
+        assert asyncio.run(scenario()), "the cancel was lost: the wait returned as if the socket had only turned ready"
+    finally:
+        os.close(twin)
+        ours.close()
+        server.close()

@@ -288,6 +288,11 @@ class Leader:
                 await room.wait()
                 continue
             frames.take(await stream.read_frames(1.0, frames.room()))
+            if frames.reply_wanted:
+                # The confirms may wait on the table (a writer's row lock, a slow sweep): the stream must not
+                # end as silent meanwhile.
+                frames.reply_wanted = False
+                await stream.answer()
 
     def _message(self, reading: Reading) -> Callable[[int, bytes, datetime], Pending]:
         def event_of(lsn: int, content: bytes, commit_time: datetime) -> Pending:
@@ -311,25 +316,37 @@ class Leader:
         next_heartbeat = now + HEARTBEAT_SECONDS
         next_observe = now + OBSERVE_SECONDS
         next_sweep = 0.0
-        while not self._closing.is_set():
-            if reader.done():
-                reader.result()  # a lost stream ends the leadership
-                return
-            if self._broken is not None:
-                raise self._broken
-            reading.has_room()
-            await self._confirm(reading, frames)
-            now = time.monotonic()
-            if now >= next_sweep:
-                next_sweep = now + SWEEP_SECONDS
-                await self._sweep(reading)
-            if now >= next_observe:
-                next_observe = now + OBSERVE_SECONDS
-                await self._observe_slot(reading)
-            if now >= next_heartbeat and reading.window.idle():
-                next_heartbeat = now + HEARTBEAT_SECONDS
-                await self.link.heartbeat()
-            await self._sleep(CONFIRM_INTERVAL_SECONDS)
+        # The sweep publishes (up to the publish timeout): beside this loop, whose confirms and status updates
+        # keep the lock's session and the stream from ending as idle meanwhile.
+        sweeping: asyncio.Task[None] | None = None
+        try:
+            while not self._closing.is_set():
+                if reader.done():
+                    reader.result()  # a lost stream ends the leadership
+                    return
+                if self._broken is not None:
+                    raise self._broken
+                if sweeping is not None and sweeping.done():
+                    done, sweeping = sweeping, None
+                    done.result()  # a failed write ends the leadership
+                reading.has_room()
+                await self._confirm(reading, frames)
+                now = time.monotonic()
+                if now >= next_sweep and sweeping is None:
+                    next_sweep = now + SWEEP_SECONDS
+                    sweeping = asyncio.create_task(self._sweep(reading), name="log-sweep")
+                if now >= next_observe:
+                    next_observe = now + OBSERVE_SECONDS
+                    await self._observe_slot(reading)
+                if now >= next_heartbeat and reading.window.idle():
+                    next_heartbeat = now + HEARTBEAT_SECONDS
+                    await self.link.heartbeat()
+                await self._sleep(CONFIRM_INTERVAL_SECONDS)
+        finally:
+            if sweeping is not None:
+                # It ends as it did in line: a sink's publish is not cut off halfway (it ends within the publish
+                # timeout), and its settle fails at once if the session is gone.
+                await asyncio.gather(sweeping, return_exceptions=True)
         # Closing: the batches in hand were confirmed (the loop drained them first).
         await self._confirm(reading, frames, final=True)
 

@@ -72,6 +72,8 @@ class FrameReader:
         self._commit_time = datetime.now(UTC)
         #: The furthest position seen with nothing of ours unconfirmed before it (keepalives, heartbeats).
         self.idle_end = 0
+        #: A keepalive asked for a reply: the reader answers it (:meth:`.stream.ReplicationStream.answer`).
+        self.reply_wanted = False
 
     def room(self) -> int:
         """How many frames may be taken now: as many as the window has room for events."""
@@ -115,6 +117,7 @@ class FrameReader:
                 if self._window.idle() and not ready:
                     self.idle_end = max(self.idle_end, keepalive.wal_end)
                 if keepalive.reply:
+                    self.reply_wanted = True
                     self._more.set()
             else:
                 pgoutput.parse_frame(frame)  # raises ProtocolError

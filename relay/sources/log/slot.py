@@ -138,8 +138,12 @@ class TableLink:
         self._layout = layout
         # Debezium's table is read and written through its view, which has the native column names.
         self._target = sql.Identifier(*layout.relation(table).parts)
-        # A frozen leader's session ends, and its lock with it, after this long idle.
-        self._options = f"-c idle_session_timeout={int(self._timeout * 1000)} -c statement_timeout=30000"
+        # A frozen leader's session ends, and its lock with it, after this long idle: in a transaction too (a
+        # park's DELETE and INSERT), where idle_session_timeout does not count.
+        idle = int(self._timeout * 1000)
+        self._options = (
+            f"-c idle_session_timeout={idle} -c idle_in_transaction_session_timeout={idle} -c statement_timeout=30000"
+        )
         if layout.debezium:
             # The template is validated (letters, digits, ._- and braces): nothing to escape.
             self._options += f" -c outbox_relay.topic_template={layout.topic_template}"

@@ -45,6 +45,8 @@ class ReplicationStream:
         self._conn: psycopg.AsyncConnection[object] | None = None
         self._pg: pq.abc.PGconn | None = None
         self.last_status_at = 0.0
+        #: The highest position sent in a status update (0 before the first).
+        self.sent = 0
 
     async def start(self, connect_timeout: float) -> None:
         """Connect and start streaming from the slot's confirmed position."""
@@ -151,6 +153,17 @@ class ReplicationStream:
 
     async def confirm(self, lsn: int, *, reply: bool = False) -> None:
         """Tell the server everything up to ``lsn`` is flushed: the slot's confirmed position."""
+        self.sent = lsn = max(self.sent, lsn)
+        await self._status(lsn, reply=reply)
+        self.last_status_at = time.monotonic()
+
+    async def answer(self) -> None:
+        """Answer a keepalive that asks for a reply: the position sent last, again (it moves nothing), so the
+        server does not end the stream as silent while the confirms wait on the database. Not a status update
+        of the leader's (``last_status_at`` stays): those go on checking the lock every few seconds."""
+        await self._status(self.sent, reply=False)
+
+    async def _status(self, lsn: int, *, reply: bool) -> None:
         pg = self._pg
         if pg is None:
             raise StoreUnavailable("the replication stream is closed")
@@ -159,7 +172,6 @@ class ReplicationStream:
             await self._flush()
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"replication stream lost: {exc}") from None
-        self.last_status_at = time.monotonic()
 
     async def close(self) -> None:
         conn, self._conn, self._pg = self._conn, None, None
@@ -193,6 +205,9 @@ class ReplicationStream:
 
         (loop.add_writer if write else loop.add_reader)(fd, wake)
         try:
-            await asyncio.wait_for(ready, max(timeout, 0.0))
+            # Not wait_for: on Python 3.11 it swallows a cancellation that comes as the socket turns ready (the
+            # server's answer to the last confirm), and the reader, cancelled at a leadership's end, read on.
+            async with asyncio.timeout(max(timeout, 0.0)):
+                await ready
         finally:
             (loop.remove_writer if write else loop.remove_reader)(fd)
