@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-import pytest
 
 from relay.config import RelaySettings
 from relay.events import Event, Failure, Outcome
@@ -168,26 +167,35 @@ async def test_a_slow_publish_of_a_handed_over_event_does_not_stop_the_confirm_o
         await relays.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed: rows pending when the slot is made are never streamed, and the sweep takes only rows"
-    " with a last_error (handed over); a table relay's backlog stays in the table when its operator moves to"
-    " the log source",
-)
 @synchronous
 async def test_rows_pending_before_the_slot_was_made_are_delivered(logical_server: str) -> None:
-    # A table relay's backlog when its operator moves to the log source: rows the slot never streams.
+    # A table relay's backlog when its operator moves to the log source: rows the slot never streams. They
+    # are handed over to the table when the slot is made, and each key's later events wait behind them.
     name, slot = f"log_{uuid.uuid4().hex[:10]}", f"slot_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(logical_server, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = database_on(logical_server, name)
     try:
         migrate(url, TABLE)
-        _insert(url, [("a", {"n": 0}), ("b", {"n": 1})])
-        prepare(url, TABLE, slot)
+        _insert(url, [("a", {"n": 0}), ("b", {"n": 1}), (None, {"n": 2}), ("a", {"n": 3})])
+        with psycopg.connect(url, autocommit=True) as conn:  # a dead letter stays one, and a sent row is no event
+            conn.execute(
+                "INSERT INTO outbox (topic, key, payload, state, last_error) VALUES ('t', 'c', '{}', 'failed', 'x')"
+            )
+            conn.execute("INSERT INTO outbox (topic, key, payload, state) VALUES ('t', 'd', '{}', 'sent')")
+        assert "4 events written before the slot, handed over to the table" in prepare(url, TABLE, slot)
+        _insert(url, [("a", {"n": 4}), ("b", {"n": 5}), ("e", {"n": 6})])
+        assert prepare(url, TABLE, slot) == []  # again: the rows since are streamed, not handed over
         sink = MemorySink()
         async with running(url, slot, sink):
-            await until(lambda: len(sink.delivered) >= 2, timeout=15)
+            await until(lambda: len({json.loads(e.payload)["n"] for e in sink.delivered}) >= 7, timeout=20)
+        arrived = [json.loads(e.payload)["n"] for e in sink.delivered]
+        assert set(arrived) == set(range(7))
+        firsts = list(dict.fromkeys(arrived))
+        assert firsts.index(0) < firsts.index(3) < firsts.index(4) and firsts.index(1) < firsts.index(5)
+        with psycopg.connect(url) as conn:
+            left = conn.execute("SELECT key, state FROM outbox WHERE state <> 'sent' ORDER BY id").fetchall()
+        assert left == [("c", "failed")]
     finally:
         with psycopg.connect(logical_server, autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",

@@ -125,6 +125,9 @@ def prepare(dsn: str, table: TableName, slot: str, *, layout: TableLayout = NATI
             if exists is None:
                 conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
                 created.append(f"slot {slot}")
+                handed = hand_over_backlog(conn, layout.relation(table), slot)
+                if handed:
+                    created.append(f"{handed} events written before the slot, handed over to the table")
             elif exists[0] != "pgoutput":
                 raise ConfigError(
                     f"slot {slot} exists with the plugin {exists[0]}, not pgoutput: choose another --slot"
@@ -136,6 +139,37 @@ def prepare(dsn: str, table: TableName, slot: str, *, layout: TableLayout = NATI
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"cannot reach the database: {exc}") from None
     return created
+
+
+#: A row pending when its slot was made, handed over to the table: what its last_error says.
+BEFORE_SLOT = "written before the slot {slot} was made, which never streams it: delivered from the table"
+#: Rows handed over in one short transaction.
+HAND_OVER_ROWS = 10_000
+
+
+def hand_over_backlog(conn: psycopg.Connection[Any], relation: TableName, slot: str) -> int:
+    """Hand the events pending when ``slot`` was made over to the table, as the log relay hands over a parked
+    event: the slot streams what commits after it was made, never these, and the leader's sweep delivers
+    rows handed over (its keys parked until they are gone, so a key's later events wait behind them). How many.
+
+    Every row committed before the slot was made is visible here (the slot waits for the transactions that
+    ran when it was asked for). A row committed since, and handed over too, is streamed as well: a copy,
+    never a loss. Up to the highest id now, in short transactions (a writer's new rows are not touched)."""
+    target = sql.Identifier(*relation.parts)
+    upto = conn.execute(sql.SQL("SELECT max(id) FROM {}").format(target)).fetchone()
+    if upto is None or upto[0] is None:
+        return 0
+    step = sql.SQL(
+        "UPDATE {t} SET last_error = %(reason)s WHERE id IN ("
+        "SELECT id FROM {t} WHERE id > %(after)s AND id <= %(upto)s AND state = 'pending' AND last_error IS NULL"
+        " ORDER BY id LIMIT %(limit)s) RETURNING id"
+    ).format(t=target)
+    params = {"reason": BEFORE_SLOT.format(slot=slot), "after": 0, "upto": upto[0], "limit": HAND_OVER_ROWS}
+    handed = 0
+    while ids := [row[0] for row in conn.execute(step, params).fetchall()]:
+        handed += len(ids)
+        params["after"] = max(ids)
+    return handed
 
 
 def _update_publication(
