@@ -60,7 +60,8 @@ WITH candidates AS (
                   ELSE pg_column_size(o.headers #> '{{}}') END AS bytes
     FROM {table} AS o
     LEFT JOIN LATERAL (
-        SELECT f.id, f.priority, f.deliver_at, f.lease_expires_at, f.attempts, f.state = 'pending' AS pending
+        SELECT f.id, f.priority, f.deliver_at, f.lease_expires_at, f.claim_token, f.attempts,
+               f.state = 'pending' AS pending
         FROM {table} AS f
         WHERE f.key = o.key AND f.state IN ('pending', 'failed')
           AND (o.key IN (SELECT unnest(%(tail_keys)s::text[]))) IS NOT TRUE
@@ -69,12 +70,13 @@ WITH candidates AS (
     WHERE o.state = 'pending'
       AND o.id >= %(after)s  -- the keyset hint (relay/store/floor.py); the least bigint for a full scan
       AND o.deliver_at <= now()
-      AND (o.lease_expires_at IS NULL
+      AND (o.lease_expires_at IS NULL OR o.claim_token IS NULL  -- never leased, or settled (see retry)
            OR (o.lease_expires_at < now() AND o.attempts < %(max_attempts)s))
       AND (o.key IS NULL OR first.id IS NULL OR first.id >= o.id
            OR (first.pending AND first.lease_expires_at >= now())  -- in flight
            OR (first.pending AND first.priority >= o.priority AND first.deliver_at <= now()
-               AND (first.lease_expires_at IS NULL OR first.attempts < %(max_attempts)s)))
+               AND (first.lease_expires_at IS NULL OR first.claim_token IS NULL
+                    OR first.attempts < %(max_attempts)s)))
     ORDER BY o.priority DESC, o.id
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
@@ -174,11 +176,14 @@ RETURNING o.id, o.topic, o.key, o.payload::text AS payload, o.payload_bytes, o.c
 -- Dead-letter events whose lease expired with no attempts left: the relays
 -- holding them died or stalled every time, so another try would loop. The
 -- lease's end stays: a stalled relay may still be publishing the event, and
--- skip refuses it until the end is past its grace (see skip).
+-- skip refuses it until the end is past its grace (see skip). An event whose
+-- lease ended by a settle (retry, release: no token, see retry) is held by no
+-- relay: not one of these, whatever its attempts (a relay allowing more retried it).
 UPDATE {table}
 SET state = 'failed', failed_at = now(), claim_token = NULL,
     last_error = 'lease expired on attempt ' || attempts || ': the relay holding it crashed or stalled'
 WHERE state = 'pending'
+  AND claim_token IS NOT NULL
   AND lease_expires_at < now()
   AND attempts >= %(max_attempts)s
 RETURNING id;

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from relay.store.base import Dead, Retry, RetryFilter
-from tests.conformance.harness import MAX, Harness, run
+from tests.conformance.harness import GRACE, MAX, Harness, run
 
 
 def fail_once(h: Harness, *idems: str, error: str = "NO_ROUTE", delay: float = 600.0) -> None:
@@ -131,3 +131,24 @@ def test_dead_lists_one_topic_s_dead_letters_with_topic(h: Harness) -> None:
     assert [d.idempotency_key for d in run(h.admin.dead(topic="billing", limit=5))] == ["b1"]
     assert run(h.admin.dead(topic="mail")) == []
     assert len(run(h.admin.dead())) == 4
+
+
+def test_a_failed_try_of_an_event_taken_over_is_no_crash_for_the_reaper_of_a_relay_with_fewer_attempts(
+    h: Harness,
+) -> None:
+    # Relay A (--max-attempts 5) stalls with the event; relay B (the same) takes it over and its broker
+    # refuses it: a retry. A relay with --max-attempts 2 (a rolling change of the setting, or a restart with
+    # it) then runs. B settled the event: no relay holds it, none crashed or stalled with it. Its reaper must
+    # leave it, as it leaves an event retried by the relay that claimed it first, and the event keeps B's
+    # error; it is tried again, as such an event is.
+    h.insert("t", {}, key="k", idempotency_key="e")
+    run(h.store.claim(10, max_attempts=5))  # relay A
+    h.expire_leases(ago=GRACE + 1)
+    b = run(h.store.claim(10, max_attempts=5))  # relay B: attempt 2
+    (event,) = b.events
+    run(h.store.settle(b, sent=[], retry=[Retry(event.id, 0, "broker said no")], dead=[]))
+    h.make_due()
+    assert run(h.store.reap(max_attempts=2)) == 0
+    assert h.state_of("e") == "pending"
+    again = run(h.store.claim(10, max_attempts=2))
+    assert [e.idempotency_key for e in again.events] == ["e"]

@@ -106,7 +106,7 @@ def test_a_parked_events_write_during_the_sweeps_select_keeps_its_key_parked() -
     source.leader.link = table  # type: ignore[assignment]
 
     async def scenario() -> None:
-        sweeping = asyncio.create_task(source.leader._sweep(reading))
+        sweeping = asyncio.create_task(source.leader._sweep(reading, asyncio.Event()))
         await table.selecting.wait()
         taking = asyncio.create_task(source.take(10, max_bytes=1 << 20))  # event 1 is parked: its INSERT waits
         await asyncio.sleep(0)

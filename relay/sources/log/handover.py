@@ -29,11 +29,12 @@ logger = logging.getLogger(__name__)
 
 async def deliver_handed_over(
     store: TableLink, sink: Sink, settings: RelaySettings, backoff: Backoff, metrics: Metrics
-) -> None:
-    """Send the handed-over rows that may go now (a batch of them), and settle them in the table."""
+) -> int:
+    """Send the handed-over rows that may go now (a batch of them), and settle them in the table: how many
+    were settled (sent, retried or dead-lettered), 0 when none may go or the sink did not answer."""
     rows = await store.handed_over(settings.batch_size)
     if not rows:
-        return
+        return 0
     events = [
         Event(
             id=row[0], topic=row[1], key=row[2], payload=row[3].encode() if row[3] is not None else bytes(row[4]),
@@ -42,13 +43,20 @@ async def deliver_handed_over(
         )
         for row in rows
     ]  # fmt: skip
+    # A key's run: its later events go only if the earlier ones are acknowledged or on their way in order
+    # (relay.holds). Nothing is chained across calls: the next comes once this one is settled.
+    seen: set[str] = set()
+    for event in events:
+        if event.key is not None:
+            event.chained = event.key in seen
+            seen.add(event.key)
     try:
-        # One event of each key at most: no chain to keep across the call.
         outcomes = await sink.publish(events, KeyHolds())
     except (SinkTimeout, SinkUnavailable) as exc:
         logger.warning("events handed over to the table not delivered: %s", exc, extra={"action": "sink_retry"})
-        return
+        return 0
     verdict = judge(events, outcomes, settings, backoff, metrics)
     await store.settle_handed_over(
         verdict.sent, [(r.id, r.delay_seconds, r.error) for r in verdict.retry], [(d.id, d.error) for d in verdict.dead]
     )
+    return len(verdict.sent) + len(verdict.retry) + len(verdict.dead)

@@ -319,6 +319,8 @@ class Leader:
         # The sweep publishes (up to the publish timeout): beside this loop, whose confirms and status updates
         # keep the lock's session and the stream from ending as idle meanwhile.
         sweeping: asyncio.Task[None] | None = None
+        # Set once the leadership ends: a sweep finishes the round it is in, and starts no other.
+        ending = asyncio.Event()
         try:
             while not self._closing.is_set():
                 if reader.done():
@@ -334,7 +336,7 @@ class Leader:
                 now = time.monotonic()
                 if now >= next_sweep and sweeping is None:
                     next_sweep = now + SWEEP_SECONDS
-                    sweeping = asyncio.create_task(self._sweep(reading), name="log-sweep")
+                    sweeping = asyncio.create_task(self._sweep(reading, ending), name="log-sweep")
                 if now >= next_observe:
                     next_observe = now + OBSERVE_SECONDS
                     await self._observe_slot(reading)
@@ -343,6 +345,7 @@ class Leader:
                     await self.link.heartbeat()
                 await self._sleep(CONFIRM_INTERVAL_SECONDS)
         finally:
+            ending.set()
             if sweeping is not None:
                 # It ends as it did in line: a sink's publish is not cut off halfway (it ends within the publish
                 # timeout), and its settle fails at once if the session is gone.
@@ -350,9 +353,15 @@ class Leader:
         # Closing: the batches in hand were confirmed (the loop drained them first).
         await self._confirm(reading, frames, final=True)
 
-    async def _sweep(self, reading: Reading) -> None:
-        """Deliver what was handed over to the table and may go now; park exactly the keys it still holds."""
-        await deliver_handed_over(self.link, self.sink, self.settings, self._backoff, self.metrics)
+    async def _sweep(self, reading: Reading, ending: asyncio.Event) -> None:
+        """Deliver what was handed over to the table and may go now; park exactly the keys it still holds.
+
+        A round sends a batch of them (runs of a key, :meth:`TableLink.handed_over`); the sweep goes round
+        again while a round settled any, so that a backlog handed over by migrate (thousands of events, many of
+        a key) goes at the pace of the round trips, not a batch a sweep interval."""
+        while await deliver_handed_over(self.link, self.sink, self.settings, self._backoff, self.metrics):
+            if ending.is_set() or self._closing.is_set():
+                break
         reading.newly_parked.clear()
         # A key parked while the table was read stays parked: its dead letter may have come after the read.
         reading.parked = await self.link.parked_keys() | reading.newly_parked

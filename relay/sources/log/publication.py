@@ -13,6 +13,7 @@ Older servers publish every column; the reader finds its columns by name either 
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 import psycopg
@@ -123,9 +124,8 @@ def prepare(dsn: str, table: TableName, slot: str, *, layout: TableLayout = NATI
             if exists is not None and exists[1] != exists[2]:
                 raise ConfigError(f"slot {slot} belongs to the database {exists[1]}: choose another --slot")
             if exists is None:
-                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
+                handed = _create_slot(conn, layout.relation(table), slot)
                 created.append(f"slot {slot}")
-                handed = hand_over_backlog(conn, layout.relation(table), slot)
                 if handed:
                     created.append(f"{handed} events written before the slot, handed over to the table")
             elif exists[0] != "pgoutput":
@@ -139,6 +139,22 @@ def prepare(dsn: str, table: TableName, slot: str, *, layout: TableLayout = NATI
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"cannot reach the database: {exc}") from None
     return created
+
+
+def _create_slot(conn: psycopg.Connection[Any], relation: TableName, slot: str) -> int:
+    """Make ``slot`` and hand the rows pending then over to the table (:func:`hand_over_backlog`); how many.
+
+    The slot is made first as this session's temporary slot, and copied to its name (from the same
+    position) only once the hand-over is done: a migrate cut off halfway (a lost connection, a stop
+    during a big backlog's hand-over) leaves no slot, so the next migrate makes it and hands over again,
+    instead of finding the slot there and leaving the rest of the backlog in the table for good.
+    """
+    temporary = f"outbox_relay_new_{uuid.uuid4().hex[:24]}"
+    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', true)", [temporary])
+    handed = hand_over_backlog(conn, relation, slot)
+    conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, false)", [temporary, slot])
+    conn.execute("SELECT pg_drop_replication_slot(%s)", [temporary])
+    return handed
 
 
 #: A row pending when its slot was made, handed over to the table: what its last_error says.
@@ -161,10 +177,11 @@ def hand_over_backlog(conn: psycopg.Connection[Any], relation: TableName, slot: 
         return 0
     step = sql.SQL(
         "UPDATE {t} SET last_error = %(reason)s WHERE id IN ("
-        "SELECT id FROM {t} WHERE id > %(after)s AND id <= %(upto)s AND state = 'pending' AND last_error IS NULL"
+        "SELECT id FROM {t} WHERE (%(after)s::bigint IS NULL OR id > %(after)s::bigint) AND id <= %(upto)s"
+        " AND state = 'pending' AND last_error IS NULL"
         " ORDER BY id LIMIT %(limit)s) RETURNING id"
     ).format(t=target)
-    params = {"reason": BEFORE_SLOT.format(slot=slot), "after": 0, "upto": upto[0], "limit": HAND_OVER_ROWS}
+    params = {"reason": BEFORE_SLOT.format(slot=slot), "after": None, "upto": upto[0], "limit": HAND_OVER_ROWS}
     handed = 0
     while ids := [row[0] for row in conn.execute(step, params).fetchall()]:
         handed += len(ids)

@@ -93,8 +93,10 @@ WITH lead AS (
 SELECT held FROM lead
 """
 
-#: The rows handed over to the table that may go now: in id order, each key's first only while an earlier
-#: handed-over row of its key is still there (pending or dead-lettered: skipped ones no longer hold it).
+#: The rows handed over to the table that may go now: in id order, each key's from its first on, while every
+#: earlier handed-over row of its key still there (pending or dead-lettered: skipped ones no longer hold it)
+#: is due and pending, so goes before it in this order (a run of the key: a backlog handed over by migrate has
+#: thousands of events of a key, and one a round would send one a sweep).
 _HANDED_OVER = """
 SELECT id, topic, key, payload::text, payload_bytes, content_type, headers::text, idempotency_key, attempts,
        created_at
@@ -102,7 +104,8 @@ FROM {table} o
 WHERE state = 'pending' AND last_error IS NOT NULL AND deliver_at <= now()
   AND (key IS NULL OR NOT EXISTS (
       SELECT 1 FROM {table} e
-      WHERE e.key = o.key AND e.id < o.id AND e.state IN ('pending', 'failed') AND e.last_error IS NOT NULL))
+      WHERE e.key = o.key AND e.id < o.id AND e.state IN ('pending', 'failed') AND e.last_error IS NOT NULL
+        AND NOT (e.state = 'pending' AND e.deliver_at <= now())))
 ORDER BY id
 LIMIT %(limit)s
 """
@@ -298,8 +301,8 @@ class TableLink:
             raise _refused(exc, doing) from None
 
     async def handed_over(self, limit: int) -> list[tuple[Any, ...]]:
-        """Due rows handed over to the table (parked, or requeued dead letters) that go next: the first of
-        each key whose earlier handed-over rows are all gone or skipped, by id."""
+        """Due rows handed over to the table (parked, or requeued dead letters) that go next, by id: each key's
+        from its first still there (not skipped) on, while they are due and pending."""
         return await self._run(sql.SQL(_HANDED_OVER).format(table=self._target), {"limit": limit})
 
     def headers(self, row_headers: str | None, idempotency_key: str) -> dict[str, str]:

@@ -34,7 +34,9 @@ class MemoryStore(MemoryAdmin):
         """Pending, due, and not leased (or its lease expired with attempts left)."""
         if row.state != "pending" or row.deliver_at > now:
             return False
-        return row.lease_expires_at is None or (row.lease_expires_at < now and row.attempts < max_attempts)
+        if row.lease_expires_at is None or row.claim_token is None:  # never leased, or settled (see retry)
+            return True
+        return row.lease_expires_at < now and row.attempts < max_attempts
 
     def _blocked(self, row: Row, max_attempts: int, now: datetime, tails: Collection[str]) -> bool:
         """Whether the oldest unsent event of the row's key, before it, is neither in flight
@@ -49,7 +51,9 @@ class MemoryStore(MemoryAdmin):
         if first.lease_expires_at is not None and first.lease_expires_at >= now:
             return False
         ahead = first.priority >= row.priority and first.deliver_at <= now
-        return not (ahead and (first.lease_expires_at is None or first.attempts < max_attempts))
+        return not (
+            ahead and (first.lease_expires_at is None or first.claim_token is None or first.attempts < max_attempts)
+        )
 
     @staticmethod
     def _in_flight(row: Row, tokens: set[UUID], now: datetime) -> bool:
@@ -201,6 +205,7 @@ class MemoryStore(MemoryAdmin):
         for row in self.rows.values():
             if (
                 row.state == "pending"
+                and row.claim_token is not None  # a settled event is held by no relay (reap_exhausted)
                 and row.lease_expires_at is not None
                 and row.lease_expires_at < now
                 and row.attempts >= max_attempts

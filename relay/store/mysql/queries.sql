@@ -56,7 +56,7 @@ SELECT o.id, o.`key`, o.topic, o.priority, o.lease_expires_at <> '1000-01-01 00:
 FROM {table} AS o
 WHERE o.state = 'pending'
   AND o.deliver_at <= UTC_TIMESTAMP(6)
-  AND (o.lease_expires_at = '1000-01-01 00:00:00'
+  AND (o.lease_expires_at = '1000-01-01 00:00:00' OR o.claim_token = ''  -- never leased, or settled (see retry)
        OR (o.lease_expires_at < UTC_TIMESTAMP(6) AND o.attempts < %(max_attempts)s))
   AND (o.`key` IS NULL OR (%(tailed)s AND o.`key` IN %(tail_keys)s)
        -- The key's head (as head below): the EXISTS would find it so, at the cost of one more lookup.
@@ -79,7 +79,8 @@ WHERE o.state = 'pending'
           AND (f.id = o.id
                OR (f.state = 'pending' AND f.lease_expires_at >= UTC_TIMESTAMP(6))
                OR (f.state = 'pending' AND f.priority >= o.priority AND f.deliver_at <= UTC_TIMESTAMP(6)
-                   AND (f.lease_expires_at = '1000-01-01 00:00:00' OR f.attempts < %(max_attempts)s)))))
+                   AND (f.lease_expires_at = '1000-01-01 00:00:00' OR f.claim_token = ''
+                        OR f.attempts < %(max_attempts)s)))))
 ORDER BY o.priority DESC, o.id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -153,6 +154,7 @@ SET state = 'failed', failed_at = UTC_TIMESTAMP(6), claim_token = '',
 WHERE state = 'pending'
   AND lease_expires_at < UTC_TIMESTAMP(6)
   AND lease_expires_at <> '1000-01-01 00:00:00'
+  AND claim_token <> ''  -- a settled event (retry, release) is held by no relay (as on PostgreSQL)
   AND attempts >= %(max_attempts)s;
 
 -- name: ack_delete
