@@ -36,24 +36,33 @@ def database_on(server: str, name: str) -> str:
     return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in conninfo.items()})
 
 
+@contextlib.contextmanager
+def new_database(server: str, prefix: str = "log") -> Iterator[tuple[str, str]]:
+    """A new empty database on ``server`` and a slot name for it, (URL, slot); both dropped after (the slot
+    unless a relay still reads it)."""
+    suffix = uuid.uuid4().hex[:10]
+    name, slot = f"{prefix}_{suffix}", f"slot_{suffix}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield database_on(server, name), slot
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s"
+                " AND active_pid IS NULL",
+                [slot],
+            )
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
 def log_database(logical_server: str) -> Iterator[tuple[str, str]]:
     """A new database with the outbox table, its publication and a slot: (URL, slot)."""
-    suffix = uuid.uuid4().hex[:10]
-    name, slot = f"log_{suffix}", f"slot_{suffix}"
-    with psycopg.connect(logical_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = database_on(logical_server, name)
-    migrate(url, TABLE)
-    prepare(url, TABLE, slot)
-    yield url, slot
-    with psycopg.connect(logical_server, autocommit=True) as conn:
-        conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s"
-            " AND active_pid IS NULL",
-            [slot],
-        )
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with new_database(logical_server) as (url, slot):
+        migrate(url, TABLE)
+        prepare(url, TABLE, slot)
+        yield url, slot
 
 
 def settings(**overrides: float) -> RelaySettings:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,24 +20,15 @@ from relay.sources.log.publication import prepare
 from relay.store.migrate import migrate
 from tests.integration.test_log_source_debezium import TABLE as DBZ
 from tests.integration.test_log_source_debezium import _insert, _running
-from tests.log_support import TABLE, database_on, running, synchronous, until
+from tests.log_support import TABLE, new_database, running, synchronous, until
 
 
 @pytest.fixture
 def fresh(logical_server: str) -> Iterator[tuple[str, str]]:
-    name, slot = f"log_{uuid.uuid4().hex[:10]}", f"slot_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(logical_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = database_on(logical_server, name)
-    migrate(url, TABLE)
-    yield url, slot
-    with psycopg.connect(logical_server, autocommit=True) as conn:
-        conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s"
-            " AND active_pid IS NULL",
-            [slot],
-        )
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """A new database with the outbox table, and no slot yet: (URL, the slot's name)."""
+    with new_database(logical_server) as (url, slot):
+        migrate(url, TABLE)
+        yield url, slot
 
 
 def _backlog(url: str, rows: int, key: str | None = "k") -> None:
@@ -123,11 +113,7 @@ def test_two_migrates_at_once_make_one_slot_and_leave_no_other(fresh: tuple[str,
 
 @synchronous
 async def test_a_debezium_table_s_backlog_is_handed_over_and_delivered_in_order(logical_server: str) -> None:
-    name, slot = f"dbz_{uuid.uuid4().hex[:10]}", f"slot_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(logical_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = database_on(logical_server, name)
-    try:
+    with new_database(logical_server, "dbz") as (url, slot):
         argv = ["migrate", "--database-url", url, "--table", str(DBZ), "--table-layout", "debezium"]
         assert main(argv) == 0
         with psycopg.connect(url, autocommit=True) as conn:
@@ -144,12 +130,6 @@ async def test_a_debezium_table_s_backlog_is_handed_over_and_delivered_in_order(
         assert firsts == list(range(5))
         with psycopg.connect(url) as conn:
             assert conn.execute("SELECT count(*) FROM dbz_outbox WHERE relay_state = 'pending'").fetchone() == (0,)
-    finally:
-        with psycopg.connect(logical_server, autocommit=True) as conn:
-            conn.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", [slot]
-            )
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @synchronous

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +22,7 @@ from tests.log_support import (
     TABLE,
     caught_up,
     confirmed_lsn,
-    database_on,
+    new_database,
     running,
     settings,
     synchronous,
@@ -171,11 +170,7 @@ async def test_a_slow_publish_of_a_handed_over_event_does_not_stop_the_confirm_o
 async def test_rows_pending_before_the_slot_was_made_are_delivered(logical_server: str) -> None:
     # A table relay's backlog when its operator moves to the log source: rows the slot never streams. They
     # are handed over to the table when the slot is made, and each key's later events wait behind them.
-    name, slot = f"log_{uuid.uuid4().hex[:10]}", f"slot_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(logical_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = database_on(logical_server, name)
-    try:
+    with new_database(logical_server) as (url, slot):
         migrate(url, TABLE)
         _insert(url, [("a", {"n": 0}), ("b", {"n": 1}), (None, {"n": 2}), ("a", {"n": 3})])
         with psycopg.connect(url, autocommit=True) as conn:  # a dead letter stays one, and a sent row is no event
@@ -196,11 +191,6 @@ async def test_rows_pending_before_the_slot_was_made_are_delivered(logical_serve
         with psycopg.connect(url) as conn:
             left = conn.execute("SELECT key, state FROM outbox WHERE state <> 'sent' ORDER BY id").fetchall()
         assert left == [("c", "failed")]
-    finally:
-        with psycopg.connect(logical_server, autocommit=True) as conn:
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                         [slot])  # fmt: skip
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @synchronous
