@@ -94,13 +94,17 @@ def check_server(dsn: str) -> None:
         raise StoreUnavailable(f"cannot reach the database: {exc}") from None
 
 
-def prepare(dsn: str, table: TableName, slot: str, *, layout: TableLayout = NATIVE, again: bool = True) -> list[str]:
+def prepare(dsn: str, table: TableName, slot: str, *, layout: TableLayout = NATIVE, races_left: int = 2) -> list[str]:
     """Create the publication and the slot if missing, and set the publication's columns; what was
     created or changed. Safe to run twice."""
     check_slot_name(slot)
     created: list[str] = []
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
+            # Migrates of one slot at once take turns (held to the session's end): DDL on one publication
+            # from two sessions fails with "tuple concurrently updated". The two-key form is a space of its own,
+            # apart from the leader's lock.
+            conn.execute("SELECT pg_advisory_lock(hashtext('outbox_relay.migrate'), hashtext(%s))", [slot])
             version = _check_server(conn)
             publication = publication_name(slot)
             schema, name = _schema_and_name(conn, table)
@@ -132,10 +136,12 @@ def prepare(dsn: str, table: TableName, slot: str, *, layout: TableLayout = NATI
                 raise ConfigError(
                     f"slot {slot} exists with the plugin {exists[0]}, not pgoutput: choose another --slot"
                 )
-    except psycopg.errors.DuplicateObject:
-        if not again:
+    except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+        # Another migrate created the publication (a race on the catalog's unique index) or the slot meanwhile:
+        # once more, which finds them. A migrate may lose both races, one after the other.
+        if races_left <= 0:
             raise
-        return prepare(dsn, table, slot, layout=layout, again=False)  # another migrate created it meanwhile
+        return prepare(dsn, table, slot, layout=layout, races_left=races_left - 1)
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"cannot reach the database: {exc}") from None
     return created
