@@ -86,7 +86,13 @@ async def test_a_walsender_ended_under_a_waiting_read_raises_at_once(log_databas
     url, slot = log_database
     stream = await _caught_up(url, slot)
     try:
-        reading = asyncio.create_task(stream.read_frames(20.0, 100))
+
+        async def read_on() -> None:
+            # A frame the walsender sends before it ends (a keepalive) ends a read without an error: read on.
+            while True:
+                await stream.read_frames(20.0, 100)
+
+        reading = asyncio.create_task(read_on())
         await asyncio.sleep(0.3)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(
